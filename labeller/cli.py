@@ -1,0 +1,133 @@
+"""The ``gpu-labeller`` command line.
+
+Commands that talk to a cluster or serve gRPC are imported only when invoked, so the dry-run path
+(``labels``, ``probe``, ``profiles``) never loads the kubernetes client or grpc.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import structlog
+
+from labeller import __version__
+from labeller.discovery_options import BadInput, discovery_options, open_node
+from labeller.log import LEVELS, configure
+from labeller.outputs import FORMATS, render, write_atomic
+from labeller.rules import node_labels
+
+log = structlog.get_logger(__name__)
+
+# name -> ("module:attribute" of a click command loaded on first use, short help for --help)
+LAZY_COMMANDS = {
+    "run": ("labeller.daemon_cli:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
+    "cleanup": ("labeller.daemon_cli:cleanup", "Remove every label gpu-labeller owns (for uninstall)."),
+    "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Listing must not import the lazy commands (that would load kubernetes and grpc).
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in LAZY_COMMANDS:
+                rows.append((name, LAZY_COMMANDS[name][1]))
+            elif (command := super().get_command(ctx, name)) is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS:
+            module_name, attribute = LAZY_COMMANDS[cmd_name][0].split(":")
+            command = getattr(importlib.import_module(module_name), attribute)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "GPU_LABELLER"})
+@click.version_option(__version__, prog_name="gpu-labeller")
+@click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True, help="Log verbosity.")
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True,
+              help="auto: JSON inside Kubernetes or when stderr is not a terminal.")
+def main(log_level: str, log_format: str) -> None:
+    """Label Kubernetes nodes with their NVIDIA and AMD GPUs, and serve those GPUs to pods."""
+    configure(log_level, None if log_format == "auto" else log_format == "json")
+
+
+@main.command()
+@discovery_options
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
+              help="text: key=value lines; nfd: NFD features.d file.")
+@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write to this file atomically instead of standard output.")
+def labels(host_root: Path, simulate: str | None, config_path: Path | None, fmt: str, output: Path | None) -> None:
+    """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
+    with open_node(host_root, simulate, config_path) as node:
+        label_set = node_labels(node.probe(), node.config)
+    for key, reason in label_set.dropped.items():
+        log.warning("label dropped", label=key, reason=reason)
+    for conflict in label_set.conflicts:
+        log.warning("label conflict", detail=conflict)
+    text = render(label_set.labels, fmt)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        try:
+            write_atomic(output, text)
+        except OSError as exc:
+            raise BadInput(f"{output}: cannot write: {exc.strerror or exc}") from None
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@main.command()
+@discovery_options
+def probe(host_root: Path, simulate: str | None, config_path: Path | None) -> None:
+    """Print the discovered inventory as JSON: what each backend saw, and why it found nothing."""
+    with open_node(host_root, simulate, config_path) as node:
+        inventory = node.probe()
+    document = _jsonable(inventory)
+    document["partial"] = inventory.partial
+    click.echo(json.dumps(document, indent=2))
+
+
+@main.command()
+def profiles() -> None:
+    """List the built-in simulated node profiles."""
+    from vendors.simulate import builtin_profiles
+
+    for name, description in builtin_profiles().items():
+        click.echo(f"{name:<24} {description}")
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print a shell completion script (eval "$(gpu-labeller completion bash)")."""
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None
+    click.echo(cls(main, {}, "gpu-labeller", "_GPU_LABELLER_COMPLETE").source())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The Labeler idea: something that returns labels, plus merging and Kubernetes label syntax.
+
+A labeler is a pure function ``(Inventory, Config) -> dict[str, str]``. ``merge`` runs labelers in
+order. Different labelers own different keys; when two of them produce the same key with
+different values, that is a bug in the rules, so ``merge`` reports it instead of letting the last
+one silently win.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from labeller.config import Config
+    from labeller.inventory import Inventory
+
+Labels = dict[str, str]
+Labeler = Callable[["Inventory", "Config"], Labels]
+
+MAX_VALUE_LENGTH = 63
+MAX_NAME_LENGTH = 63
+MAX_PREFIX_LENGTH = 253
+
+_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_PREFIX_RE = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+
+# Label keys gpu-labeller writes and therefore owns. Everything else on a Node (users' labels,
+# GPU Operator's nvidia.com/gpu.deploy.*, nvidia.com/device-plugin.config, ...) is never touched.
+OWNED_PREFIXES: tuple[str, ...] = (
+    "nvidia.com/gpu.",
+    "nvidia.com/cuda.",
+    "nvidia.com/mig.capable",
+    "nvidia.com/mig.strategy",
+    "nvidia.com/mig-",
+    "nvidia.com/mps.capable",
+    "nvidia.com/vgpu.",
+    "nvidia.com/gfd.timestamp",
+    "amd.com/gpu.",
+    "beta.amd.com/gpu.",
+)
+NOT_OWNED_PREFIXES: tuple[str, ...] = (
+    "nvidia.com/gpu.deploy.",  # GPU Operator
+    "nvidia.com/gpu.workload.config",  # GPU Operator
+    "nvidia.com/mig.config",  # MIG manager
+)
+
+
+def owns(key: str) -> bool:
+    """True if gpu-labeller is allowed to write or remove this label key."""
+    if key.startswith(NOT_OWNED_PREFIXES):
+        return False
+    return key.startswith(OWNED_PREFIXES)
+
+
+def is_valid_value(value: str) -> bool:
+    return len(value) <= MAX_VALUE_LENGTH and _VALUE_RE.match(value) is not None
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` is not a valid label key, or None when it is."""
+    prefix, _, name = key.rpartition("/")
+    if not name:
+        return "empty name"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"name part longer than {MAX_NAME_LENGTH} characters"
+    if not _NAME_RE.match(name):
+        return "name part must be alphanumeric, '-', '_' or '.', starting and ending alphanumeric"
+    if "/" in key and (len(prefix) > MAX_PREFIX_LENGTH or not _PREFIX_RE.match(prefix)):
+        return "prefix is not a DNS subdomain"
+    return None
+
+
+_NOT_ALLOWED = re.compile(r"[^A-Za-z0-9_.-]+")
+_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+
+
+def sanitise_value(value: str) -> str:
+    """Best-effort repair of a free-text value: bad characters to '-', trimmed to 63, clean ends."""
+    cleaned = _NOT_ALLOWED.sub("-", value.strip())
+    cleaned = _EDGE.sub("", cleaned)
+    cleaned = _EDGE.sub("", cleaned[:MAX_VALUE_LENGTH])
+    return cleaned
+
+
+@dataclass
+class LabelSet:
+    """The result of labelling a node: valid labels plus what had to be dropped, and why."""
+
+    labels: Labels = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)  # key -> reason
+    conflicts: list[str] = field(default_factory=list)
+
+
+def merge(labelers: Iterable[Labeler], inventory: Inventory, config: Config) -> LabelSet:
+    """Run labelers in order and merge their output; report, never hide, conflicting values."""
+    result = LabelSet()
+    for labeler in labelers:
+        for key, value in labeler(inventory, config).items():
+            previous = result.labels.get(key)
+            if previous is not None and previous != value:
+                name = getattr(labeler, "__name__", repr(labeler))
+                result.conflicts.append(f"{key}: {name} says {value!r}, an earlier labeler {previous!r}")
+            result.labels[key] = value
+    return result
+
+
+def validated(label_set: LabelSet) -> LabelSet:
+    """Drop, one by one, labels Kubernetes would reject; keep all the others."""
+    out = LabelSet(dropped=dict(label_set.dropped), conflicts=list(label_set.conflicts))
+    for key, value in label_set.labels.items():
+        problem = key_problem(key)
+        if problem is None and not is_valid_value(value):
+            problem = f"invalid value {value!r}"
+        if problem is None:
+            out.labels[key] = value
+        else:
+            out.dropped[key] = problem
+    return out
+
+
+def sorted_labels(labels: Mapping[str, str]) -> Labels:
+    return dict(sorted(labels.items()))

@@ -1,0 +1,1 @@
+"""The bundled kubelet device plugin (API v1beta1 over gRPC)."""

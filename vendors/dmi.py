@@ -1,0 +1,13 @@
+"""The machine's product name from DMI (what GFD calls the machine type)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vendors.sysfs import read_text
+
+PRODUCT_NAME = "sys/class/dmi/id/product_name"
+
+
+def read_machine(host_root: Path) -> str | None:
+    return read_text(host_root / PRODUCT_NAME) or None
