@@ -45,6 +45,11 @@ class MigDevice:
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
 
+    @property
+    def resource_name(self) -> str:
+        """MIG-mixed resource and label prefix: "+" is not allowed there, so "1g.10gb+me" -> "mig-1g.10gb.me"."""
+        return "nvidia.com/mig-" + self.profile.replace("+", ".")
+
 
 @dataclass(frozen=True)
 class NvidiaGpu:
