@@ -1,0 +1,95 @@
+"""The CLI as a user runs it: real processes, real exit codes, real output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from labeller import __version__
+from tests.core.sysfs_tree import add_pci_device
+
+
+def gpu_labeller(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_version() -> None:
+    result = gpu_labeller("--version")
+    assert result.returncode == 0 and __version__ in result.stdout
+
+
+def test_labels_for_a_mounted_host_root(tmp_path: Path) -> None:
+    add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x20B0, 0x030200)
+    result = gpu_labeller("labels", "--host-root", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "nvidia.com/gpu.present=true" in result.stdout.splitlines()
+
+
+def test_a_node_without_gpus_gets_no_labels(tmp_path: Path) -> None:
+    result = gpu_labeller("labels", "--host-root", str(tmp_path), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {}
+
+
+def test_bad_config_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("flags:\n  migStrategy: sometimes\n")
+    result = gpu_labeller("labels", "--host-root", str(tmp_path), "--config", str(config))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error_lines) == 1 and "flags.migStrategy" in error_lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_profile_names_the_built_in_ones() -> None:
+    result = gpu_labeller("labels", "--simulate", "no-such-node")
+    assert result.returncode == 2
+    assert "no-such-node: no such profile" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_output_file_is_written_atomically(tmp_path: Path) -> None:
+    add_pci_device(tmp_path, "0000:c1:00.0", 0x1002, 0x74A1, 0x038000)
+    out = tmp_path / "out" / "labels.txt"
+    result = gpu_labeller("labels", "--host-root", str(tmp_path), "--format", "nfd", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert "amd.com/gpu.present=true" in out.read_text().splitlines()
+
+
+def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
+    result = gpu_labeller("probe", "--host-root", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    pci = next(r for r in document["reports"] if r["backend"] == "pci")
+    assert pci["status"] == "absent" and "does not exist" in pci["detail"]
+    assert document["partial"] is False
+
+
+def test_dry_run_never_imports_the_kubernetes_client_or_grpc(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from labeller.cli import main\n"
+        "try:\n"
+        f"    main(['labels', '--host-root', {str(tmp_path)!r}])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_help_lists_every_command_without_loading_them() -> None:
+    result = gpu_labeller("--help")
+    assert result.returncode == 0
+    for command in ("labels", "probe", "profiles", "run", "cleanup", "device-plugin", "completion"):
+        assert f"  {command} " in result.stdout
+
+
+def test_shell_completion_script() -> None:
+    result = gpu_labeller("completion", "bash")
+    assert result.returncode == 0 and "_GPU_LABELLER_COMPLETE" in result.stdout

@@ -1,0 +1,98 @@
+"""The config file: NVIDIA device-plugin config v1 plus gpu-labeller's section."""
+
+from pathlib import Path
+
+import pytest
+
+from labeller.config import ConfigError, load_config, parse_config
+
+NVIDIA_EXAMPLE = """
+version: v1
+flags:
+  migStrategy: mixed
+  failOnInitError: true
+  nvidiaDriverRoot: /run/nvidia/driver
+  plugin:
+    passDeviceSpecs: true
+    deviceListStrategy: [envvar, cdi-cri]
+    deviceIDStrategy: index
+  gfd:
+    oneshot: false
+    noTimestamp: true
+    sleepInterval: 60s
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 10
+"""
+
+
+def test_nvidia_device_plugin_config_is_read_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(NVIDIA_EXAMPLE)
+    config = load_config(path)
+    assert config.mig_strategy == "mixed"
+    assert config.plugin.device_id_strategy == "index"
+    assert config.plugin.device_list_strategy == ("envvar", "cdi-cri")
+    assert config.plugin.nvidia_dev_root == "/run/nvidia/driver"
+    assert config.sharing.strategy == "time-slicing"
+    assert config.sharing.replicas_for("nvidia.com/gpu") == 10
+    assert config.sharing.replicas_for("amd.com/gpu") == 1
+    assert config.sharing.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu.shared"
+
+
+def test_short_resource_names_get_the_nvidia_prefix_and_amd_is_allowed() -> None:
+    config = parse_config({"sharing": {"timeSlicing": {"resources": [
+        {"name": "gpu", "replicas": 2}, {"name": "amd.com/gpu", "replicas": 4}]}}})
+    assert config.sharing.replicas_for("nvidia.com/gpu") == 2
+    assert config.sharing.replicas_for("amd.com/gpu") == 4
+
+
+def test_mps_block_wins_and_defaults_fail_requests_greater_than_one() -> None:
+    config = parse_config({"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}})
+    assert config.sharing.strategy == "mps"
+    assert config.sharing.fail_requests_greater_than_one is True
+
+
+def test_label_groups() -> None:
+    config = parse_config({"labeller": {"labels": {"amdBeta": False, "timestamp": True}}})
+    assert config.labels.amd_beta is False and config.labels.timestamp is True and config.labels.nvidia is True
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"flagz": {}}, "flagz: unknown key"),
+        ({"flags": {"migStrategy": "both"}}, "flags.migStrategy: must be one of none, single, mixed"),
+        ({"flags": {"plugin": {"passDeviceSpecs": "yes"}}}, "flags.plugin.passDeviceSpecs: must be true or false"),
+        ({"version": "v2"}, "version: must be one of v1"),
+        ({"sharing": {"timeSlicing": {"resources": []}}}, "sharing.timeSlicing.resources: must be a non-empty list"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 1}]}}},
+         "sharing.timeSlicing.resources[0].replicas: must be at least 2"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": "4"}]}}},
+         "sharing.timeSlicing.resources[0].replicas: required integer"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "colour": 1}]}}},
+         "sharing.timeSlicing.resources[0].colour: unknown key"),
+        ({"flags": {"migStrategy": "mixed"}, "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
+         "MPS sharing cannot be combined"),
+        ({"labeller": {"labels": {"intel": True}}}, "labeller.labels.intel: unknown key"),
+        ([1, 2], "must be a mapping"),
+    ],
+)
+def test_bad_config_gives_one_line_naming_the_key(raw: object, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("flags: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML at line"):
+        load_config(broken)
