@@ -52,5 +52,4 @@ def scan(host_root: Path) -> tuple[tuple[PciGpu, ...], BackendReport]:
     except OSError as exc:
         return (), BackendReport("pci", "error", f"cannot list {root}: {exc.strerror}")
     gpus = tuple(gpu for entry in entries if (gpu := read_device(entry)) is not None)
-    status = "ok" if gpus else "absent"
-    return gpus, BackendReport("pci", status, f"{len(gpus)} GPU(s) on the PCI bus")
+    return gpus, BackendReport("pci", "ok" if gpus else "absent", f"{len(gpus)} GPU(s) on the PCI bus")
