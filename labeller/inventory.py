@@ -152,8 +152,10 @@ class Inventory:
 
     @property
     def partial(self) -> bool:
-        """True when a backend failed or skipped a device: the labels may be incomplete."""
-        return any(r.status == "error" or r.problems for r in self.reports)
+        """True when the labels may be incomplete: a backend failed, skipped a device, or could not
+        describe GPUs that are on the PCI bus (e.g. NVML missing during a driver upgrade). Callers
+        that write labels must not remove any on a partial inventory."""
+        return any(r.status in ("error", "unavailable") or r.problems for r in self.reports)
 
     def pci_gpus_of(self, vendor_id: int) -> tuple[PciGpu, ...]:
         return tuple(g for g in self.pci_gpus if g.vendor_id == vendor_id)
