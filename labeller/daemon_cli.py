@@ -1,15 +1,184 @@
-"""PLACEHOLDER: `run` and `cleanup` commands, being written."""
+"""``gpu-labeller run`` (the DaemonSet's loop) and ``gpu-labeller cleanup`` (for uninstall).
+
+Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
 
 import click
+import structlog
+
+from labeller.config import load_config
+from labeller.daemon import (
+    Daemon,
+    FeaturesFileSink,
+    NodeCache,
+    NodeFeatureSink,
+    NodeSink,
+    NodeWatcher,
+    Options,
+    ProbeResult,
+    Sink,
+    owned,
+)
+from labeller.discovery_options import Node, discovery_options, open_node
+from labeller.kube import Forbidden, Kube, KubeError
+from labeller.metrics import Metrics, start_http_server
+from labeller.rules import node_labels
+
+log = structlog.get_logger("gpu_labeller.daemon")
+
+OUTPUTS = ("node", "features-file", "nodefeature")
+DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/gpu-labeller")
+
+
+def probe_labels(node: Node) -> ProbeResult:
+    """Probe the hardware and compute the owned labels; ``partial`` when the inventory is incomplete."""
+    inventory = node.probe()
+    label_set = node_labels(inventory, node.config)
+    for key, why in label_set.dropped.items():
+        log.warning("label dropped", label=key, reason="invalid-label", detail=why)
+    not_owned = sorted(key for key in label_set.labels if key not in owned(label_set.labels))
+    if not_owned:
+        log.warning("labels outside the owned prefixes are never written", reason="not-owned", labels=not_owned)
+    problems = [f"{r.backend}: {r.status} {r.detail}".strip() for r in inventory.reports
+                if r.status in ("error", "unavailable") or r.problems]
+    if inventory.partial:
+        log.warning("inventory is partial", reason="partial-probe", problems=problems)
+    return ProbeResult(owned(label_set.labels), partial=inventory.partial)
+
+
+def _reloader(node: Node, config_path: Path | None) -> None:
+    if config_path is not None:
+        node.config = load_config(config_path)
+
+
+def _sink(output: str, kube: Kube, node_name: str, features_file: Path, namespace: str,
+          interval: float, once: bool) -> tuple[Sink, NodeWatcher | None]:
+    """The output, and for the Node output (unless --once) the watch that keeps its cache of the live labels."""
+    if output == "features-file":
+        return FeaturesFileSink(features_file, expiry_s=max(4 * interval, 300.0)), None
+    if output == "nodefeature":
+        return NodeFeatureSink(kube, node_name, namespace), None
+    if once:
+        return NodeSink(kube, node_name), None  # one GET, no watch
+    cache = NodeCache()
+    return NodeSink(kube, node_name, cache), NodeWatcher(kube, node_name, cache)
+
+
+def _install_signals(daemon: Daemon) -> None:
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        daemon.stop()
+
+    def on_hup(signum: int, frame: FrameType | None) -> None:
+        daemon.request_reload()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, on_hup)
 
 
 @click.command()
-def run() -> None:
+@click.option("--node-name", envvar="NODE_NAME", required=True, help="This Node's name (downward API). [env: NODE_NAME]")
+@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
+              help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
+@discovery_options
+@click.option("--interval", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
+              envvar="GPU_LABELLER_INTERVAL", help="Seconds between hardware probes. [env: GPU_LABELLER_INTERVAL]")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="Port for /healthz, /readyz and /metrics (0: any free port).")
+@click.option("--metrics-bind", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@click.option("--once", is_flag=True, help="Reconcile once and exit: 0 on success, 1 on failure.")
+@click.option("--dry-run", is_flag=True, help="Log the change that would be applied; write nothing.")
+@click.option("--output", type=click.Choice(OUTPUTS), default="node", show_default=True,
+              help="node: server-side apply to the Node; features-file: NFD features.d file; nodefeature: NFD NodeFeature object.")
+@click.option("--features-file", type=click.Path(path_type=Path, dir_okay=False), default=DEFAULT_FEATURES_FILE,
+              show_default=True, help="Path of the features.d file (--output features-file).")
+@click.option("--namespace", envvar="NAMESPACE", default="default", show_default=True,
+              help="Namespace of the NodeFeature object (--output nodefeature). [env: NAMESPACE]")
+@click.option("--events/--no-events", default=False, show_default=True, help="Record a Kubernetes Event when labels change.")
+@click.option("--start-jitter", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="Wait a random 0..N seconds before the first reconcile, so a fleet does not stampede.")
+def run(node_name: str, kubeconfig: str | None, host_root: Path, simulate: str | None, config_path: Path | None,
+        interval: float, metrics_port: int, metrics_bind: str, once: bool, dry_run: bool, output: str,
+        features_file: Path, namespace: str, events: bool, start_jitter: float) -> None:
     """Keep this node's labels true on the cluster."""
-    raise click.ClickException("not written yet")
+    structlog.contextvars.bind_contextvars(node=node_name)
+    metrics = Metrics()
+    try:
+        kube = Kube(kubeconfig, observer=metrics.observe_request)
+    except KubeError as exc:
+        log.error("cannot load Kubernetes credentials", reason="no-credentials", error=exc.message)
+        sys.exit(1)
+    with open_node(host_root, simulate, config_path) as node:
+        sink, watcher = _sink(output, kube, node_name, features_file, namespace, interval, once)
+        options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run, events=events)
+        daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
+                        reload=lambda: _reloader(node, config_path), kube=kube, watcher=watcher)
+        if once:
+            sys.exit(_run_once(daemon))
+        _serve(daemon, metrics, metrics_port, metrics_bind)
+
+
+def _run_once(daemon: Daemon) -> int:
+    """0 when the probe was complete and the labels are right; 1 otherwise (a failed or partial
+    probe still adds or repairs what it can, but never removes, and is reported as a failure)."""
+    daemon.probe()
+    outcome = daemon.reconcile_once()
+    log.info("reconciled once", reason="once", outcome=outcome, probe_ok=daemon.probe_ok)
+    return 0 if daemon.probe_ok and outcome in ("unchanged", "applied", "dry-run") else 1
+
+
+def _serve(daemon: Daemon, metrics: Metrics, port: int, bind: str) -> None:
+    _install_signals(daemon)
+    start_http_server(port, bind, ready=lambda: daemon.ready, healthy=daemon.healthy, registry=metrics.registry)
+    log.info("started", reason="start", output=daemon.sink.name, interval_s=daemon.options.interval_s,
+             dry_run=daemon.options.dry_run)
+    daemon.run()
+    log.info("stopped", reason="sigterm")
 
 
 @click.command()
-def cleanup() -> None:
-    """Remove every label gpu-labeller owns."""
-    raise click.ClickException("not written yet")
+@click.option("--node", "nodes", multiple=True, help="Node to clean (repeatable).")
+@click.option("--all-nodes", is_flag=True, help="Clean every node in the cluster.")
+@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
+              help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
+def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None) -> None:
+    """Remove every label gpu-labeller owns (for uninstall)."""
+    if bool(nodes) == all_nodes:
+        raise click.UsageError("give --node NAME (repeatable) or --all-nodes")
+    try:
+        kube = Kube(kubeconfig)
+        names = kube.list_node_names() if all_nodes else list(nodes)
+    except KubeError as exc:
+        log.error("cannot reach the cluster", reason="api-error", error=str(exc))
+        sys.exit(1)
+    failures = sum(not clean_node(kube, name) for name in names)
+    sys.exit(1 if failures else 0)
+
+
+def clean_node(kube: Kube, name: str) -> bool:
+    """Release every owned label on ``name``: SSA of an empty set, then a merge patch for leftovers."""
+    started = time.monotonic()
+    try:
+        before = owned(kube.get_node(name).get("metadata", {}).get("labels") or {})
+        answer = kube.apply_node_labels(name, {})
+        leftovers = sorted(owned(answer.get("metadata", {}).get("labels") or {}))
+        if leftovers:
+            kube.remove_node_labels(name, leftovers)
+    except Forbidden as exc:
+        log.error(f"permission missing: grant verb '{exc.verb}' on resource '{exc.resource}'", node=name,
+                  reason="forbidden", detail=exc.message)
+        return False
+    except KubeError as exc:
+        log.error("cleanup failed", node=name, reason="api-error", error=str(exc))
+        return False
+    log.info("owned labels removed", node=name, reason="cleanup", removed=len(before),
+             seconds=round(time.monotonic() - started, 3))
+    return True

@@ -76,6 +76,7 @@ class NvidiaInventory:
     driver_version: str  # "550.54.15"
     cuda_driver_version: int  # nvmlSystemGetCudaDriverVersion, e.g. 12040
     gpus: tuple[NvidiaGpu, ...]
+    vgpu_present: bool = False  # a GPU's PCI config space has NVIDIA's vGPU ("VF") capability
 
 
 @dataclass(frozen=True)

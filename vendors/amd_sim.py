@@ -1,10 +1,341 @@
-"""Simulated AMD sysfs trees for profiles. PLACEHOLDER: being written."""
+"""Simulated AMD sysfs trees for profiles, read back by the real backend (``vendors.amd``).
+
+A profile's ``amd:`` section either names a captured sysfs tree (``sysfs:``), which is copied under
+the simulated root, or lists GPUs inline (``gpus:``), from which a realistic tree is generated:
+KFD topology (CPU nodes first), mem banks, io_links, DRM cards, amdgpu module and partition files.
+Either way PCI device entries are written for each physical GPU, as real captures lack them.
+Schema in the README; every problem is a ValueError naming the key.
+"""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from labeller.inventory import AMD_VENDOR_ID
+from vendors.amd import (
+    AMDGPU_MODULE,
+    DRM_CLASS,
+    KFD_TOPOLOGY_DIRS,
+    LINK_PCIE,
+    LINK_XGMI,
+    PARTITIONS_BY_MODE,
+    PCI_AMDGPU_DRIVER,
+    pci_address,
+    physical_function,
+)
+from vendors.sysfs import read_properties
+
+SECTION_KEYS = ("sysfs", "revision", "gpus", "driver_version", "driver_src_version")
+GPU_KEYS = (
+    "device_id", "revision", "product_name", "gfx_target_version", "simd_count", "simd_per_cu", "vram_bytes",
+    "numa_node", "compute_partition", "memory_partition", "partitions", "xgmi", "repeat",
+)
+COMPUTE_MODES = ("spx", "dpx", "tpx", "qpx", "cpx")
+MEMORY_MODES = ("nps1", "nps2", "nps4", "nps8")
+PCI_CLASS_DISPLAY_OTHER = 0x038000
+MAX_GPUS = 64
+CPU_CORES_PER_NODE = 48
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def _int(entry: Mapping[str, Any], key: str, where: str, default: int | None = None, minimum: int = 1) -> int:
+    value = entry.get(key, default)
+    if isinstance(value, str):
+        try:
+            value = int(value, 16 if key in ("device_id", "revision") else 0)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}.{key}: {'required integer' if value is None else f'must be an integer, got {value!r}'}")
+    if value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{where}.{key}: must be {kind}, got {value}")
+    return value
+
+
+def _choice(entry: Mapping[str, Any], key: str, where: str, allowed: tuple[str, ...]) -> str | None:
+    value = entry.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.lower() not in allowed:
+        raise ValueError(f"{where}.{key}: must be one of {', '.join(allowed)}, got {value!r}")
+    return value.lower()
+
+
+def _string(entry: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = entry.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}.{key}: must be a string, got {value!r}")
+    return value
+
+
+def _check_keys(entry: Any, known: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where}: must be a mapping")
+    unknown = sorted(set(entry) - set(known))
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]}: unknown key (known here: {', '.join(known)})")
+    return entry
+
+
+@dataclass(frozen=True)
+class SimGpu:
+    """One physical GPU to generate, with per-partition figures already divided."""
+
+    device_id: int
+    revision: int
+    product_name: str | None
+    gfx_target_version: int
+    simd_per_partition: int
+    simd_per_cu: int
+    vram_per_partition: int
+    numa_node: int
+    compute_partition: str | None
+    memory_partition: str | None
+    partitions: int
+    xgmi: bool
+
+
+def _partitions(entry: Mapping[str, Any], where: str, mode: str | None) -> int:
+    if "partitions" in entry:
+        count = _int(entry, "partitions", where)
+        if count > 8:
+            raise ValueError(f"{where}.partitions: at most 8 (the PCI function bits), got {count}")
+        return count
+    if mode == "cpx":
+        raise ValueError(f"{where}.partitions: required when compute_partition is cpx (one per XCC)")
+    return PARTITIONS_BY_MODE.get(mode or "spx", 1)
+
+
+def parse_gpu(entry: Any, where: str) -> tuple[SimGpu, int]:
+    """A validated inline GPU and its repeat count."""
+    entry = _check_keys(entry, GPU_KEYS, where)
+    mode = _choice(entry, "compute_partition", where, COMPUTE_MODES)
+    partitions = _partitions(entry, where, mode)
+    simd_count = _int(entry, "simd_count", where)
+    vram_bytes = _int(entry, "vram_bytes", where)
+    if simd_count % partitions:
+        raise ValueError(f"{where}.simd_count: {simd_count} does not divide into {partitions} partitions")
+    xgmi = entry.get("xgmi", False)
+    if not isinstance(xgmi, bool):
+        raise ValueError(f"{where}.xgmi: must be true or false, got {xgmi!r}")
+    gpu = SimGpu(
+        device_id=_int(entry, "device_id", where),
+        revision=_int(entry, "revision", where, default=0, minimum=0),
+        product_name=_string(entry, "product_name", where),
+        gfx_target_version=_int(entry, "gfx_target_version", where),
+        simd_per_partition=simd_count // partitions,
+        simd_per_cu=_int(entry, "simd_per_cu", where, default=4),
+        vram_per_partition=vram_bytes // partitions,
+        numa_node=_int(entry, "numa_node", where, default=0, minimum=-1),
+        compute_partition=mode,
+        memory_partition=_choice(entry, "memory_partition", where, MEMORY_MODES),
+        partitions=partitions,
+        xgmi=xgmi,
+    )
+    return gpu, _int(entry, "repeat", where, default=1)
+
+
+def parse_gpus(value: Any) -> list[SimGpu]:
+    if not isinstance(value, list) or not value:
+        raise ValueError("amd.gpus: must be a non-empty list")
+    gpus: list[SimGpu] = []
+    for i, entry in enumerate(value):
+        gpu, repeat = parse_gpu(entry, f"amd.gpus[{i}]")
+        gpus.extend([gpu] * repeat)
+    if len(gpus) > MAX_GPUS:
+        raise ValueError(f"amd.gpus: at most {MAX_GPUS} GPUs in all, got {len(gpus)}")
+    return gpus
+
+
+# --- writing files -------------------------------------------------------------------------------
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+def _properties(values: Mapping[str, int]) -> str:
+    return "\n".join(f"{key} {value}" for key, value in values.items())
+
+
+def write_pci_device(root: Path, bdf: str, device_id: int, revision: int, numa_node: int) -> None:
+    device = root / "sys/bus/pci/devices" / bdf
+    _write(device / "vendor", f"0x{AMD_VENDOR_ID:04x}")
+    _write(device / "device", f"0x{device_id:04x}")
+    _write(device / "class", f"0x{PCI_CLASS_DISPLAY_OTHER:06x}")
+    _write(device / "revision", f"0x{revision:02x}")
+    _write(device / "numa_node", str(numa_node))
+
+
+def _write_module(root: Path, driver_version: str | None, driver_src_version: str | None) -> None:
+    module = root / AMDGPU_MODULE
+    (module / "drivers").mkdir(parents=True, exist_ok=True)
+    if driver_version:
+        _write(module / "version", driver_version)
+    if driver_src_version:
+        _write(module / "srcversion", driver_src_version)
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A generated KFD GPU node: where its partition sits and which physical GPU it belongs to."""
+
+    kfd_node: int
+    gpu: SimGpu
+    gpu_index: int
+    partition: int
+    bus: int
+
+
+def _bus(gpu_index: int) -> int:
+    # The real MI300X capture's buses are 0x05, 0x27, 0x47, ...: one per 0x20, spread over the root ports.
+    return 0x05 + 0x20 * (gpu_index % 8) + 2 * (gpu_index // 8)
+
+
+def _place(gpus: list[SimGpu], cpu_nodes: int) -> list[_Placed]:
+    placed: list[_Placed] = []
+    for gpu_index, gpu in enumerate(gpus):
+        for partition in range(gpu.partitions):
+            placed.append(_Placed(cpu_nodes + len(placed), gpu, gpu_index, partition, _bus(gpu_index)))
+    return placed
+
+
+def _cpu_node(topology: Path, index: int) -> None:
+    node = topology / "nodes" / str(index)
+    _write(node / "properties", _properties({
+        "cpu_cores_count": CPU_CORES_PER_NODE, "simd_count": 0, "mem_banks_count": 1, "caches_count": 0,
+        "io_links_count": 0, "p2p_links_count": 0, "cpu_core_id_base": index * CPU_CORES_PER_NODE,
+        "simd_id_base": 0, "gfx_target_version": 0, "vendor_id": 0, "device_id": 0, "location_id": 0,
+        "domain": 0, "drm_render_minor": 0, "hive_id": 0, "unique_id": 0,
+    }))
+    _write(node / "gpu_id", "0")
+    _write(node / "name", "")
+    _write(node / "mem_banks/0/properties", _properties({"heap_type": 0, "size_in_bytes": 1 << 38, "flags": 0}))
+
+
+def _gpu_node(topology: Path, item: _Placed, all_nodes: list[_Placed], cpu_nodes: int) -> None:
+    gpu = item.gpu
+    node = topology / "nodes" / str(item.kfd_node)
+    peers = [p for p in all_nodes if gpu.xgmi and p.gpu.xgmi and p.kfd_node != item.kfd_node]
+    cpu = min(max(gpu.numa_node, 0), cpu_nodes - 1)
+    links = [(cpu, LINK_PCIE)] + [(p.kfd_node, LINK_XGMI) for p in peers]
+    xcc = max(1, 8 // gpu.partitions) if gpu.partitions > 1 else 8
+    _write(node / "properties", _properties({
+        "cpu_cores_count": 0, "simd_count": gpu.simd_per_partition, "mem_banks_count": 1, "caches_count": 0,
+        "io_links_count": len(links), "p2p_links_count": 0, "cpu_core_id_base": 0,
+        "simd_id_base": 2147487744 + 16 * item.kfd_node, "max_waves_per_simd": 8, "wave_front_size": 64,
+        "simd_per_cu": gpu.simd_per_cu, "gfx_target_version": gpu.gfx_target_version, "vendor_id": AMD_VENDOR_ID,
+        "device_id": gpu.device_id, "location_id": item.bus << 8 | item.partition, "domain": 0,
+        "drm_render_minor": 128 + item.kfd_node - cpu_nodes, "hive_id": 1 if gpu.xgmi else 0,
+        "local_mem_size": 0, "unique_id": 0x1000 + item.gpu_index, "num_xcc": xcc,
+    }))
+    _write(node / "gpu_id", str(10000 + 97 * item.kfd_node))
+    _write(node / "name", "ip discovery")
+    _write(node / "mem_banks/0/properties", _properties({"heap_type": 1, "size_in_bytes": gpu.vram_per_partition, "flags": 0}))
+    for number, (peer, kind) in enumerate(links):
+        _write(node / "io_links" / str(number) / "properties",
+               _properties({"type": kind, "node_from": item.kfd_node, "node_to": peer, "weight": 15 if kind == LINK_XGMI else 20}))
+
+
+def _drm_card(root: Path, item: _Placed, card: int, render_minor: int, bdf: str) -> None:
+    """Partition 0 is the PCI device; further partitions are ``amdgpu_xcp`` platform devices without PCI files."""
+    device = root / DRM_CLASS / f"card{card}" / "device"
+    (device / "drm" / f"card{card}").mkdir(parents=True, exist_ok=True)
+    (device / "drm" / f"renderD{render_minor}").mkdir(parents=True, exist_ok=True)
+    if item.partition:
+        return
+    gpu = item.gpu
+    _write(device / "vendor", f"0x{AMD_VENDOR_ID:04x}")
+    _write(device / "device", f"0x{gpu.device_id:04x}")
+    _write(device / "revision", f"0x{gpu.revision:02x}")
+    _write(device / "numa_node", str(gpu.numa_node))
+    _write(device / "product_name", gpu.product_name or "")
+    _write(device / "uevent", f"DRIVER=amdgpu\nPCI_ID=1002:{gpu.device_id:04X}\nPCI_SLOT_NAME={bdf}")
+
+
+def _partition_files(root: Path, gpu: SimGpu, bdf: str) -> None:
+    directory = root / PCI_AMDGPU_DRIVER / bdf
+    _write(directory / "numa_node", str(gpu.numa_node))
+    if gpu.compute_partition:
+        _write(directory / "current_compute_partition", gpu.compute_partition.upper())
+        _write(directory / "available_compute_partition", "SPX, DPX, QPX, CPX")
+    if gpu.memory_partition:
+        _write(directory / "current_memory_partition", gpu.memory_partition.upper())
+        _write(directory / "available_memory_partition", "NPS1, NPS4")
+
+
+def generate(gpus: list[SimGpu], root: Path, driver_version: str | None, driver_src_version: str | None) -> None:
+    topology = root / KFD_TOPOLOGY_DIRS[0]
+    cpu_nodes = max(1, max(g.numa_node for g in gpus) + 1)
+    for index in range(cpu_nodes):
+        _cpu_node(topology, index)
+    placed = _place(gpus, cpu_nodes)
+    for card, item in enumerate(placed):
+        bdf = pci_address(0, item.bus << 8 | item.partition)
+        _gpu_node(topology, item, placed, cpu_nodes)
+        _drm_card(root, item, card, 128 + card, bdf)
+        if item.partition == 0:
+            _partition_files(root, item.gpu, bdf)
+            write_pci_device(root, bdf, item.gpu.device_id, item.gpu.revision, item.gpu.numa_node)
+    _write_module(root, driver_version, driver_src_version)
+
+
+# --- captured trees ----------------------------------------------------------------------------
+
+
+def _builtin_trees() -> Path:
+    return Path(str(resources.files("vendors") / "profiles" / "sysfs"))
+
+
+def _tree(name: str, base_dir: Path) -> Path:
+    for candidate in (base_dir / name, _builtin_trees() / name):
+        if candidate.is_dir():
+            return candidate
+    known = ", ".join(sorted(p.name for p in _builtin_trees().iterdir() if p.is_dir()))
+    raise ValueError(f"amd.sysfs: {name!r} is neither a directory next to the profile nor a built-in tree ({known})")
+
+
+def _pci_from_topology(root: Path, revision: int) -> None:
+    """PCI entries for the physical GPUs of a captured KFD topology that has none."""
+    nodes = root / KFD_TOPOLOGY_DIRS[0] / "nodes"
+    seen: set[str] = set()
+    for properties in sorted(nodes.glob("*/properties")):
+        props = read_properties(properties) or {}
+        if props.get("drm_render_minor", 0) <= 0 or "location_id" not in props:
+            continue
+        bdf = physical_function(pci_address(props.get("domain", 0), props["location_id"]))
+        if bdf not in seen and not (root / "sys/bus/pci/devices" / bdf).exists():
+            write_pci_device(root, bdf, props.get("device_id", 0), revision, -1)
+        seen.add(bdf)
+
+
+def copy_tree(name: str, root: Path, base_dir: Path, revision: int) -> None:
+    shutil.copytree(_tree(name, base_dir), root, dirs_exist_ok=True)
+    _pci_from_topology(root, revision)
+
 
 def build(section: Any, root: Path, base_dir: Path) -> None:
-    raise ValueError("amd: AMD simulation not written yet")
+    """Write the AMD part of a simulated node under ``root``; ValueError naming the key on bad input."""
+    section = _check_keys(section, SECTION_KEYS, "amd")
+    sysfs = _string(section, "sysfs", "amd")
+    driver_version = _string(section, "driver_version", "amd")
+    driver_src_version = _string(section, "driver_src_version", "amd")
+    if (sysfs is None) == ("gpus" not in section):
+        raise ValueError("amd: give exactly one of sysfs (a captured tree) or gpus (inline GPUs)")
+    if sysfs is not None:
+        copy_tree(sysfs, root, base_dir, _int(section, "revision", "amd", default=0, minimum=0))
+        if driver_version or driver_src_version:
+            _write_module(root, driver_version, driver_src_version)
+        return
+    if "revision" in section:
+        raise ValueError("amd.revision: only for sysfs trees; inline GPUs set gpus[*].revision")
+    generate(parse_gpus(section["gpus"]), root, driver_version, driver_src_version)

@@ -1,11 +1,760 @@
-"""A fake ``pynvml`` module that replays a profile's NVML values. PLACEHOLDER: being written."""
+"""A fake ``pynvml`` module that replays a profile's ``nvidia:`` section.
+
+``build`` validates the section, writes the GPUs' PCI sysfs entries under the simulated root, and
+returns a module with the subset of the pynvml API that gpu-labeller uses, with pynvml's own
+semantics: error classes, codes and constants are the real pynvml ones, struct results are the
+real ctypes structures (so ``PciInfo.busId`` reads back as pynvml gives it), and calls fail with
+``NVMLError_Uninitialized`` outside nvmlInit/nvmlShutdown. Only ``libnvidia-ml`` is not needed.
+
+Test hooks on the module: ``inject_xid(uuid, xid)`` queues an XID event for the GPU (or MIG
+device) with that UUID on every event set registered for XID events; ``set_lost(uuid, lost)``
+makes every call on that GPU raise ``NVMLError_GpuIsLost`` (False restores it).
+"""
 
 from __future__ import annotations
 
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pynvml as real
+
+from vendors.nvidia import mig_memory_gb, mig_profile_name
+from vendors.pci import normalise_bdf
+
+NVIDIA_VENDOR = 0x10DE
+COMPUTE_CLASS = 0x030200
+WHOLE_GPU = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that concerns the whole GPU
+MAX_MIG_DEVICES = 7
+# Fake instance-profile ids: offset from the profile indices so a caller that mixes ids and
+# indices up (go-nvlib matches ids, then names profiles by index) fails loudly.
+GI_PROFILE_ID_OFFSET = 32
+CI_PROFILE_ID_OFFSET = 64
+
+GPU_KEYS = ("name", "uuid", "memory_bytes", "compute_capability", "pci_bus_id", "pci_device_id", "minor_number",
+            "numa_node", "pci_class", "mig_mode", "mig_devices", "nvlink_peers", "fabric", "vgpu", "error", "repeat")
+MIG_KEYS = ("profile", "uuid", "memory_mib", "multiprocessors", "slices_gi", "slices_ci", "engines_copy",
+            "engines_decoder", "engines_encoder", "engines_jpeg", "engines_ofa", "gpu_instance_id",
+            "compute_instance_id", "repeat")
+SECTION_KEYS = ("driver_version", "cuda_driver_version", "nvml_error", "gpus")
+_PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<suffix>\+me|\+me\.all|\+gfx|-me)?$")
+# (GPU slices, name suffix) of a profile name -> the GPU-instance profile NVML would report for it.
+_GI_BY_SLICES_AND_SUFFIX = {
+    (1, ""): "1_SLICE", (2, ""): "2_SLICE", (3, ""): "3_SLICE", (4, ""): "4_SLICE", (6, ""): "6_SLICE",
+    (7, ""): "7_SLICE", (8, ""): "8_SLICE", (1, "+me"): "1_SLICE_REV1", (2, "+me"): "2_SLICE_REV1",
+    (1, "+me.all"): "1_SLICE_ALL_ME", (2, "+me.all"): "2_SLICE_ALL_ME", (1, "-me"): "1_SLICE_NO_ME",
+    (2, "-me"): "2_SLICE_NO_ME", (1, "+gfx"): "1_SLICE_GFX", (2, "+gfx"): "2_SLICE_GFX", (3, "+gfx"): "3_SLICE_GFX",
+    (4, "+gfx"): "4_SLICE_GFX",
+}
+# Instance profiles (pynvml constant names without their prefix) -> slices they span.
+_GI_SLICES = {"1_SLICE": 1, "2_SLICE": 2, "3_SLICE": 3, "4_SLICE": 4, "6_SLICE": 6, "7_SLICE": 7, "8_SLICE": 8,
+              "1_SLICE_REV1": 1, "1_SLICE_REV2": 1, "2_SLICE_REV1": 2, "1_SLICE_ALL_ME": 1, "2_SLICE_ALL_ME": 2,
+              "1_SLICE_NO_ME": 1, "2_SLICE_NO_ME": 2, "1_SLICE_GFX": 1, "2_SLICE_GFX": 2, "3_SLICE_GFX": 3,
+              "4_SLICE_GFX": 4}
+_CI_SLICES = {"1_SLICE": 1, "2_SLICE": 2, "3_SLICE": 3, "4_SLICE": 4, "6_SLICE": 6, "7_SLICE": 7, "8_SLICE": 8}
+SUPPORTED_EVENTS: int = (real.nvmlEventTypeSingleBitEccError | real.nvmlEventTypeDoubleBitEccError
+                         | real.nvmlEventTypePState | real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeClock)
+
+
+def _gi_constants() -> dict[str, int]:
+    """Short GPU-instance profile name ("1_SLICE_REV1") -> pynvml constant, for those this pynvml has."""
+    return {name: getattr(real, "NVML_GPU_INSTANCE_PROFILE_" + name) for name in _GI_SLICES
+            if hasattr(real, "NVML_GPU_INSTANCE_PROFILE_" + name)}
+
+
+def _ci_constants() -> dict[str, int]:
+    return {name: getattr(real, "NVML_COMPUTE_INSTANCE_PROFILE_" + name) for name in _CI_SLICES
+            if hasattr(real, "NVML_COMPUTE_INSTANCE_PROFILE_" + name)}
+
+
+# --- the simulated hardware ----------------------------------------------------------------------
+
+@dataclass
+class FakeMig:
+    uuid: str
+    profile: str
+    gi_profile_index: int
+    ci_profile_index: int
+    memory_mib: int
+    attributes: dict[str, int]
+    gpu_instance_id: int
+    compute_instance_id: int
+    parent: FakeGpu | None = None
+
+
+@dataclass
+class FakeGpu:
+    index: int
+    name: str
+    uuid: str
+    memory_bytes: int
+    compute_capability: tuple[int, int] | None
+    bus_id: str  # sysfs form "0000:18:00.0"
+    pci_device_id: int
+    minor_number: int
+    numa_node: int | None
+    pci_class: int
+    mig_mode: str
+    migs: list[FakeMig]
+    nvlink_peers: list[str]
+    fabric: tuple[bytes, int] | None
+    vgpu: bool
+    error_code: int | None  # every call on this GPU fails with this NVML error
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class FakeGpuInstance:
+    gpu: FakeGpu
+    id: int
+    profile_index: int
+
+
+@dataclass(frozen=True)
+class FakeComputeInstance:
+    gpu_instance: FakeGpuInstance
+    id: int
+    profile_index: int
+
+
+@dataclass
+class FakeEvent:
+    """pynvml's c_nvmlEventData_t, field names included; eventData holds the XID."""
+
+    device: FakeGpu
+    eventType: int
+    eventData: int
+    gpuInstanceId: int
+    computeInstanceId: int
+
+
+@dataclass
+class FakeEventSet:
+    registered: dict[int, int] = field(default_factory=dict)  # id(gpu) -> event mask
+    queue: deque[FakeEvent] = field(default_factory=deque)
+    ready: threading.Condition = field(default_factory=threading.Condition)
+
+
+# --- profile validation --------------------------------------------------------------------------
+
+def _fail(where: str, message: str) -> ValueError:
+    return ValueError(f"{where}: {message}")
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _fail(where, "must be a positive integer")
+    return value
+
+
+def _non_negative_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _fail(where, "must be a non-negative integer")
+    return value
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(where, "must be a non-empty string")
+    return value
+
+
+def _mapping(value: Any, where: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _fail(where, "must be a mapping")
+    unknown = sorted(set(value) - set(keys))
+    if unknown:
+        raise _fail(f"{where}.{unknown[0]}", f"unknown key (known here: {', '.join(keys)})")
+    return value
+
+
+def _error_code(value: Any, where: str) -> int:
+    """An NVML error by pynvml's name, lower-case without the prefix: library_not_found, unknown."""
+    code = getattr(real, "NVML_ERROR_" + str(value).upper(), None) if isinstance(value, str) else None
+    if not isinstance(code, int):
+        raise _fail(where, f"must be an NVML error name such as library_not_found, driver_not_loaded, unknown; got {value!r}")
+    return code
+
+
+def _template(value: Any, where: str, **fields: int) -> str:
+    """A string with "{i}" style fields (format specs allowed: "{i:02x}")."""
+    text = _string(value, where)
+    try:
+        return text.format(**fields)
+    except (KeyError, ValueError, IndexError) as exc:
+        raise _fail(where, f"bad template {text!r} (fields: {', '.join(fields)}): {exc}") from None
+
+
+def _repeat(entry: Mapping[str, Any], where: str) -> int:
+    return _positive_int(entry.get("repeat", 1), f"{where}.repeat")
+
+
+def _parse_profile(value: Any, where: str) -> tuple[int, int, int, str]:
+    """(gpu slices, compute slices, GB, suffix) of a name such as "1g.5gb", "1c.3g.20gb", "1g.10gb+me"."""
+    match = _PROFILE_RE.match(_string(value, where))
+    if match is None:
+        raise _fail(where, f"not a MIG profile name like 1g.5gb, 1c.3g.20gb or 1g.10gb+me: {value!r}")
+    gpu_slices = int(match["g"])
+    compute_slices = int(match["c"] or gpu_slices)
+    return gpu_slices, compute_slices, int(match["gb"]), match["suffix"] or ""
+
+
+def _mig(entry: Mapping[str, Any], where: str, parent_bytes: int, gpu: int, i: int) -> FakeMig:
+    gpu_slices, compute_slices, gb, suffix = _parse_profile(entry.get("profile"), f"{where}.profile")
+    gi_index = _gi_constants().get(_GI_BY_SLICES_AND_SUFFIX.get((gpu_slices, suffix), ""))
+    ci_index = _ci_constants().get(next((name for name, n in _CI_SLICES.items() if n == compute_slices), ""))
+    if gi_index is None or ci_index is None or compute_slices > gpu_slices:
+        raise _fail(f"{where}.profile", f"no NVML instance profile for {entry['profile']!r}")
+    memory_mib = _positive_int(entry.get("memory_mib"), f"{where}.memory_mib")
+    expected_gb = mig_memory_gb(memory_mib, parent_bytes)
+    if expected_gb != gb:
+        named = mig_profile_name(gpu_slices, compute_slices, expected_gb, suffix)
+        raise _fail(f"{where}.profile", f"{entry['profile']} does not match memory_mib {memory_mib} on a "
+                                        f"{parent_bytes}-byte GPU (NVML tools would call it {named})")
+    attributes = {key: _non_negative_int(entry.get(key, 0), f"{where}.{key}") for key in MIG_KEYS[3:11]}
+    attributes["slices_gi"] = attributes["slices_gi"] or gpu_slices
+    attributes["slices_ci"] = attributes["slices_ci"] or compute_slices
+    return FakeMig(
+        uuid=_template(entry.get("uuid"), f"{where}.uuid", gpu=gpu, i=i),
+        profile=str(entry["profile"]),
+        gi_profile_index=gi_index,
+        ci_profile_index=ci_index,
+        memory_mib=memory_mib,
+        attributes=attributes,
+        gpu_instance_id=_non_negative_int(entry.get("gpu_instance_id", i + 1), f"{where}.gpu_instance_id"),
+        compute_instance_id=_non_negative_int(entry.get("compute_instance_id", 0), f"{where}.compute_instance_id"),
+    )
+
+
+def _migs(value: Any, where: str, parent_bytes: int, gpu: int) -> list[FakeMig]:
+    if not isinstance(value, list):
+        raise _fail(where, "must be a list")
+    migs: list[FakeMig] = []
+    for n, raw in enumerate(value):
+        entry = _mapping(raw, f"{where}[{n}]", MIG_KEYS)
+        for _ in range(_repeat(entry, f"{where}[{n}]")):
+            migs.append(_mig(entry, f"{where}[{n}]", parent_bytes, gpu, len(migs)))
+    if len(migs) > MAX_MIG_DEVICES:
+        raise _fail(where, f"at most {MAX_MIG_DEVICES} MIG devices per GPU, got {len(migs)}")
+    instances = [(m.gpu_instance_id, m.compute_instance_id) for m in migs]
+    if len(set(instances)) != len(instances):
+        raise _fail(where, "two MIG devices share one (gpu_instance_id, compute_instance_id)")
+    return migs
+
+
+def _compute_capability(value: Any, where: str) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise _fail(where, "must be [major, minor], e.g. [9, 0]")
+    return _non_negative_int(value[0], f"{where}[0]"), _non_negative_int(value[1], f"{where}[1]")
+
+
+def _fabric(value: Any, where: str) -> tuple[bytes, int] | None:
+    if value is None:
+        return None
+    entry = _mapping(value, where, ("cluster_uuid", "clique_id"))
+    import uuid as uuidlib
+
+    try:
+        cluster = uuidlib.UUID(_string(entry.get("cluster_uuid"), f"{where}.cluster_uuid")).bytes
+    except ValueError:
+        raise _fail(f"{where}.cluster_uuid", "must be a UUID") from None
+    return cluster, _non_negative_int(entry.get("clique_id"), f"{where}.clique_id")
+
+
+# Keys whose value may be a list with one entry per repetition of a repeated GPU entry.
+PER_REPEAT_KEYS = ("uuid", "pci_bus_id", "numa_node", "minor_number")
+
+
+def _for_repetition(entry: Mapping[str, Any], where: str, repeat: int, position: int) -> dict[str, Any]:
+    """The entry as seen by its ``position``-th repetition: per-repeat lists resolved to one value."""
+    resolved = dict(entry)
+    for key in PER_REPEAT_KEYS:
+        value = entry.get(key)
+        if isinstance(value, list):
+            if len(value) != repeat:
+                raise _fail(f"{where}.{key}", f"a list here needs exactly repeat={repeat} entries, got {len(value)}")
+            resolved[key] = value[position]
+    return resolved
+
+
+def _bus_id(value: Any, where: str, index: int) -> str:
+    bus_id = _template(value, where, i=index)
+    try:
+        bdf = normalise_bdf(bus_id)
+    except ValueError:
+        bdf = ""
+    if not re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", bdf):
+        raise _fail(where, f"not a PCI bus id like 0000:18:00.0: {bus_id!r}")
+    return bdf
+
+
+def _gpu(raw: Mapping[str, Any], where: str, index: int, repeat: int, position: int) -> FakeGpu:
+    entry = _for_repetition(raw, where, repeat, position)
+    memory_bytes = _positive_int(entry.get("memory_bytes"), f"{where}.memory_bytes")
+    mig_mode = entry.get("mig_mode", "unsupported")
+    if mig_mode not in ("unsupported", "disabled", "enabled"):
+        raise _fail(f"{where}.mig_mode", f"must be one of unsupported, disabled, enabled; got {mig_mode!r}")
+    if entry.get("mig_devices") and mig_mode != "enabled":
+        raise _fail(f"{where}.mig_devices", "needs mig_mode: enabled")
+    numa = entry.get("numa_node")
+    minor = entry.get("minor_number")
+    return FakeGpu(
+        index=index,
+        name=_string(entry.get("name"), f"{where}.name"),
+        uuid=_template(entry.get("uuid"), f"{where}.uuid", i=index),
+        memory_bytes=memory_bytes,
+        compute_capability=_compute_capability(entry.get("compute_capability"), f"{where}.compute_capability"),
+        bus_id=_bus_id(entry.get("pci_bus_id"), f"{where}.pci_bus_id", index),
+        pci_device_id=_non_negative_int(entry.get("pci_device_id", 0), f"{where}.pci_device_id"),
+        minor_number=index if minor is None else _non_negative_int(minor, f"{where}.minor_number"),
+        numa_node=None if numa is None else _non_negative_int(numa, f"{where}.numa_node"),
+        pci_class=_non_negative_int(entry.get("pci_class", COMPUTE_CLASS), f"{where}.pci_class"),
+        mig_mode=mig_mode,
+        migs=_migs(entry.get("mig_devices", []), f"{where}.mig_devices", memory_bytes, index),
+        nvlink_peers=[],  # resolved once every GPU is known
+        fabric=_fabric(entry.get("fabric"), f"{where}.fabric"),
+        vgpu=bool(entry.get("vgpu", False)),
+        error_code=None if entry.get("error") is None else _error_code(entry["error"], f"{where}.error"),
+    )
+
+
+def _link_peers(gpus: list[FakeGpu], raw_entries: list[tuple[Mapping[str, Any], str]]) -> None:
+    """nvlink_peers: "all" (one link to every other GPU, as through NVSwitch) or a list of bus ids."""
+    known = {gpu.bus_id for gpu in gpus}
+    for gpu, (entry, where) in zip(gpus, raw_entries):
+        peers = entry.get("nvlink_peers", [])
+        if peers == "all":
+            gpu.nvlink_peers = [other.bus_id for other in gpus if other is not gpu]
+            continue
+        if not isinstance(peers, list):
+            raise _fail(f"{where}.nvlink_peers", "must be 'all' or a list of PCI bus ids")
+        resolved = [normalise_bdf(_string(peer, f"{where}.nvlink_peers[{n}]")) for n, peer in enumerate(peers)]
+        unknown = [peer for peer in resolved if peer not in known]
+        if unknown:
+            raise _fail(f"{where}.nvlink_peers", f"{unknown[0]} is not the bus id of a GPU in this profile")
+        gpu.nvlink_peers = resolved
+
+
+def _check_unique(gpus: list[FakeGpu]) -> None:
+    seen: set[str] = set()
+    for gpu in gpus:
+        for value in (gpu.uuid, gpu.bus_id, *(mig.uuid for mig in gpu.migs)):
+            if value in seen:
+                raise _fail(f"nvidia.gpus (GPU {gpu.index})", f"{value} appears twice; UUIDs and bus ids must be unique")
+            seen.add(value)
+
+
+def parse_gpus(value: Any) -> list[FakeGpu]:
+    if not isinstance(value, list):
+        raise _fail("nvidia.gpus", "must be a list")
+    gpus: list[FakeGpu] = []
+    raw_entries: list[tuple[Mapping[str, Any], str]] = []
+    for n, raw in enumerate(value):
+        where = f"nvidia.gpus[{n}]"
+        entry = _mapping(raw, where, GPU_KEYS)
+        repeat = _repeat(entry, where)
+        for position in range(repeat):
+            gpus.append(_gpu(entry, where, len(gpus), repeat, position))
+            raw_entries.append((entry, where))
+    _link_peers(gpus, raw_entries)
+    _check_unique(gpus)
+    for gpu in gpus:
+        for mig in gpu.migs:
+            mig.parent = gpu
+    return gpus
+
+
+# --- sysfs ---------------------------------------------------------------------------------------
+
+def _config_space(vgpu: bool) -> bytes:
+    """256 bytes of config space: vendor/device, a capability list, and NVIDIA's "VF" capability for a vGPU."""
+    config = bytearray(256)
+    config[0:2] = NVIDIA_VENDOR.to_bytes(2, "little")
+    config[0x06] = 0x10  # status: capability list present
+    config[0x34] = 0x60
+    config[0x60:0x62] = bytes([0x01, 0x68])  # power management -> next
+    config[0x68:0x6A] = bytes([0x05, 0x78 if not vgpu else 0xC8])  # MSI -> next
+    if vgpu:
+        config[0xC8:0xCD] = bytes([0x09, 0x78, 0x14]) + b"VF"  # vendor-specific, length 20, signature
+    config[0x78:0x7A] = bytes([0x10, 0x00])  # PCI Express, end of list
+    return bytes(config)
+
+
+def write_sysfs(gpus: list[FakeGpu], root: Path, driver_loaded: bool) -> None:
+    for gpu in gpus:
+        device = root / "sys/bus/pci/devices" / gpu.bus_id
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "vendor").write_text(f"0x{NVIDIA_VENDOR:04x}\n")
+        (device / "device").write_text(f"0x{gpu.pci_device_id:04x}\n")
+        (device / "class").write_text(f"0x{gpu.pci_class:06x}\n")
+        (device / "revision").write_text("0xa1\n")
+        (device / "numa_node").write_text(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
+        (device / "config").write_bytes(_config_space(gpu.vgpu))
+        if driver_loaded:
+            (device / "driver").symlink_to("../../../../bus/pci/drivers/nvidia")
+
+
+# --- the module ----------------------------------------------------------------------------------
+
+def _bus_id_nvml(bdf: str) -> bytes:
+    """NVML prints the domain with 8 digits: "00000000:18:00.0"."""
+    domain, rest = bdf.split(":", 1)
+    return f"{int(domain, 16):08X}:{rest.upper()}".encode()
+
+
+class FakeNvml:
+    """The state behind one fake pynvml module; its nvml* methods become the module's functions."""
+
+    def __init__(self, driver_version: str, cuda_driver_version: int, gpus: list[FakeGpu], init_error: int | None):
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.gpus = gpus
+        self.init_error = init_error
+        self.init_count = 0
+        self.event_sets: list[FakeEventSet] = []
+        self.lock = threading.Lock()
+
+    # helpers
+    def _initialised(self) -> None:
+        if self.init_count <= 0:
+            raise real.NVMLError(real.NVML_ERROR_UNINITIALIZED)
+
+    def _gpu(self, handle: Any) -> FakeGpu:
+        self._initialised()
+        gpu = handle.parent if isinstance(handle, FakeMig) else handle
+        if not isinstance(gpu, FakeGpu):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.lost:
+            raise real.NVMLError(real.NVML_ERROR_GPU_IS_LOST)
+        if gpu.error_code is not None:
+            raise real.NVMLError(gpu.error_code)
+        return gpu
+
+    def _mig(self, handle: Any) -> FakeMig:
+        self._gpu(handle)
+        if not isinstance(handle, FakeMig):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return handle
+
+    def _find(self, uuid: str) -> FakeGpu | FakeMig:
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+            for mig in gpu.migs:
+                if mig.uuid == uuid:
+                    return mig
+        raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+
+    # lifecycle and system
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise real.NVMLError(self.init_error)
+        self.init_count += 1
+
+    def nvmlShutdown(self) -> None:
+        self._initialised()
+        self.init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._initialised()
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._initialised()
+        return self.cuda_driver_version
+
+    # devices
+    def nvmlDeviceGetCount(self) -> int:
+        self._initialised()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        self._initialised()
+        if not 0 <= index < len(self.gpus):
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu(self.gpus[index])
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeGpu | FakeMig:
+        self._initialised()
+        found = self._find(uuid.decode() if isinstance(uuid, bytes) else uuid)
+        self._gpu(found)
+        return found
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        return self._gpu(handle).index
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        gpu = self._gpu(handle)
+        return f"{gpu.name} MIG {handle.profile}" if isinstance(handle, FakeMig) else gpu.name
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        gpu = self._gpu(handle)
+        return handle.uuid if isinstance(handle, FakeMig) else gpu.uuid
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+        gpu = self._gpu(handle)
+        total = handle.memory_mib * 1024 * 1024 if isinstance(handle, FakeMig) else gpu.memory_bytes
+        return real.c_nvmlMemory_t(total=total, free=total, used=0)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+        gpu = self._gpu(handle)
+        if gpu.compute_capability is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.compute_capability
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        gpu = self._gpu(handle)
+        return self._pci_info(gpu)
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    @staticmethod
+    def _pci_info(gpu: FakeGpu) -> Any:
+        domain, bus, rest = gpu.bus_id.split(":")
+        info = real.nvmlPciInfo_t()
+        info.busId = _bus_id_nvml(gpu.bus_id)
+        info.busIdLegacy = _bus_id_nvml(gpu.bus_id)
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+        info.pciDeviceId = (gpu.pci_device_id << 16) | NVIDIA_VENDOR
+        return info
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._gpu(handle).minor_number
+
+    # MIG
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        gpu = self._gpu(handle)
+        if gpu.mig_mode == "unsupported" or isinstance(handle, FakeMig):
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        mode = real.NVML_DEVICE_MIG_ENABLE if gpu.mig_mode == "enabled" else real.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> int:
+        self._gpu(handle)
+        return int(isinstance(handle, FakeMig))
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        return 0 if gpu.mig_mode == "unsupported" else MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> FakeMig:
+        gpu = self._gpu(handle)
+        if gpu.mig_mode != "enabled" or not 0 <= index < MAX_MIG_DEVICES:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(gpu.migs):
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return gpu.migs[index]
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> FakeGpu:
+        return self._gpu(self._mig(handle))
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> Any:
+        mig = self._mig(handle)
+        a = mig.attributes
+        return real.c_nvmlDeviceAttributes(
+            multiprocessorCount=a["multiprocessors"], sharedCopyEngineCount=a["engines_copy"],
+            sharedDecoderCount=a["engines_decoder"], sharedEncoderCount=a["engines_encoder"],
+            sharedJpegCount=a["engines_jpeg"], sharedOfaCount=a["engines_ofa"],
+            gpuInstanceSliceCount=a["slices_gi"], computeInstanceSliceCount=a["slices_ci"],
+            memorySizeMB=mig.memory_mib,
+        )
+
+    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        return self._mig(handle).gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        return self._mig(handle).compute_instance_id
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int) -> FakeGpuInstance:
+        gpu = self._gpu(handle)
+        for mig in gpu.migs:
+            if mig.gpu_instance_id == gpu_instance_id:
+                return FakeGpuInstance(gpu, gpu_instance_id, mig.gi_profile_index)
+        raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: FakeGpuInstance) -> Any:
+        self._gpu(gpu_instance.gpu)
+        info = real.c_nvmlGpuInstanceInfo_t()
+        info.id, info.profileId = gpu_instance.id, gpu_instance.profile_index + GI_PROFILE_ID_OFFSET
+        return info
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpu_instance: FakeGpuInstance, ci_id: int) -> FakeComputeInstance:
+        gpu = self._gpu(gpu_instance.gpu)
+        for mig in gpu.migs:
+            if mig.gpu_instance_id == gpu_instance.id and mig.compute_instance_id == ci_id:
+                return FakeComputeInstance(gpu_instance, ci_id, mig.ci_profile_index)
+        raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+
+    def nvmlComputeInstanceGetInfo(self, compute_instance: FakeComputeInstance) -> Any:
+        self._gpu(compute_instance.gpu_instance.gpu)
+        info = real.c_nvmlComputeInstanceInfo_t()
+        info.id, info.profileId = compute_instance.id, compute_instance.profile_index + CI_PROFILE_ID_OFFSET
+        return info
+
+    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
+        gpu = self._gpu(handle)
+        if gpu.mig_mode == "unsupported":
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        slices = {index: _GI_SLICES[name] for name, index in _gi_constants().items()}
+        if profile not in slices:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        info = real.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount = profile + GI_PROFILE_ID_OFFSET, slices[profile]
+        return info
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gpu_instance: FakeGpuInstance, profile: int,
+                                                     engine_profile: int, version: int = 2) -> Any:
+        self._gpu(gpu_instance.gpu)
+        slices = {index: _CI_SLICES[name] for name, index in _ci_constants().items()}
+        if profile not in slices or engine_profile != real.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        info = real.c_nvmlComputeInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount = profile + CI_PROFILE_ID_OFFSET, slices[profile]
+        return info
+
+    # interconnect and topology
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        gpu = self._gpu(handle)
+        if not gpu.nvlink_peers:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < real.NVML_NVLINK_MAX_LINKS:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return int(real.NVML_FEATURE_ENABLED if link < len(gpu.nvlink_peers) else real.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> Any:
+        gpu = self._gpu(handle)
+        if not 0 <= link < len(gpu.nvlink_peers):
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED if not gpu.nvlink_peers else real.NVML_ERROR_INVALID_ARGUMENT)
+        peer = next(other for other in self.gpus if other.bus_id == gpu.nvlink_peers[link])
+        return self._pci_info(peer)
+
+    nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlDeviceGetNvLinkRemotePciInfo
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info_pointer: Any) -> int:
+        """Fills the caller's struct, passed as pynvml callers pass it: byref(info)."""
+        gpu = self._gpu(handle)
+        if gpu.fabric is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        info = getattr(info_pointer, "_obj", info_pointer)
+        cluster, clique = gpu.fabric
+        info.clusterUuid = (real.c_uint8 * real.NVML_GPU_FABRIC_UUID_LEN)(*cluster)
+        info.status, info.cliqueId, info.state = real.NVML_SUCCESS, clique, real.NVML_GPU_FABRIC_STATE_COMPLETED
+        return int(real.NVML_SUCCESS)
+
+    nvmlDeviceGetGpuFabricInfoV = nvmlDeviceGetGpuFabricInfo
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: Any, second: Any) -> int:
+        """Same GPU: INTERNAL; same NUMA node: NODE (a PCIe host bridge per socket); otherwise SYSTEM."""
+        a, b = self._gpu(first), self._gpu(second)
+        if a is b:
+            return int(real.NVML_TOPOLOGY_INTERNAL)
+        if a.numa_node is not None and a.numa_node == b.numa_node:
+            return int(real.NVML_TOPOLOGY_NODE)
+        return int(real.NVML_TOPOLOGY_SYSTEM)
+
+    # events
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        self._initialised()
+        event_set = FakeEventSet()
+        with self.lock:
+            self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        self._gpu(handle)
+        return SUPPORTED_EVENTS
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: FakeEventSet) -> None:
+        gpu = self._gpu(handle)
+        if event_types & ~SUPPORTED_EVENTS:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        with event_set.ready:
+            event_set.registered[id(gpu)] = event_set.registered.get(id(gpu), 0) | event_types
+
+    def nvmlEventSetWait(self, event_set: FakeEventSet, timeout_ms: int) -> FakeEvent:
+        """The next queued event; NVMLError_Timeout when none arrives within ``timeout_ms``."""
+        self._initialised()
+        deadline = time.monotonic() + timeout_ms / 1000
+        with event_set.ready:
+            while not event_set.queue:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise real.NVMLError(real.NVML_ERROR_TIMEOUT)
+                event_set.ready.wait(remaining)
+            return event_set.queue.popleft()
+
+    nvmlEventSetWait_v2 = nvmlEventSetWait
+
+    def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
+        self._initialised()
+        with self.lock:
+            if event_set in self.event_sets:
+                self.event_sets.remove(event_set)
+
+    # test hooks
+    def inject_xid(self, uuid: str, xid: int) -> None:
+        """Queue an XID critical-error event for the GPU or MIG device ``uuid``."""
+        try:
+            target = self._find(uuid)
+        except real.NVMLError:
+            raise ValueError(f"inject_xid: no GPU or MIG device with UUID {uuid}") from None
+        gpu = target.parent if isinstance(target, FakeMig) else target
+        assert gpu is not None
+        event = FakeEvent(
+            device=gpu, eventType=real.nvmlEventTypeXidCriticalError, eventData=xid,
+            gpuInstanceId=target.gpu_instance_id if isinstance(target, FakeMig) else WHOLE_GPU,
+            computeInstanceId=target.compute_instance_id if isinstance(target, FakeMig) else WHOLE_GPU,
+        )
+        with self.lock:
+            sets = list(self.event_sets)
+        for event_set in sets:
+            with event_set.ready:
+                if event_set.registered.get(id(gpu), 0) & real.nvmlEventTypeXidCriticalError:
+                    event_set.queue.append(event)
+                    event_set.ready.notify_all()
+
+    def set_lost(self, uuid: str, lost: bool) -> None:
+        """Make every call on the GPU ``uuid`` (or on its MIG devices) raise NVMLError_GpuIsLost."""
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                gpu.lost = lost
+                return
+        raise ValueError(f"set_lost: no GPU with UUID {uuid}")
+
+
+_EXPORTED_PREFIXES = ("NVML_", "NVMLError", "nvmlEventType", "c_nvml", "nvmlPciInfo_t", "byref")
+
+
+def _module(state: FakeNvml) -> ModuleType:
+    module = ModuleType("fake_pynvml", "gpu-labeller's simulated pynvml")
+    for name in dir(real):
+        if name.startswith(_EXPORTED_PREFIXES):
+            setattr(module, name, getattr(real, name))
+    for name in dir(state):
+        if name.startswith("nvml") or name in ("inject_xid", "set_lost"):
+            setattr(module, name, getattr(state, name))
+    setattr(module, "state", state)
+    return module
+
 
 def build(section: Any, root: Path) -> ModuleType:
-    raise ValueError("nvidia: NVIDIA simulation not written yet")
+    """Validate a profile's ``nvidia:`` section, write its PCI sysfs entries under ``root``, return the fake."""
+    section = _mapping(section, "nvidia", SECTION_KEYS)
+    init_error = None if section.get("nvml_error") is None else _error_code(section["nvml_error"], "nvidia.nvml_error")
+    driver_version = _string(section.get("driver_version"), "nvidia.driver_version")
+    cuda_driver_version = _positive_int(section.get("cuda_driver_version"), "nvidia.cuda_driver_version")
+    gpus = parse_gpus(section.get("gpus", []))
+    write_sysfs(gpus, root, driver_loaded=init_error != real.NVML_ERROR_DRIVER_NOT_LOADED)
+    return _module(FakeNvml(driver_version, cuda_driver_version, gpus, init_error))

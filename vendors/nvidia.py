@@ -1,13 +1,357 @@
-"""NVIDIA backend over NVML (pynvml). PLACEHOLDER: being written; reports 'absent' for now."""
+"""NVIDIA backend: what NVML (pynvml) says about each GPU, read the way GPU Feature Discovery does.
+
+Only the ``nvml`` module object passed in (or the real ``pynvml``) is used for calls, error
+classes and constants, so ``vendors.fake_nvml`` can stand in for simulations and tests. NVML is
+initialised and shut down on every probe, as GFD does on every labelling pass.
+"""
 
 from __future__ import annotations
 
+import importlib
+import math
+import uuid as uuidlib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from labeller.inventory import BackendReport, NvidiaInventory, PciGpu
+import structlog
+
+from labeller.inventory import NVIDIA_VENDOR_ID, BackendReport, BackendStatus, MigDevice, NvidiaGpu, NvidiaInventory, PciGpu
+from vendors.pci import devices_dir, normalise_bdf
+
+log = structlog.get_logger(__name__)
+
+MIB = 1024 * 1024
+GIB = 1024 * 1024 * 1024
+
+# GPU instance profile constant -> (GPU slices, profile-name suffix), as go-nvlib's NewProfile.
+_GI_PROFILES: dict[str, tuple[int, str]] = {
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE": (1, ""),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": (1, "+me"),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": (1, ""),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX": (1, "+gfx"),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME": (1, "-me"),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME": (1, "+me.all"),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE": (2, ""),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1": (2, "+me"),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX": (2, "+gfx"),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME": (2, "-me"),
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME": (2, "+me.all"),
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE": (3, ""),
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX": (3, "+gfx"),
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE": (4, ""),
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX": (4, "+gfx"),
+    "NVML_GPU_INSTANCE_PROFILE_6_SLICE": (6, ""),
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE": (7, ""),
+    "NVML_GPU_INSTANCE_PROFILE_8_SLICE": (8, ""),
+}
+# Compute instance profile constant -> compute slices.
+_CI_PROFILES: dict[str, int] = {
+    "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE": 1,
+    "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1": 1,
+    "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE": 2,
+    "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE": 3,
+    "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE": 4,
+    "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE": 6,
+    "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE": 7,
+    "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE": 8,
+}
+
+# PCI config space, for the vGPU check (GFD internal/vgpu).
+_PCI_STATUS = 0x06
+_PCI_STATUS_HAS_CAPABILITIES = 0x10
+_PCI_CAPABILITY_LIST = 0x34
+_PCI_CAP_VENDOR_SPECIFIC = 0x09
+
+
+# --- pure helpers ---------------------------------------------------------------------------------
+
+def mig_memory_gb(memory_mib: int, parent_total_bytes: int) -> int:
+    """The "<GB>gb" of a MIG profile name, as go-nvlib computes it (rounded to eighths of the GPU)."""
+    fraction = memory_mib * MIB / parent_total_bytes
+    fraction = math.ceil(fraction * 8) / 8
+    total_gb = -(-parent_total_bytes // GIB)  # ceiling division
+    return math.floor(fraction * total_gb + 0.5)  # Go's math.Round: halves away from zero, not to even
+
+
+def mig_profile_name(gpu_slices: int, compute_slices: int, memory_gb: int, suffix: str = "") -> str:
+    """"1g.5gb", "1c.3g.20gb", "1g.10gb+me": the compute count is only written when it differs."""
+    base = f"{gpu_slices}g.{memory_gb}gb" if compute_slices == gpu_slices else f"{compute_slices}c.{gpu_slices}g.{memory_gb}gb"
+    return base + suffix
+
+
+def text(value: str | bytes) -> str:
+    """Older pynvml versions return bytes from getters and struct fields such as PciInfo.busId."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def has_vgpu_capability(config: bytes) -> bool:
+    """Walk the PCI capability list for NVIDIA's vendor-specific capability signed "VF"."""
+    if len(config) <= _PCI_CAPABILITY_LIST or not config[_PCI_STATUS] & _PCI_STATUS_HAS_CAPABILITIES:
+        return False
+    offset = config[_PCI_CAPABILITY_LIST]
+    seen: set[int] = set()
+    while offset and offset not in seen and offset + 5 <= len(config):
+        seen.add(offset)
+        if config[offset] == _PCI_CAP_VENDOR_SPECIFIC:
+            return config[offset + 3:offset + 5] == b"VF"
+        offset = config[offset + 1]
+    return False
+
+
+def vgpu_present(host_root: Path, nvidia_pci: tuple[PciGpu, ...]) -> tuple[bool, list[str]]:
+    """True if any NVIDIA GPU is a vGPU; problems for config spaces that could not be read."""
+    problems: list[str] = []
+    found = False
+    for gpu in nvidia_pci:
+        try:
+            config = (devices_dir(host_root) / gpu.bdf / "config").read_bytes()
+        except OSError as exc:
+            problems.append(f"{gpu.bdf}: cannot read PCI config space for the vGPU check ({exc.strerror}); vgpu.present=false assumed")
+            continue
+        found = found or has_vgpu_capability(config)
+    return found, problems
+
+
+# --- NVML readers ---------------------------------------------------------------------------------
+
+def _constants(nvml: ModuleType, table: dict[str, Any]) -> dict[int, Any]:
+    return {getattr(nvml, name): value for name, value in table.items() if hasattr(nvml, name)}
+
+
+def _gi_profile_index(nvml: ModuleType, parent: Any, profile_id: int) -> int | None:
+    for index in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, index)
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+            continue
+        if info.id == profile_id:
+            return index
+    return None
+
+
+def _ci_profile_index(nvml: ModuleType, gpu_instance: Any, profile_id: int) -> int | None:
+    for index in range(nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        for engine in range(nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT):
+            try:
+                info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gpu_instance, index, engine)
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                continue
+            if info.id == profile_id:
+                return index
+    return None
+
+
+def _mig_profile(nvml: ModuleType, parent: Any, gi_id: int, ci_id: int, memory_mib: int, parent_total: int) -> str:
+    """The profile name go-nvlib's GetProfile gives: slice counts from the instance profiles."""
+    gpu_instance = nvml.nvmlDeviceGetGpuInstanceById(parent, gi_id)
+    compute_instance = nvml.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, ci_id)
+    gi_index = _gi_profile_index(nvml, parent, nvml.nvmlGpuInstanceGetInfo(gpu_instance).profileId)
+    ci_index = _ci_profile_index(nvml, gpu_instance, nvml.nvmlComputeInstanceGetInfo(compute_instance).profileId)
+    gi_profiles = _constants(nvml, _GI_PROFILES)
+    ci_profiles = _constants(nvml, _CI_PROFILES)
+    if gi_index not in gi_profiles or ci_index not in ci_profiles:
+        raise nvml.NVMLError(nvml.NVML_ERROR_NOT_FOUND)
+    gpu_slices, suffix = gi_profiles[gi_index]
+    return mig_profile_name(gpu_slices, ci_profiles[ci_index], mig_memory_gb(memory_mib, parent_total), suffix)
+
+
+def _mig_device(nvml: ModuleType, parent: Any, parent_total: int, handle: Any, index: int) -> MigDevice:
+    attributes = nvml.nvmlDeviceGetAttributes(handle)
+    gi_id = nvml.nvmlDeviceGetGpuInstanceId(handle)
+    ci_id = nvml.nvmlDeviceGetComputeInstanceId(handle)
+    return MigDevice(
+        index=index,
+        uuid=text(nvml.nvmlDeviceGetUUID(handle)),
+        profile=_mig_profile(nvml, parent, gi_id, ci_id, attributes.memorySizeMB, parent_total),
+        memory_mib=attributes.memorySizeMB,
+        multiprocessors=attributes.multiprocessorCount,
+        slices_gi=attributes.gpuInstanceSliceCount,
+        slices_ci=attributes.computeInstanceSliceCount,
+        engines_copy=attributes.sharedCopyEngineCount,
+        engines_decoder=attributes.sharedDecoderCount,
+        engines_encoder=attributes.sharedEncoderCount,
+        engines_jpeg=attributes.sharedJpegCount,
+        engines_ofa=attributes.sharedOfaCount,
+        gpu_instance_id=gi_id,
+        compute_instance_id=ci_id,
+    )
+
+
+def _mig_devices(nvml: ModuleType, parent: Any, parent_total: int) -> tuple[MigDevice, ...]:
+    devices: list[MigDevice] = []
+    for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, index)
+        except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+            continue  # an empty slot
+        devices.append(_mig_device(nvml, parent, parent_total, handle, index))
+    return tuple(devices)
+
+
+def _mig_mode(nvml: ModuleType, handle: Any) -> tuple[bool, bool]:
+    """(capable, enabled). NOT_SUPPORTED means a GPU without MIG; other errors are real errors."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except nvml.NVMLError_NotSupported:
+        return False, False
+    return True, current == nvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _memory_bytes(nvml: ModuleType, handle: Any, device: Any) -> int:
+    try:
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except nvml.NVMLError as exc:
+        log.warning("cannot read GPU memory; gpu.memory omitted", vendor="nvidia", device=device, error=str(exc))
+        return 0
+
+
+def _compute_capability(nvml: ModuleType, handle: Any) -> tuple[int, int] | None:
+    try:
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except nvml.NVMLError_NotSupported:
+        return None
+    return int(major), int(minor)
+
+
+def _minor_number(nvml: ModuleType, handle: Any) -> int | None:
+    try:
+        return int(nvml.nvmlDeviceGetMinorNumber(handle))
+    except nvml.NVMLError_NotSupported:
+        return None
+
+
+def _nvlink_peers(nvml: ModuleType, handle: Any) -> tuple[str, ...]:
+    """The bus id at the far end of every active NVLink; links that error are not active."""
+    peers: list[str] = []
+    for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if nvml.nvmlDeviceGetNvLinkState(handle, link) != nvml.NVML_FEATURE_ENABLED:
+                continue
+            peers.append(normalise_bdf(text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)))
+        except nvml.NVMLError:
+            continue
+    return tuple(peers)
+
+
+def _clique(nvml: ModuleType, handle: Any) -> str | None:
+    """"<clusterUUID>.<cliqueId>" once the GPU's fabric registration has completed, else None."""
+    info = nvml.c_nvmlGpuFabricInfo_v2_t()
+    try:
+        nvml.nvmlDeviceGetGpuFabricInfoV(handle, nvml.byref(info))  # pynvml passes the pointer on as is
+    except nvml.NVMLError:  # NOT_SUPPORTED without a fabric; FUNCTION_NOT_FOUND on older drivers
+        return None
+    cluster = bytes(info.clusterUuid)
+    done = info.state == nvml.NVML_GPU_FABRIC_STATE_COMPLETED and info.status == nvml.NVML_SUCCESS
+    if not done or not any(cluster):
+        return None
+    return f"{uuidlib.UUID(bytes=cluster)}.{info.cliqueId}"
+
+
+def _read_gpu(nvml: ModuleType, index: int, pci_by_bdf: dict[str, PciGpu]) -> NvidiaGpu:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    bus_id = normalise_bdf(text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+    memory_bytes = _memory_bytes(nvml, handle, index)
+    mig_capable, mig_enabled = _mig_mode(nvml, handle)
+    pci = pci_by_bdf.get(bus_id)
+    return NvidiaGpu(
+        index=index,
+        name=text(nvml.nvmlDeviceGetName(handle)),
+        uuid=text(nvml.nvmlDeviceGetUUID(handle)),
+        memory_bytes=memory_bytes,
+        compute_capability=_compute_capability(nvml, handle),
+        pci_bus_id=bus_id,
+        minor_number=_minor_number(nvml, handle),
+        mig_capable=mig_capable,
+        mig_enabled=mig_enabled,
+        mig_devices=_mig_devices(nvml, handle, memory_bytes) if mig_enabled and memory_bytes else (),
+        nvlink_peers=_nvlink_peers(nvml, handle),
+        numa_node=pci.numa_node if pci else None,
+        pci_class=pci.class_code if pci else None,
+        clique=_clique(nvml, handle),
+    )
+
+
+def _read_gpus(nvml: ModuleType, pci_by_bdf: dict[str, PciGpu]) -> tuple[list[NvidiaGpu], list[str]]:
+    """Every GPU NVML can describe; one GPU's error skips that GPU only."""
+    gpus: list[NvidiaGpu] = []
+    problems: list[str] = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        try:
+            gpus.append(_read_gpu(nvml, index, pci_by_bdf))
+        except nvml.NVMLError as exc:
+            log.warning("GPU skipped: NVML error", vendor="nvidia", device=index, error=str(exc))
+            problems.append(f"GPU {index}: NVML error: {exc}; GPU left out of the labels")
+    return gpus, problems
+
+
+# --- probe ----------------------------------------------------------------------------------------
+
+def _load_pynvml() -> ModuleType:
+    return importlib.import_module("pynvml")  # lazily: only real hosts pay for it
+
+
+def _init_failure(nvml: ModuleType, exc: Exception, on_pci: int) -> BackendReport:
+    code = getattr(exc, "value", None)
+    if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+        reason = "NVML library not found"
+    elif code == nvml.NVML_ERROR_DRIVER_NOT_LOADED:
+        reason = "NVIDIA driver not loaded"
+    else:
+        return BackendReport("nvidia", "error", f"NVML initialisation failed: {exc}")
+    if not on_pci:
+        return BackendReport("nvidia", "absent", f"no NVIDIA GPU on the PCI bus and {reason[0].lower()}{reason[1:]}")
+    return BackendReport(
+        "nvidia", "unavailable",
+        f"{reason}: {exc}; {on_pci} NVIDIA GPU(s) on the PCI bus; GPU detail labels omitted; "
+        "nvidia.com/gpu.present still set from PCI",
+    )
+
+
+def _inventory(nvml: ModuleType, host_root: Path, nvidia_pci: tuple[PciGpu, ...]
+               ) -> tuple[NvidiaInventory | None, BackendReport]:
+    driver_version = text(nvml.nvmlSystemGetDriverVersion())
+    cuda_driver_version = int(nvml.nvmlSystemGetCudaDriverVersion())
+    gpus, problems = _read_gpus(nvml, {gpu.bdf: gpu for gpu in nvidia_pci})
+    is_vgpu, vgpu_problems = vgpu_present(host_root, nvidia_pci)
+    problems.extend(vgpu_problems)
+    if not gpus and not problems:
+        status: BackendStatus = "unavailable" if nvidia_pci else "absent"
+        return None, BackendReport("nvidia", status, f"NVML sees no GPU; {len(nvidia_pci)} NVIDIA GPU(s) on the PCI bus")
+    inventory = NvidiaInventory(driver_version, cuda_driver_version, tuple(gpus), vgpu_present=is_vgpu)
+    detail = f"{len(gpus)} GPU(s), driver {driver_version}"
+    return inventory, BackendReport("nvidia", "ok", detail, tuple(problems))
 
 
 def probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | None = None
           ) -> tuple[NvidiaInventory | None, BackendReport]:
-    return None, BackendReport("nvidia", "absent", "backend not written yet")
+    """Describe the node's NVIDIA GPUs through NVML. Never raises: failures become the report."""
+    try:
+        return _probe(host_root, pci_gpus, nvml)
+    except Exception as exc:  # a backend must never take discovery down; the report carries the reason
+        log.error("NVIDIA probe failed", vendor="nvidia", error=str(exc), exc_info=True)
+        return None, BackendReport("nvidia", "error", f"NVIDIA probe failed: {type(exc).__name__}: {exc}")
+
+
+def _probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | None
+           ) -> tuple[NvidiaInventory | None, BackendReport]:
+    nvidia_pci = tuple(gpu for gpu in pci_gpus if gpu.vendor_id == NVIDIA_VENDOR_ID)
+    if nvml is None:
+        try:
+            nvml = _load_pynvml()
+        except ImportError as exc:
+            return None, BackendReport("nvidia", "error" if nvidia_pci else "absent", f"pynvml not importable: {exc}")
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        report = _init_failure(nvml, exc, len(nvidia_pci))
+        if report.status != "absent":
+            log.warning("NVML unavailable", vendor="nvidia", status=report.status, reason=report.detail)
+        return None, report
+    try:
+        return _inventory(nvml, host_root, nvidia_pci)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.debug("nvmlShutdown failed", vendor="nvidia", error=str(exc))

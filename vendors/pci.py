@@ -8,8 +8,9 @@ from pathlib import Path
 from labeller.inventory import AMD_VENDOR_ID, NVIDIA_VENDOR_ID, BackendReport, PciGpu
 from vendors.sysfs import numa_node, read_int
 
-GPU_VENDORS = (NVIDIA_VENDOR_ID, AMD_VENDOR_ID)
-DISPLAY_CLASS = 0x03  # PCI base class "display controller"
+DISPLAY_CLASS = 0x03  # PCI base class "display controller" (VGA 0x0300, 3D 0x0302, other 0x0380)
+ACCELERATOR_CLASS = 0x12  # "processing accelerator": amdgpu also binds these (Instinct MI300 and later)
+GPU_CLASSES = {NVIDIA_VENDOR_ID: (DISPLAY_CLASS,), AMD_VENDOR_ID: (DISPLAY_CLASS, ACCELERATOR_CLASS)}
 
 
 def devices_dir(host_root: Path) -> Path:
@@ -28,7 +29,7 @@ def read_device(path: Path) -> PciGpu | None:
     """A GPU from one ``/sys/bus/pci/devices/<bdf>`` directory; None if it is not a GPU we know."""
     vendor = read_int(path / "vendor")
     class_code = read_int(path / "class")
-    if vendor not in GPU_VENDORS or class_code is None or class_code >> 16 != DISPLAY_CLASS:
+    if vendor not in GPU_CLASSES or class_code is None or class_code >> 16 not in GPU_CLASSES[vendor]:
         return None
     driver_link = path / "driver"
     driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None

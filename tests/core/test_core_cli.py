@@ -93,3 +93,17 @@ def test_help_lists_every_command_without_loading_them() -> None:
 def test_shell_completion_script() -> None:
     result = gpu_labeller("completion", "bash")
     assert result.returncode == 0 and "_GPU_LABELLER_COMPLETE" in result.stdout
+
+
+def test_a_node_with_both_vendors_gets_both_label_sets() -> None:
+    result = gpu_labeller("labels", "--simulate", "mixed-l40s-mi210", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    labels = json.loads(result.stdout)
+    # each vendor's labels describe only its own GPUs: nothing of one vendor overwrites the other
+    assert labels["nvidia.com/gpu.count"] == "2" and labels["nvidia.com/gpu.product"] == "NVIDIA-L40S"
+    assert labels["nvidia.com/gpu.family"] == "ada-lovelace"
+    assert labels["amd.com/gpu.product-name"] == "AMD_Instinct_MI210"
+    assert labels["beta.amd.com/gpu.device-id.740f"] == "2" and labels["amd.com/gpu.vram"] == "64G"
+    assert labels["nvidia.com/gpu.present"] == labels["amd.com/gpu.present"] == "true"
+    probe = json.loads(gpu_labeller("probe", "--simulate", "mixed-l40s-mi210").stdout)
+    assert sorted(g["vendor_id"] for g in probe["pci_gpus"]) == [0x1002, 0x1002, 0x10DE, 0x10DE]

@@ -25,6 +25,15 @@ def test_finds_nvidia_and_amd_gpus_and_ignores_other_devices(tmp_path: Path) -> 
     assert report.status == "ok"
 
 
+def test_amd_processing_accelerators_count_as_gpus(tmp_path: Path) -> None:
+    # amdgpu binds Instinct MI300-class parts that report PCI class 0x1200, not a display class
+    add_pci_device(tmp_path, "0000:0c:00.0", 0x1002, 0x74A1, 0x120000)
+    add_pci_device(tmp_path, "0000:0d:00.0", 0x10DE, 0x1234, 0x120000)  # not an NVIDIA GPU class
+    gpus, _ = scan(tmp_path)
+    assert [(g.bdf, g.vendor_id) for g in gpus] == [("0000:0c:00.0", 0x1002)]
+    assert node_labels(discover(tmp_path), Config()).labels["amd.com/gpu.present"] == "true"
+
+
 def test_missing_bus_is_absent_not_an_error(tmp_path: Path) -> None:
     gpus, report = scan(tmp_path)
     assert gpus == () and report.status == "absent"

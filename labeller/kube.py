@@ -1,0 +1,248 @@
+"""The only module that imports the official ``kubernetes`` client: a thin, typed adapter.
+
+Every call returns plain dicts (bodies are read as JSON, never turned into client models) and every
+failure becomes one of this module's small error types, so the rest of gpu-labeller neither
+imports nor knows the client. Each request reports ``(verb, code)`` to an optional observer
+(metrics); code 0 means no HTTP answer (timeout, refused or dropped connection).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Generator, Iterator, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import kubernetes.client
+import kubernetes.config
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+Obj = dict[str, Any]
+Observer = Callable[[str, int], None]
+
+FIELD_MANAGER = "gpu-labeller"
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+JSON = "application/json"
+NFD_GROUP, NFD_VERSION, NFD_PLURAL = "nfd.k8s-sigs.io", "v1alpha1", "nodefeatures"
+REQUEST_TIMEOUT = (3.0, 10.0)  # connect, read (seconds)
+
+_FORBIDDEN = re.compile(r'cannot (?P<verb>\w+) resource "(?P<resource>[^"]+)"')
+
+
+class KubeError(Exception):
+    """An API call failed. ``status`` is the HTTP code, 0 when there was no answer."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+
+class Unavailable(KubeError):
+    """No answer, a timeout, or a 5xx / 429: try again later."""
+
+
+class Forbidden(KubeError):
+    """403: RBAC is missing ``verb`` on ``resource``."""
+
+    def __init__(self, status: int, reason: str, message: str, verb: str, resource: str) -> None:
+        super().__init__(status, reason, message)
+        match = _FORBIDDEN.search(message)
+        self.verb = match.group("verb") if match else verb
+        self.resource = match.group("resource") if match else resource
+
+
+class NotFound(KubeError):
+    """404."""
+
+
+class Conflict(KubeError):
+    """409: stale resourceVersion, or an apply conflict."""
+
+
+class Gone(KubeError):
+    """410: the resourceVersion to resume a watch from is too old; list again."""
+
+
+def _network_error(exc: Exception) -> KubeError:
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, ApiException)):
+        return Unavailable(0, type(exc).__name__, detail)
+    return KubeError(0, type(exc).__name__, detail)
+
+
+def _status_error(status: int, data: bytes, verb: str, resource: str) -> KubeError:
+    message = reason = f"HTTP {status}"
+    try:
+        body = json.loads(data or b"{}")
+        message, reason = str(body.get("message", message)), str(body.get("reason", reason))
+    except (TypeError, ValueError, AttributeError):
+        pass
+    if status == 403:
+        return Forbidden(status, reason, message, verb, resource)
+    kinds: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gone}
+    if status in kinds:
+        return kinds[status](status, reason, message)
+    if status >= 500 or status == 429:
+        return Unavailable(status, reason, message)
+    return KubeError(status, reason, message)
+
+
+def load_configuration(kubeconfig: str | None) -> kubernetes.client.Configuration:
+    """Credentials from ``kubeconfig``, else the pod's service account."""
+    configuration = kubernetes.client.Configuration()
+    loader: Any = kubernetes.config  # the loaders carry no annotations
+    try:
+        if kubeconfig:
+            loader.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            loader.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException as exc:
+        raise KubeError(0, "ConfigError", str(exc)) from None
+    # One quick retry of a connect error (a stale pooled connection); the daemon owns real retries.
+    configuration.retries = urllib3.Retry(total=1, connect=1, read=0, redirect=0, status=0, other=0)
+    return configuration
+
+
+class Kube:
+    """Node labels, a Node watch, NodeFeature objects and Events: what gpu-labeller needs, nothing more.
+
+    Requests go through the client's generic ``ApiClient`` (credentials, TLS, token refresh) rather
+    than the generated ``CoreV1Api``, whose pydantic-validated methods cost about 20 MiB of memory.
+    """
+
+    def __init__(self, kubeconfig: str | None = None, observer: Observer | None = None,
+                 pool_size: int = 4, request_timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
+        configuration = load_configuration(kubeconfig)
+        configuration.connection_pool_maxsize = pool_size
+        self._client: Any = kubernetes.client.ApiClient(configuration)
+        self._observe = observer or (lambda verb, code: None)
+        self._timeout = request_timeout
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _send(self, method: str, path: str, query: Mapping[str, str] | None = None, body: Any = None,
+              content_type: str | None = None, timeout: tuple[float, float] | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        request = self._client.param_serialize(method=method, resource_path=path, query_params=list((query or {}).items()),
+                                               header_params=headers, body=body, auth_settings=["BearerToken"])
+        url, headers, body = request[1], request[2], request[3]
+        return self._client.call_api(method, url, header_params=headers, body=body,
+                                     _request_timeout=timeout or self._timeout).response
+
+    def _request(self, verb: str, resource: str, method: str, path: str, query: Mapping[str, str] | None = None,
+                 body: Any = None, content_type: str | None = None) -> Obj:
+        """One API call; the JSON answer as a dict, or a KubeError."""
+        try:
+            response = self._send(method, path, query, body, content_type)
+            data = response.data
+            response.release_conn()
+        except Exception as exc:  # noqa: BLE001 - urllib3 errors, timeouts, client errors: all become KubeError
+            self._observe(verb, 0)
+            raise _network_error(exc) from None
+        self._observe(verb, int(response.status))
+        if not 200 <= response.status < 300:
+            raise _status_error(int(response.status), data, verb, resource)
+        answer: Obj = json.loads(data or b"{}")
+        return answer
+
+    # -- nodes
+    def get_node(self, name: str) -> Obj:
+        return self._request("get", "nodes", "GET", f"/api/v1/nodes/{quote(name)}")
+
+    def list_node(self, name: str) -> tuple[Obj | None, str]:
+        """This node (or None when it does not exist) and the list's resourceVersion, to watch from."""
+        listing = self._request("list", "nodes", "GET", "/api/v1/nodes", {"fieldSelector": f"metadata.name={name}"})
+        items = listing.get("items") or []
+        return (items[0] if items else None), str(listing.get("metadata", {}).get("resourceVersion", ""))
+
+    def watch_node(self, name: str, resource_version: str, timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
+        """(event type, object) for this one node from ``resource_version`` on; ends after ``timeout_s``.
+
+        Raises Gone when the resourceVersion is too old (list again), Unavailable when the stream breaks.
+        Bookmarks arrive as ("BOOKMARK", obj) carrying only a resourceVersion.
+        """
+        query = {"watch": "true", "fieldSelector": f"metadata.name={name}", "resourceVersion": resource_version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
+        try:
+            response = self._send("GET", "/api/v1/nodes", query, timeout=(self._timeout[0], timeout_s + 30))
+        except Exception as exc:  # noqa: BLE001 - as in _request
+            self._observe("watch", 0)
+            raise _network_error(exc) from None
+        self._observe("watch", int(response.status))
+        try:
+            if response.status != 200:
+                raise _status_error(int(response.status), response.data, "watch", "nodes")
+            yield from _watch_events(response)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Unavailable(0, type(exc).__name__, "watch stream broke") from None
+        finally:
+            response.release_conn()
+
+    def apply_node_labels(self, name: str, labels: Mapping[str, str]) -> Obj:
+        """Server-side apply of exactly these labels under our field manager, forced."""
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(labels)}}
+        return self._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{quote(name)}",
+                             {"fieldManager": FIELD_MANAGER, "force": "true"}, body, APPLY)
+
+    def remove_node_labels(self, name: str, keys: list[str]) -> Obj:
+        """Merge patch with null values: removes labels whoever wrote them."""
+        body = {"metadata": {"labels": {key: None for key in keys}}}
+        return self._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{quote(name)}",
+                             {"fieldManager": FIELD_MANAGER}, body, MERGE)
+
+    def list_node_names(self) -> list[str]:
+        listing = self._request("list", "nodes", "GET", "/api/v1/nodes")
+        return [str(item["metadata"]["name"]) for item in listing.get("items") or []]
+
+    # -- NodeFeature (nfd.k8s-sigs.io/v1alpha1)
+    @staticmethod
+    def _nfd_path(namespace: str, name: str = "") -> str:
+        path = f"/apis/{NFD_GROUP}/{NFD_VERSION}/namespaces/{quote(namespace)}/{NFD_PLURAL}"
+        return f"{path}/{quote(name)}" if name else path
+
+    def get_node_feature(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self._request("get", NFD_PLURAL, "GET", self._nfd_path(namespace, name))
+        except NotFound:
+            return None
+
+    def create_node_feature(self, namespace: str, body: Obj) -> Obj:
+        return self._request("create", NFD_PLURAL, "POST", self._nfd_path(namespace),
+                             {"fieldManager": FIELD_MANAGER}, body, JSON)
+
+    def replace_node_feature(self, namespace: str, name: str, body: Obj) -> Obj:
+        return self._request("update", NFD_PLURAL, "PUT", self._nfd_path(namespace, name),
+                             {"fieldManager": FIELD_MANAGER}, body, JSON)
+
+    # -- events
+    def create_event(self, namespace: str, body: Obj) -> Obj:
+        return self._request("create", "events", "POST", f"/api/v1/namespaces/{quote(namespace)}/events",
+                             None, body, JSON)
+
+
+def _watch_events(response: Any) -> Iterator[tuple[str, Obj]]:
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield _decode_event(line)
+    if buffer.strip():
+        yield _decode_event(buffer)
+
+
+def _decode_event(line: bytes) -> tuple[str, Obj]:
+    event = json.loads(line)
+    kind, obj = str(event.get("type", "")), event.get("object") or {}
+    if kind == "ERROR":
+        code = int(obj.get("code", 0))
+        error_type: type[KubeError] = Gone if code == 410 else Unavailable
+        raise error_type(code, str(obj.get("reason", "")), str(obj.get("message", "")))
+    return kind, obj

@@ -1,0 +1,157 @@
+"""One resource's DevicePlugin gRPC service and the unix socket it is served on."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+
+from labeller.plugin.allocate import Allocator, RequestError
+from labeller.plugin.api import api_pb2 as pb
+from labeller.plugin.api import api_pb2_grpc as pb_grpc
+from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard
+from labeller.plugin.metrics import PluginMetrics
+from labeller.plugin.preferred import preferred
+
+log = structlog.get_logger(__name__)
+
+OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+WORKERS = 8  # threads are started on demand; each open ListAndWatch stream holds one
+STREAM_RECHECK_SECONDS = 1.0
+
+
+class DevicePluginService(pb_grpc.DevicePluginServicer):
+    """The five DevicePlugin methods for one resource."""
+
+    def __init__(self, allocator: Allocator, board: HealthBoard, metrics: PluginMetrics, policy: str):
+        self.resource = allocator.resource
+        self._allocator, self._board, self._metrics, self._policy = allocator, board, metrics, policy
+        self._stopped = threading.Event()
+        self._cached: tuple[int, pb.ListAndWatchResponse] | None = None
+
+    def stop(self) -> None:
+        """End every open ListAndWatch stream."""
+        self._stopped.set()
+        self._board.wake()
+
+    def resume(self) -> None:
+        self._stopped.clear()
+
+    def list_response(self) -> pb.ListAndWatchResponse:
+        generation = self._board.generation
+        if self._cached is not None and self._cached[0] == generation:
+            return self._cached[1]
+        devices = []
+        for device in self.resource.devices:
+            numa = device.physical.numa_node
+            devices.append(pb.Device(
+                ID=device.id, health=HEALTHY if self._board.healthy(device.physical.health_key) else UNHEALTHY,
+                topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=numa)]) if numa is not None and numa >= 0 else None,
+            ))
+        response = pb.ListAndWatchResponse(devices=devices)
+        self._cached = (generation, response)
+        return response
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return OPTIONS
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        context.add_callback(self._board.wake)
+        last: pb.ListAndWatchResponse | None = None
+        while not self._stopped.is_set() and context.is_active():
+            generation = self._board.generation
+            response = self.list_response()
+            if response != last:
+                yield response
+                last = response
+            self._board.wait(generation, STREAM_RECHECK_SECONDS,
+                             stop=lambda: self._stopped.is_set() or not context.is_active())
+
+    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
+                               context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
+        responses = []
+        for container in request.container_requests:
+            try:
+                ids = preferred(self.resource, list(container.available_deviceIDs),
+                                list(container.must_include_deviceIDs), int(container.allocation_size), self._policy)
+            except Exception:  # only a hint: a bug here must not fail the pod
+                log.exception("preferred allocation failed; answering with no preference", resource=self.resource.name)
+                ids = []
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        started = time.perf_counter()
+        name = self.resource.name
+        try:
+            response = self._allocator.allocate(request)
+        except RequestError as exc:
+            self._metrics.allocations.labels(resource=name, outcome="rejected").inc()
+            log.warning("allocate rejected", resource=name, reason=str(exc))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # context.abort raises; this line only satisfies type checkers
+        for container in request.container_requests:
+            self._metrics.allocations.labels(resource=name, outcome="ok").inc()
+            log.info("allocated", resource=name, device=",".join(container.devices_ids))
+        self._metrics.allocate_duration.labels(resource=name).observe(time.perf_counter() - started)
+        return response
+
+    def PreStartContainer(self, request: pb.PreStartContainerRequest,
+                          context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+class SocketServer:
+    """Serves a DevicePluginService on ``<socket_dir>/<resource socket name>``; can be re-created."""
+
+    def __init__(self, service: DevicePluginService, socket_dir: Path):
+        self.service = service
+        self.path = socket_dir / service.resource.socket_name
+        self._server: Any = None
+        self._inode: int | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.path.name
+
+    def start(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.service.resume()
+        server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=self.endpoint))
+        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        self._server = server
+        try:
+            self._inode = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            # A restarting kubelet emptied the directory just now: socket_ok() is False and the
+            # supervisor re-creates the socket on its next tick.
+            self._inode = None
+
+    def socket_ok(self) -> bool:
+        """False when our socket file is gone or replaced (a kubelet restart deletes it)."""
+        try:
+            return os.stat(self.path).st_ino == self._inode
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.service.stop()
+        if self._server is not None:
+            self._server.stop(grace=None).wait(2)
+            self._server = None
+        if self.socket_ok():
+            self.path.unlink(missing_ok=True)
+        self._inode = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

@@ -1,0 +1,246 @@
+"""The AMD sysfs backend on real captures and on broken or missing files."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from labeller.inventory import BackendReport
+
+from tests.amd.amd_tree import (
+    FIRMWARE_INFO, MI210, MI300X_CPX, RX7900XTX, TOPOLOGY, VEGA10, amd_pci, copy_capture, no_enrichment, probe,
+)
+from vendors import amd
+
+
+def test_mi300x_cpx_capture_groups_63_partitions_into_8_gpus() -> None:
+    inventory, report = amd.probe(MI300X_CPX, (), enricher=no_enrichment)
+    assert inventory is not None and report.status == "ok" and report.problems == ()
+    assert [len(g.nodes) for g in inventory.gpus] == [8, 8, 8, 8, 8, 8, 8, 7]
+    assert [g.bdf for g in inventory.gpus] == [
+        "0000:05:00.0", "0000:27:00.0", "0000:47:00.0", "0000:65:00.0",
+        "0000:85:00.0", "0000:a7:00.0", "0000:c7:00.0", "0000:e5:00.0",
+    ]
+    first = inventory.gpus[0]
+    assert (first.device_id, first.family, first.product_name) == (0x74A1, "AI", "AMD Instinct MI300X")
+    assert {n.simd_count for g in inventory.gpus for n in g.nodes} == {152}
+    assert [n.render_minor for n in first.nodes] == list(range(128, 136))
+    assert first.unique_id == "16404946649897475633"
+
+
+def test_missing_partition_is_a_note_not_a_probe_failure() -> None:
+    inventory, report = amd.probe(MI300X_CPX, (), enricher=no_enrichment)
+    assert inventory is not None
+    last = inventory.gpus[-1]
+    assert (len(last.nodes), last.expected_partitions) == (7, 8)
+    assert report.status == "ok" and report.problems == ()
+    assert "0000:e5:00.0: 7 of 8 partitions" in report.detail
+
+
+def test_mi210_capture_records_xgmi_and_pcie_links() -> None:
+    inventory, report = amd.probe(MI210, (), enricher=no_enrichment)
+    assert inventory is not None and report.status == "ok"
+    assert len(inventory.gpus) == 8 and all(len(g.nodes) == 1 for g in inventory.gpus)
+    by_node = {g.nodes[0].kfd_node: g.nodes[0] for g in inventory.gpus}
+    assert (3, 11) in by_node[2].links and (0, 2) in by_node[2].links  # XGMI to node 3, PCIe to CPU node 0
+    assert (6, 2) in by_node[2].links  # p2p_links too
+    gpu = inventory.gpus[0]
+    assert (gpu.device_id, gpu.family, gpu.expected_partitions) == (0x740F, "AI", None)
+    assert gpu.nodes[0].simd_count // gpu.nodes[0].simd_per_cu == 104
+    assert gpu.nodes[0].vram_bytes is None  # no mem_banks in this capture
+
+
+def test_rx7900xtx_capture() -> None:
+    inventory, _ = amd.probe(RX7900XTX, (), enricher=no_enrichment)
+    assert inventory is not None
+    (gpu,) = inventory.gpus
+    assert (gpu.device_id, gpu.family, gpu.nodes[0].simd_per_cu) == (0x744C, "GC_11_0_0", 2)
+    assert gpu.product_name is None  # 744C names differ by revision and the capture has none
+
+
+def test_vega10_old_kernel_without_gfx_target_version() -> None:
+    inventory, _ = amd.probe(VEGA10, (), enricher=no_enrichment)
+    assert inventory is not None
+    assert [g.family for g in inventory.gpus] == ["AI", "AI"]  # from the device id table
+    assert [g.nodes[0].vram_bytes for g in inventory.gpus] == [17163091968] * 2
+    assert inventory.gpus[0].nodes[0].gpu_id == 13261
+
+
+def test_topology_is_found_under_devices_virtual(tmp_path: Path) -> None:
+    root = tmp_path / "host"
+    shutil.copytree(MI210 / "sys/class/kfd/kfd/topology", root / "sys/devices/virtual/kfd/kfd/topology")
+    inventory, report = probe(root)
+    assert inventory is not None and len(inventory.gpus) == 8 and report.status == "ok"
+
+
+def test_no_amd_anywhere_is_absent(tmp_path: Path) -> None:
+    assert amd.probe(tmp_path, (), enricher=no_enrichment) == (None, BackendReport(
+        "amd", "absent", "no AMD GPU on the PCI bus and no KFD topology"))
+
+
+def test_amd_on_pci_without_driver_is_unavailable(tmp_path: Path) -> None:
+    inventory, report = amd.probe(tmp_path, (amd_pci("0000:05:00.0", driver=None),), enricher=no_enrichment)
+    assert inventory is None and report.status == "unavailable"
+    assert "amdgpu module is not loaded" in report.detail
+
+
+def test_amd_on_pci_with_module_but_no_kfd_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "sys/module/amdgpu").mkdir(parents=True)
+    _, report = amd.probe(tmp_path, (amd_pci("0000:05:00.0"),), enricher=no_enrichment)
+    assert report.status == "unavailable" and "KFD topology is missing" in report.detail
+
+
+def test_unreadable_properties_skips_only_that_partition(tmp_path: Path) -> None:
+    root = copy_capture(MI210, tmp_path)
+    properties = root / TOPOLOGY / "4/properties"
+    properties.unlink()
+    properties.mkdir()  # reading a directory fails even as root
+    inventory, report = probe(root)
+    assert inventory is not None and len(inventory.gpus) == 7
+    assert report.status == "ok" and report.problems == ("KFD node 4: properties unreadable",)
+
+
+def test_garbage_properties_is_a_problem(tmp_path: Path) -> None:
+    root = copy_capture(MI210, tmp_path)
+    (root / TOPOLOGY / "5/properties").write_text("\x00\x01 garbage\nsimd_count lots\n")
+    inventory, report = probe(root)
+    assert inventory is not None and len(inventory.gpus) == 7
+    assert report.problems == ("KFD node 5: properties has no recognisable content",)
+
+
+def test_gpu_node_missing_required_keys_is_a_problem(tmp_path: Path) -> None:
+    root = copy_capture(RX7900XTX, tmp_path)
+    path = root / TOPOLOGY / "1/properties"
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines() if not line.startswith("simd_per_cu")))
+    inventory, report = probe(root)
+    assert inventory is None and report.status == "error"
+    assert report.problems == ("KFD node 1: properties lacks simd_per_cu",)
+
+
+def test_gpu_on_pci_but_missing_from_kfd_is_a_problem(tmp_path: Path) -> None:
+    pci_gpus = (amd_pci("0000:05:00.0"), amd_pci("0000:f0:00.0"), amd_pci("0000:f1:00.0", driver="vfio-pci"))
+    inventory, report = amd.probe(MI300X_CPX, pci_gpus, enricher=no_enrichment)
+    assert inventory is not None
+    assert report.problems == ("0000:f0:00.0: AMD GPU on the PCI bus but not in the KFD topology",)
+
+
+def test_drm_module_and_partition_files_are_read(tmp_path: Path) -> None:
+    root = copy_capture(RX7900XTX, tmp_path)
+    device = root / "sys/class/drm/card1/device"
+    (device / "drm/renderD128").mkdir(parents=True)
+    for name, text in {"device": "0x744c", "revision": "0xc8", "vendor": "0x1002", "numa_node": "1",
+                       "product_name": "Board FRU Name"}.items():
+        (device / name).write_text(text + "\n")
+    (root / "sys/module/amdgpu").mkdir(parents=True)
+    (root / "sys/module/amdgpu/version").write_text("6.12.12\n")
+    (root / "sys/module/amdgpu/srcversion").write_text("FD3182C7C6782667C6A4F68\n")
+    part = root / "sys/module/amdgpu/drivers/pci:amdgpu/0000:86:00.0"
+    part.mkdir(parents=True)
+    (part / "current_compute_partition").write_text("SPX\n")
+    (part / "current_memory_partition").write_text("NPS1\n")
+    (part / "available_compute_partition").write_text("SPX, CPX\n")
+    debugfs = root / "sys/kernel/debug/dri/1"
+    debugfs.mkdir(parents=True)
+    shutil.copy(FIRMWARE_INFO, debugfs / "amdgpu_firmware_info")
+    inventory, _ = probe(root)
+    assert inventory is not None
+    (gpu,) = inventory.gpus
+    assert (inventory.driver_version, inventory.driver_src_version) == ("6.12.12", "FD3182C7C6782667C6A4F68")
+    assert (gpu.revision, gpu.product_name, gpu.numa_node, gpu.nodes[0].card) == (0xC8, "Board FRU Name", 1, 1)
+    assert (gpu.compute_partition, gpu.memory_partition) == ("spx", "nps1")
+    assert (gpu.compute_partitioning_supported, gpu.memory_partitioning_supported) == (True, False)
+    assert gpu.expected_partitions == 1
+    assert ("MEC", 33, 0x160) in gpu.firmware and len(gpu.firmware) == 10
+
+
+def test_empty_product_name_falls_back_to_amdgpu_ids(tmp_path: Path) -> None:
+    root = copy_capture(RX7900XTX, tmp_path)
+    device = root / "sys/class/drm/card0/device"
+    (device / "drm/renderD128").mkdir(parents=True)
+    (device / "revision").write_text("0xc8\n")
+    (device / "product_name").write_text("\n")  # consumer cards have an empty FRU name
+    inventory, _ = probe(root)
+    assert inventory is not None and inventory.gpus[0].product_name == "AMD Radeon RX 7900 XTX"
+
+
+def test_host_amdgpu_ids_wins_over_the_shipped_copy(tmp_path: Path) -> None:
+    root = copy_capture(MI210, tmp_path)
+    ids = root / "usr/share/libdrm/amdgpu.ids"
+    ids.parent.mkdir(parents=True)
+    ids.write_text("1.0.0\n740F,\t00,\tHost Table MI210\n")  # amd_pci says revision 0
+    inventory, _ = amd.probe(root, (amd_pci("0000:03:00.0", 0x740F),), enricher=no_enrichment)
+    assert inventory is not None and inventory.gpus[0].product_name == "Host Table MI210"
+
+
+@pytest.mark.parametrize(("gfx", "device_id", "family"), [
+    (90010, 0x740F, "AI"), (90402, 0x74A1, "AI"), (90000, 0x6860, "AI"), (90500, 0x75A0, "AI"),
+    (90002, 0x15DD, "RV"), (90012, 0x1638, "RV"), (100300, 0x73BF, "NV"), (100100, 0x731F, "NV"),
+    (100303, 0x163F, "VGH"), (100305, 0x1681, "YC"), (100306, 0x164E, "GC_10_3_6"), (100307, 0x1506, "GC_10_3_7"),
+    (110000, 0x744C, "GC_11_0_0"), (110002, 0x7480, "GC_11_0_0"), (110003, 0x15BF, "GC_11_0_1"),
+    (110501, 0x150E, "GC_11_5_0"), (120001, 0x7550, "GC_12_0_0"), (80001, 0x9874, "CZ"), (80003, 0x67DF, "VI"),
+    (70001, 0x67B0, "CI"), (70003, 0x9830, "KV"), (None, 0x6860, "AI"), (None, 0x1234, None), (130000, 0x1, None),
+])
+def test_family_from_gfx_target_version(gfx: int | None, device_id: int, family: str | None) -> None:
+    assert amd.family_of(gfx, device_id) == family
+
+
+def test_pci_address_from_location_id() -> None:
+    assert amd.pci_address(0, 58630) == "0000:e5:00.6"
+    assert amd.pci_address(0x12, 0x2708 | 3) == "0012:27:01.3"
+    assert amd.physical_function("0000:e5:00.6") == "0000:e5:00.0"
+
+
+def test_marketing_name_without_revision_needs_a_unique_name() -> None:
+    assert amd.marketing_name(Path("/nonexistent"), 0x74A1, None) == "AMD Instinct MI300X"
+    assert amd.marketing_name(Path("/nonexistent"), 0x744C, None) is None
+    assert amd.marketing_name(Path("/nonexistent"), 0x744C, 0xCC) == "AMD Radeon RX 7900 XT"
+
+
+def test_enrichment_fills_missing_name_and_vram() -> None:
+    def enrich(host_root: Path) -> list[amd.EnrichedGpu]:
+        return [amd.EnrichedGpu(128, None, "Enriched Name", 25 * 2**30), amd.EnrichedGpu(None, "0000:27:00.0", "By Slot", None)]
+
+    inventory, report = amd.probe(RX7900XTX, (), enricher=enrich)
+    assert inventory is not None and report.status == "ok"
+    assert inventory.gpus[0].product_name == "Enriched Name"
+    assert inventory.gpus[0].nodes[0].vram_bytes == 25 * 2**30
+
+
+def test_enrichment_never_overrides_sysfs() -> None:
+    inventory, _ = amd.probe(MI210, (), enricher=lambda root: [amd.EnrichedGpu(128, None, "Other", 1)])
+    assert inventory is not None
+    assert {g.product_name for g in inventory.gpus} == {"AMD Instinct MI210"}
+
+
+@pytest.mark.parametrize("error", [OSError(13, "Permission denied"), RuntimeError("GPU id 0 not found"), KeyError("x")])
+def test_failing_enrichment_keeps_the_sysfs_result(error: Exception) -> None:
+    def enrich(host_root: Path) -> list[amd.EnrichedGpu]:
+        raise error
+
+    inventory, report = amd.probe(RX7900XTX, (), enricher=enrich)
+    assert inventory is not None and len(inventory.gpus) == 1
+    assert report.status == "ok" and report.problems == () and "enrichment skipped" in report.detail
+
+
+def test_pyamdgpuinfo_enricher_skips_without_real_dri_devices(tmp_path: Path) -> None:
+    assert amd.pyamdgpuinfo_enricher(tmp_path) == []  # no dev/dri
+    (tmp_path / "dev/dri").mkdir(parents=True)
+    (tmp_path / "dev/dri/renderD128").write_text("")  # a regular file would segfault pyamdgpuinfo
+    assert amd.pyamdgpuinfo_enricher(tmp_path) == []
+
+
+def test_probe_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise ValueError("bug")
+
+    monkeypatch.setattr(amd, "_group_nodes", broken)
+    inventory, report = amd.probe(MI210, (), enricher=no_enrichment)
+    assert inventory is None and report.status == "error" and "ValueError: bug" in report.detail
+
+
+def test_parse_firmware_info_keeps_amds_blocks() -> None:
+    firmware = amd.parse_firmware_info(FIRMWARE_INFO.read_text())
+    assert [block for block, _, _ in firmware] == list(amd.FIRMWARE_BLOCKS)
+    assert ("SDMA0", 40, 0x197) in firmware

@@ -1,0 +1,50 @@
+"""Benchmark: in-process AMD probe + labels on the real 63-partition MI300X CPX capture.
+
+Budget: median and p95 <= 50 ms. Prints figures; it is not a test.
+
+    python tests/bench/bench_amd_probe.py [--runs 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from labeller.config import Config
+from labeller.inventory import Inventory
+from labeller.rules import node_labels
+from vendors import amd, pci
+
+CAPTURE = Path(__file__).resolve().parents[1] / "fixtures/amd/mi300x-x8-cpx-rocm-k8s-dp"
+BUDGET_MS = 50.0
+
+
+def one_run(root: Path, config: Config) -> float:
+    start = time.perf_counter()
+    pci_gpus, _ = pci.scan(root)
+    inventory, report = amd.probe(root, pci_gpus)
+    labels = node_labels(Inventory(pci_gpus=pci_gpus, amd=inventory, reports=(report,)), config)
+    elapsed = (time.perf_counter() - start) * 1000
+    if inventory is None or len(labels.labels) < 10:
+        raise SystemExit(f"unexpected result: {report}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=200)
+    args = parser.parse_args()
+    config = Config()
+    cold = one_run(CAPTURE, config)  # includes parsing amdgpu.ids once
+    times = sorted(one_run(CAPTURE, config) for _ in range(args.runs))
+    median = statistics.median(times)
+    p95 = times[min(len(times) - 1, int(len(times) * 0.95))]
+    verdict = "OK" if p95 <= BUDGET_MS else "OVER BUDGET"
+    print(f"AMD probe+labels, MI300X CPX capture (63 partitions), {args.runs} runs: "
+          f"cold {cold:.2f} ms, median {median:.2f} ms, p95 {p95:.2f} ms; budget {BUDGET_MS:.0f} ms: {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Benchmark: a fleet of labelling daemons against one fake API server. Prints figures; not a test.
+
+Runs N real ``Daemon`` loops (each with its own ``Kube`` client, watch and start-up jitter) on
+threads in this process, all talking HTTP to one ``FakeApiServer``, and reports the API request
+rate at start-up (per second) and in steady state.
+
+    python tests/bench/bench_fleet.py [--nodes 200] [--jitter 2] [--interval 60] [--steady-seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from labeller.daemon import (
+    Daemon,
+    NodeCache,
+    NodeSink,
+    NodeWatcher,
+    Options,
+    ProbeResult,
+)
+from labeller.kube import Kube
+from labeller.log import configure
+from labeller.metrics import Metrics
+from tests.fakes.apiserver import FakeApiServer
+
+LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+          "nvidia.com/gpu.memory": "81559", "nvidia.com/cuda.driver.major": "550"}
+
+
+def probe() -> ProbeResult:
+    return ProbeResult(dict(LABELS))
+
+
+def start_fleet(api: FakeApiServer, kubeconfig: Path, nodes: int, jitter: float, interval: float) -> list[Daemon]:
+    daemons = []
+    for i in range(nodes):
+        name = f"node-{i:04d}"
+        kube = Kube(str(kubeconfig), pool_size=1)
+        cache = NodeCache()
+        daemon = Daemon(name, probe, NodeSink(kube, name, cache), Metrics(),
+                        Options(interval_s=interval, start_jitter_s=jitter), watcher=NodeWatcher(kube, name, cache))
+        threading.Thread(target=daemon.run, daemon=True).start()
+        daemons.append(daemon)
+    return daemons
+
+
+def per_second(api: FakeApiServer, since: float, seconds: int) -> list[int]:
+    counts = Counter(int(r.at - since) for r in api.log.requests if r.at >= since)
+    return [counts.get(s, 0) for s in range(seconds)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--jitter", type=float, default=2.0, help="--start-jitter of every daemon (s)")
+    parser.add_argument("--interval", type=float, default=60.0, help="--interval of every daemon (s)")
+    parser.add_argument("--steady-seconds", type=float, default=20.0)
+    options = parser.parse_args()
+    configure("warning", json_output=False)
+    with tempfile.TemporaryDirectory() as tmp, FakeApiServer() as api:
+        for i in range(options.nodes):
+            api.create_node(f"node-{i:04d}", {"kubernetes.io/hostname": f"node-{i:04d}"})
+        kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
+        began = time.monotonic()
+        daemons = start_fleet(api, kubeconfig, options.nodes, options.jitter, options.interval)
+        spawned = time.monotonic() - began
+        deadline = began + 120
+        while time.monotonic() < deadline and sum(1 for i in range(options.nodes)
+                                                  if "nvidia.com/gpu.present" in api.labels(f"node-{i:04d}")) < options.nodes:
+            time.sleep(0.1)
+        all_labelled = time.monotonic() - began
+        time.sleep(1.0)
+        startup_window = int(all_labelled) + 1
+        startup = per_second(api, began, startup_window)
+        startup_verbs = api.log.by_verb(began)
+        steady_from = time.monotonic()
+        time.sleep(options.steady_seconds)
+        steady = api.log.by_verb(steady_from)
+        steady_total = sum(steady.values())
+        watches = api.open_watches
+        for daemon in daemons:
+            daemon.stop()
+    print(f"fleet: {options.nodes} daemons (threads in one process, {options.nodes} clients) against one fake API server; "
+          f"start jitter {options.jitter} s, interval {options.interval} s; spawned in {spawned:.1f} s")
+    print(f"start-up: all nodes labelled after {all_labelled:.2f} s; requests by verb {dict(startup_verbs)}")
+    print(f"start-up requests/s, second by second: {startup}; peak {max(startup)} req/s, "
+          f"mean {sum(startup) / len(startup):.0f} req/s")
+    print(f"steady state over {options.steady_seconds:.0f} s: {steady_total} requests = "
+          f"{steady_total / options.steady_seconds:.2f} req/s ({dict(steady) or 'none'}); writes: {steady.get('patch', 0)}; "
+          f"open watches: {watches} (one per node)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Fixtures for the daemon tests: a fake API server over real HTTP, and the real daemon against it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labeller.daemon import (
+    Daemon,
+    NodeCache,
+    NodeSink,
+    NodeWatcher,
+    Options,
+    ProbeResult,
+    Sink,
+)
+from labeller.kube import Kube
+from labeller.metrics import Metrics
+from tests.fakes.apiserver import FakeApiServer
+
+NODE = "gpu-node-1"
+GPU_LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8",
+              "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}
+OTHERS = {"team": "ml", "kubernetes.io/hostname": NODE, "nvidia.com/gpu.deploy.device-plugin": "true"}
+
+
+@dataclass
+class FakeProbe:
+    """A probe whose answer the test sets: labels, partial, or an exception."""
+
+    labels: dict[str, str] = field(default_factory=lambda: dict(GPU_LABELS))
+    partial: bool = False
+    error: Exception | None = None
+    calls: int = 0
+
+    def __call__(self) -> ProbeResult:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return ProbeResult(dict(self.labels), partial=self.partial)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, step: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+class Running:
+    """The real Daemon (and for Node output, its watcher) on a thread, talking HTTP to the fake."""
+
+    def __init__(self, api: FakeApiServer, kubeconfig: Path, probe: FakeProbe, node: str = NODE,
+                 sink: Callable[[Kube], Sink] | None = None, **options: Any) -> None:
+        self.api, self.probe, self.node = api, probe, node
+        self.metrics = Metrics()
+        self.kube = Kube(str(kubeconfig), observer=self.metrics.observe_request, request_timeout=(1.0, 1.0))
+        watcher = None
+        if sink is None:
+            cache = NodeCache()
+            made: Sink = NodeSink(self.kube, node, cache)
+            watcher = NodeWatcher(self.kube, node, cache, watch_timeout_s=30)
+        else:
+            made = sink(self.kube)
+        options.setdefault("interval_s", 0.2)
+        options.setdefault("start_jitter_s", 0.0)
+        self.daemon = Daemon(node, probe, made, self.metrics, Options(**options), kube=self.kube, watcher=watcher)
+        self.thread = threading.Thread(target=self.daemon.run, daemon=True)
+
+    def start(self) -> Running:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        self.thread.join(timeout=3)
+        assert not self.thread.is_alive()
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels or None)
+        return 0.0 if value is None else value
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def kubeconfig(api: FakeApiServer, tmp_path: Path) -> Path:
+    return api.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def start(api: FakeApiServer, kubeconfig: Path) -> Iterator[Callable[..., Running]]:
+    running: list[Running] = []
+
+    def starter(probe: FakeProbe | None = None, **kwargs: Any) -> Running:
+        daemon = Running(api, kubeconfig, probe or FakeProbe(), **kwargs).start()
+        running.append(daemon)
+        return daemon
+
+    yield starter
+    for daemon in running:
+        daemon.stop()

@@ -1,0 +1,158 @@
+"""``gpu-labeller run`` and ``cleanup`` as real processes against the fake API server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.conftest import NODE, OTHERS, wait_for
+from tests.fakes.apiserver import FakeApiServer
+
+GPU_PROFILE = "mi210-x8"  # a built-in simulated node with 8 AMD GPUs
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "labeller.cli", "--log-format", "json", *args]
+
+
+def run_args(kubeconfig: Path, *extra: str, profile: str = GPU_PROFILE) -> list[str]:
+    return cli("run", "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--simulate", profile,
+               "--start-jitter", "0", "--metrics-port", "0", *extra)
+
+
+def no_gpu_profile(tmp_path: Path) -> Path:
+    path = tmp_path / "no-gpu.yaml"
+    path.write_text("name: no-gpu\nmachine: PowerEdge R650\n")
+    return path
+
+
+def ours(api: FakeApiServer) -> dict[str, str]:
+    return {k: v for k, v in api.labels(NODE).items() if k not in OTHERS}
+
+
+@pytest.fixture
+def daemon_process(kubeconfig: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    processes: list[subprocess.Popen[str]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_run_labels_the_node_serves_metrics_and_exits_on_sigterm_within_2s(
+        api: FakeApiServer, kubeconfig: Path, daemon_process: list[subprocess.Popen[str]]) -> None:
+    api.create_node(NODE, OTHERS)
+    port = free_port()
+    args = run_args(kubeconfig, "--interval", "0.5", "--metrics-port", str(port))  # the last one wins
+    process = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    daemon_process.append(process)
+    wait_for(lambda: "amd.com/gpu.present" in ours(api), timeout=10)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+        assert answer.status == 200
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+        assert b"gpu_labeller_labels_owned" in answer.read()
+    process.send_signal(signal.SIGTERM)
+    began = time.monotonic()
+    _, stderr = process.communicate(timeout=5)
+    assert time.monotonic() - began < 2.0 and process.returncode == 0
+    logs = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert {entry["node"] for entry in logs} == {NODE} and all("reason" in entry for entry in logs)
+
+
+def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_path: Path,
+                                     daemon_process: list[subprocess.Popen[str]]) -> None:
+    api.create_node(NODE, OTHERS)
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    process = subprocess.Popen(run_args(kubeconfig, "--interval", "3600", "--config", str(config)),
+                               stderr=subprocess.PIPE, text=True)
+    daemon_process.append(process)
+    wait_for(lambda: "amd.com/gpu.present" in ours(api), timeout=10)
+    process.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=5)
+    assert '"reason": "sighup"' in stderr and process.returncode == 0
+
+
+def test_once_exit_codes(api: FakeApiServer, kubeconfig: Path) -> None:
+    missing = subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, text=True, timeout=30, check=False)
+    assert missing.returncode == 1 and "node not found" in missing.stderr
+    api.create_node(NODE, OTHERS)
+    done = subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert ours(api)["amd.com/gpu.present"] == "true"
+
+
+def test_dry_run_logs_the_change_and_writes_nothing(api: FakeApiServer, kubeconfig: Path) -> None:
+    api.create_node(NODE, OTHERS)
+    result = subprocess.run(run_args(kubeconfig, "--once", "--dry-run"), capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stderr
+    line = next(json.loads(l) for l in result.stderr.splitlines() if "would apply" in l)
+    assert "amd.com/gpu.present" in line["added"] and line["reason"] == "dry-run"
+    assert api.log.writes() == [] and api.labels(NODE) == OTHERS
+
+
+def test_no_gpu_node_ends_with_none_of_ours(api: FakeApiServer, kubeconfig: Path, tmp_path: Path) -> None:
+    api.create_node(NODE, OTHERS)
+    assert subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, timeout=30, check=False).returncode == 0
+    api.set_labels(NODE, {"nvidia.com/gpu.product": "by-hand"})  # owned by prefix, written by a user
+    result = subprocess.run(run_args(kubeconfig, "--once", profile=str(no_gpu_profile(tmp_path))),
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stderr
+    assert api.labels(NODE) == OTHERS
+
+
+def test_cleanup_removes_every_owned_label_and_nothing_else(api: FakeApiServer, kubeconfig: Path) -> None:
+    api.create_node(NODE, OTHERS)
+    api.create_node("node-2", {"nvidia.com/gpu.present": "true", "team": "x"})
+    assert subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, timeout=30, check=False).returncode == 0
+    one = subprocess.run(cli("cleanup", "--node", NODE, "--kubeconfig", str(kubeconfig)), capture_output=True,
+                         text=True, timeout=30, check=False)
+    assert one.returncode == 0, one.stderr
+    assert api.labels(NODE) == OTHERS and api.labels("node-2")["nvidia.com/gpu.present"] == "true"
+    every = subprocess.run(cli("cleanup", "--all-nodes", "--kubeconfig", str(kubeconfig)), capture_output=True,
+                           text=True, timeout=30, check=False)
+    assert every.returncode == 0, every.stderr
+    assert api.labels("node-2") == {"team": "x"}
+    usage = subprocess.run(cli("cleanup", "--kubeconfig", str(kubeconfig)), capture_output=True, text=True, timeout=30, check=False)
+    assert usage.returncode == 2
+
+
+def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
+    code = ("import sys; from click.testing import CliRunner; from labeller.cli import main; "
+            f"r = CliRunner().invoke(main, ['labels', '--simulate', '{no_gpu_profile(tmp_path)}']); "
+            "assert r.exit_code == 0, r.output; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'prometheus_client') "
+            "or m in ('labeller.kube', 'labeller.daemon')); print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_bad_profile_is_exit_2_and_touches_nothing(api: FakeApiServer, kubeconfig: Path,
+                                                               tmp_path: Path) -> None:
+    api.create_node(NODE, {**OTHERS, "amd.com/gpu.present": "true"})
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: broken\namd:\n  sysfs: no-such-capture\n")
+    result = subprocess.run(run_args(kubeconfig, "--once", profile=str(broken)), capture_output=True, text=True,
+                            timeout=30, check=False)
+    assert result.returncode == 2 and "no-such-capture" in result.stderr
+    assert api.labels(NODE)["amd.com/gpu.present"] == "true" and api.log.writes() == []

@@ -1,0 +1,134 @@
+"""The fake API server keeps the real semantics (real-kubernetes-behaviour.md), seen through labeller.kube
+and the official client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labeller.kube import (
+    FIELD_MANAGER,
+    Conflict,
+    Forbidden,
+    Gone,
+    Kube,
+    KubeError,
+    NotFound,
+    Unavailable,
+)
+from tests.fakes.apiserver import FakeApiServer, Fault
+
+NODE = "gpu-node-1"
+JSON_PATCH = "application/json-patch+json"
+
+
+def patch(kube: Kube, body: Any, content_type: str) -> dict[str, Any]:
+    """A raw PATCH of the node, for checking the fake's semantics of each patch type."""
+    return kube._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{NODE}", None, body, content_type)
+
+
+@pytest.fixture
+def kube(api: FakeApiServer, kubeconfig: Path) -> Kube:
+    api.create_node(NODE, {"team": "ml"})
+    return Kube(str(kubeconfig), request_timeout=(1.0, 1.0))
+
+
+def test_apply_owns_each_label_and_drops_what_it_no_longer_applies(api: FakeApiServer, kube: Kube) -> None:
+    kube.apply_node_labels(NODE, {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"})
+    answer = kube.apply_node_labels(NODE, {"nvidia.com/gpu.present": "true"})
+    assert answer["metadata"]["labels"] == {"team": "ml", "nvidia.com/gpu.present": "true"}
+    managers = {entry["manager"] for entry in answer["metadata"]["managedFields"]}
+    assert managers == {FIELD_MANAGER, "kubelet"}
+
+
+def test_apply_does_not_remove_co_owned_or_unmanaged_labels(api: FakeApiServer, kube: Kube) -> None:
+    kube.apply_node_labels(NODE, {"nvidia.com/gpu.count": "8"})
+    api.apply_as(NODE, "other", {"nvidia.com/gpu.count": "8"})  # co-owned: same value
+    api.set_labels(NODE, {"nvidia.com/gpu.family": "hopper"})  # written by an update, never applied by us
+    answer = kube.apply_node_labels(NODE, {})
+    assert answer["metadata"]["labels"] == {"team": "ml", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.family": "hopper"}
+    answer = kube.remove_node_labels(NODE, ["nvidia.com/gpu.count", "nvidia.com/gpu.family", "absent"])
+    assert answer["metadata"]["labels"] == {"team": "ml"}
+
+
+def test_forced_apply_takes_a_label_from_another_manager(api: FakeApiServer, kube: Kube) -> None:
+    api.set_labels(NODE, {"nvidia.com/gpu.product": "theirs"}, manager="kubectl-label")
+    kube.apply_node_labels(NODE, {"nvidia.com/gpu.product": "ours"})
+    assert api.managers_of(NODE, "nvidia.com/gpu.product") == {FIELD_MANAGER: "Apply"}
+    with pytest.raises(Exception, match="conflict with \"gpu-labeller\""):
+        api.apply_as(NODE, "other", {"nvidia.com/gpu.product": "x"}, force=False)
+
+
+def test_managed_fields_persist_for_a_fresh_client(api: FakeApiServer, kube: Kube, kubeconfig: Path) -> None:
+    kube.apply_node_labels(NODE, {"nvidia.com/gpu.count": "8"})
+    fresh = Kube(str(kubeconfig))
+    assert fresh.apply_node_labels(NODE, {})["metadata"]["labels"] == {"team": "ml"}
+
+
+def test_merge_patch_with_stale_resource_version_is_409_with_the_real_status(api: FakeApiServer, kube: Kube) -> None:
+    stale = api.labels(NODE) and kube.get_node(NODE)["metadata"]["resourceVersion"]
+    api.set_labels(NODE, {"x": "1"})
+    with pytest.raises(Conflict, match="the object has been modified"):
+        patch(kube, {"metadata": {"resourceVersion": stale, "labels": {"y": "1"}}}, "application/merge-patch+json")
+    assert "y" not in api.labels(NODE)
+
+
+def test_json_patch_remove_of_a_missing_label_is_422(api: FakeApiServer, kube: Kube) -> None:
+    with pytest.raises(KubeError) as err:
+        patch(kube, [{"op": "remove", "path": "/metadata/labels/nvidia.com~1gpu.count"}], JSON_PATCH)
+    assert err.value.status == 422
+    patch(kube, [{"op": "add", "path": "/metadata/labels/nvidia.com~1gpu.count", "value": "2"}], JSON_PATCH)
+    assert api.labels(NODE)["nvidia.com/gpu.count"] == "2"
+
+
+def test_strategic_merge_null_removes(api: FakeApiServer, kube: Kube) -> None:
+    patch(kube, {"metadata": {"labels": {"team": None}}}, "application/strategic-merge-patch+json")
+    assert api.labels(NODE) == {}
+
+
+def test_errors_map_to_small_types(api: FakeApiServer, kube: Kube) -> None:
+    with pytest.raises(NotFound):
+        kube.get_node("nope")
+    api.forbid("patch")
+    with pytest.raises(Forbidden) as forbidden:
+        kube.apply_node_labels(NODE, {})
+    assert (forbidden.value.verb, forbidden.value.resource) == ("patch", "nodes")
+    assert 'User "labeller" cannot patch resource "nodes" in API group "" at the cluster scope' in forbidden.value.message
+    api.faults.add(Fault(verb="get", status=503, times=1))
+    with pytest.raises(Unavailable):
+        kube.get_node(NODE)
+    api.faults.add(Fault(verb="get", drop=True, times=2))
+    with pytest.raises(Unavailable):
+        kube.get_node(NODE)
+    api.faults.add(Fault(verb="get", delay_s=1.5, times=1))
+    with pytest.raises(Unavailable):
+        kube.get_node(NODE)
+
+
+def test_watch_sees_only_its_node_and_410_after_compaction(api: FakeApiServer, kube: Kube) -> None:
+    api.create_node("other-node")
+    node, rv = kube.list_node(NODE)
+    assert node is not None and node["metadata"]["name"] == NODE
+    api.set_labels("other-node", {"a": "1"})
+    api.set_labels(NODE, {"b": "1"})
+    events = kube.watch_node(NODE, rv, timeout_s=1)
+    kind, obj = next(events)
+    assert (kind, obj["metadata"]["name"], obj["metadata"]["labels"]["b"]) == ("MODIFIED", NODE, "1")
+    events.close()
+    api.store.compact()
+    with pytest.raises(Gone):
+        list(kube.watch_node(NODE, rv, timeout_s=1))
+    assert kube.list_node("missing") == (None, kube.list_node(NODE)[1])
+
+
+def test_node_feature_and_event_round_trip(api: FakeApiServer, kube: Kube) -> None:
+    assert kube.get_node_feature("ns", "nf") is None
+    body = {"apiVersion": "nfd.k8s-sigs.io/v1alpha1", "kind": "NodeFeature", "metadata": {"name": "nf"}, "spec": {}}
+    created = kube.create_node_feature("ns", body)
+    kube.replace_node_feature("ns", "nf", created)
+    with pytest.raises(Conflict):
+        kube.replace_node_feature("ns", "nf", created)
+    kube.create_event("default", {"metadata": {"name": "e"}, "reason": "X", "involvedObject": {"kind": "Node", "name": NODE}})
+    assert api.events()[0]["reason"] == "X"

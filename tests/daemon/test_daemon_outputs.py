@@ -1,0 +1,100 @@
+"""The other outputs (features.d file, NodeFeature object), Events, metrics and health endpoints."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from labeller.daemon import FeaturesFileSink, NodeFeatureSink
+from labeller.kube import Kube, NotFound
+from labeller.metrics import start_http_server
+from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
+from tests.fakes.apiserver import FakeApiServer
+
+Start = Callable[..., Running]
+
+
+def test_features_file_is_written_atomically_with_expiry_and_only_when_changed(tmp_path: Path, start: Start) -> None:
+    path = tmp_path / "features.d" / "gpu-labeller"
+    probe = FakeProbe()
+    start(probe, sink=lambda kube: FeaturesFileSink(path, expiry_s=300), interval_s=0.05)
+    wait_for(path.exists)
+    text = path.read_text()
+    expiry_line = next(line for line in text.splitlines() if line.startswith("# +expiry-time="))
+    expiry = datetime.strptime(expiry_line.split("=", 1)[1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert 250 < (expiry - datetime.now(UTC)).total_seconds() <= 300
+    assert {line for line in text.splitlines() if not line.startswith("#")} == {f"{k}={v}" for k, v in GPU_LABELS.items()}
+    mtime = path.stat().st_mtime_ns
+    time.sleep(0.4)
+    assert path.stat().st_mtime_ns == mtime  # unchanged hardware: no rewrite
+    assert [p.name for p in path.parent.iterdir()] == ["gpu-labeller"]  # no temporary files left
+    probe.labels = {}
+    wait_for(lambda: "nvidia.com" not in path.read_text())
+
+
+def test_node_feature_object_is_created_then_updated_only_when_changed(api: FakeApiServer, start: Start) -> None:
+    probe = FakeProbe()
+    start(probe, sink=lambda kube: NodeFeatureSink(kube, NODE, "gpu-system"), interval_s=0.05)
+    name = f"gpu-labeller-{NODE}"
+    obj = wait_for(lambda: api.node_feature("gpu-system", name))
+    assert obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1" and obj["kind"] == "NodeFeature"
+    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": NODE}
+    assert obj["spec"]["labels"] == GPU_LABELS
+    time.sleep(0.3)
+    assert api.log.count("update", "nodefeatures") == 0 and api.log.count("create", "nodefeatures") == 1
+    probe.labels = {"nvidia.com/gpu.present": "true"}
+    wait_for(lambda: (api.node_feature("gpu-system", name) or {})["spec"]["labels"] == probe.labels)
+    assert api.log.count("update", "nodefeatures") == 1
+
+
+def test_events_are_recorded_when_labels_change(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    start(events=True)
+    event = wait_for(lambda: api.events())[0]
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
+    assert event["reason"] == "GPULabelsChanged" and "4 added" in event["message"]
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_health_ready_and_metrics_endpoints(api: FakeApiServer, start: Start) -> None:
+    daemon = start()
+    server = start_http_server(0, "127.0.0.1", ready=lambda: daemon.daemon.ready, healthy=daemon.daemon.healthy,
+                               registry=daemon.metrics.registry)
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        assert get(f"{base}/healthz")[0] == 200
+        assert get(f"{base}/readyz")[0] == 503  # the node does not exist yet
+        api.create_node(NODE, OTHERS)
+        wait_for(lambda: get(f"{base}/readyz")[0] == 200, timeout=5)
+        _, text = get(f"{base}/metrics")
+        for name in ("gpu_labeller_probe_duration_seconds_bucket", 'gpu_labeller_reconciles_total{outcome="applied"}',
+                     'gpu_labeller_api_requests_total{code="200",verb="patch"}', 'gpu_labeller_writes_total{outcome="success"}',
+                     "gpu_labeller_labels_owned 4.0", "gpu_labeller_last_success_timestamp_seconds",
+                     "gpu_labeller_label_fights_total 0.0"):
+            assert name in text, name
+        assert get(f"{base}/nope")[0] == 404
+    finally:
+        server.close()
+
+
+def test_kube_reports_every_request_to_its_observer(api: FakeApiServer, kubeconfig: Path) -> None:
+    seen: list[tuple[str, int]] = []
+    kube = Kube(str(kubeconfig), observer=lambda verb, code: seen.append((verb, code)))
+    api.create_node(NODE)
+    kube.get_node(NODE)
+    with pytest.raises(NotFound):
+        kube.get_node("missing")
+    assert seen == [("get", 200), ("get", 404)]

@@ -1,0 +1,218 @@
+"""The real daemon against the fake API server over real HTTP: labels, drift, probes and faults."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import structlog.testing
+
+from labeller.kube import FIELD_MANAGER
+from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
+from tests.fakes.apiserver import FakeApiServer, Fault
+
+Start = Callable[..., Running]
+
+
+def ours(api: FakeApiServer, node: str = NODE) -> dict[str, str]:
+    return {k: v for k, v in api.labels(node).items() if k not in OTHERS}
+
+
+def test_first_apply_is_one_server_side_apply_of_owned_labels(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    daemon = start()
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    [write] = api.log.writes()
+    assert write.content_type.startswith("application/apply-patch+yaml")
+    assert write.query["fieldManager"] == FIELD_MANAGER and write.query["force"] == "true"
+    assert write.body["metadata"] == {"name": NODE, "labels": GPU_LABELS}
+    assert api.managers_of(NODE, "nvidia.com/gpu.count") == {FIELD_MANAGER: "Apply"}
+    wait_for(lambda: daemon.daemon.ready)
+
+
+def test_unchanged_hardware_makes_no_writes_over_many_intervals(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    daemon = start(interval_s=0.02)
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    since = time.monotonic()
+    time.sleep(1.0)
+    assert daemon.probe.calls > 20
+    assert api.log.writes(since) == []
+    assert api.log.by_verb(since) == {} or set(api.log.by_verb(since)) <= {"watch"}
+    assert api.max_open_watches == 1
+
+
+def test_drift_is_repaired_within_a_second(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    start(interval_s=60)
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    api.set_labels(NODE, {"nvidia.com/gpu.count": None})
+    began = time.monotonic()
+    wait_for(lambda: ours(api) == GPU_LABELS, timeout=1.0)
+    api.set_labels(NODE, {"nvidia.com/gpu.product": "Tampered"})
+    wait_for(lambda: ours(api) == GPU_LABELS, timeout=1.0)
+    assert time.monotonic() - began < 2.0
+
+
+def test_users_and_gpu_operator_labels_are_never_touched(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    probe = FakeProbe()
+    start(probe)
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    api.set_labels(NODE, {"team": "infra", "nvidia.com/gpu.deploy.driver": "false"})
+    probe.labels = {}
+    wait_for(lambda: ours(api) == {"nvidia.com/gpu.deploy.driver": "false"})
+    assert api.labels(NODE) == {**OTHERS, "team": "infra", "nvidia.com/gpu.deploy.driver": "false"}
+    for write in api.log.writes():
+        if write.content_type.startswith("application/apply-patch"):
+            assert all(key.startswith("nvidia.com/gpu.") and "deploy" not in key for key in write.body["metadata"]["labels"])
+
+
+def test_labels_no_longer_wanted_are_removed(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    probe = FakeProbe()
+    start(probe)
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    probe.labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "4"}
+    wait_for(lambda: ours(api) == probe.labels)
+
+
+def test_a_failed_probe_keeps_the_labels(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    probe = FakeProbe()
+    daemon = start(probe, interval_s=0.05)
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    probe.error = RuntimeError("NVML: driver/library version mismatch")
+    calls = probe.calls
+    wait_for(lambda: probe.calls > calls + 5)
+    assert ours(api) == GPU_LABELS
+    assert daemon.metric("gpu_labeller_probes_total", outcome="failed") >= 5
+
+
+def test_a_failed_probe_at_start_keeps_what_is_live(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, {**OTHERS, **GPU_LABELS})
+    probe = FakeProbe(error=RuntimeError("sysfs unreadable"))
+    daemon = start(probe, interval_s=0.05)
+    wait_for(lambda: probe.calls > 5)
+    assert ours(api) == GPU_LABELS and api.log.writes() == []
+    assert daemon.daemon.ready  # keeping the live labels is a successful reconcile
+
+
+def test_a_partial_probe_adds_but_never_removes(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    probe = FakeProbe()
+    daemon = start(probe, interval_s=0.05)
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    probe.labels, probe.partial = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "7",
+                                   "nvidia.com/gpu.clique": "new"}, True
+    wait_for(lambda: ours(api) == {**GPU_LABELS, "nvidia.com/gpu.clique": "new"})
+    time.sleep(0.3)
+    assert ours(api)["nvidia.com/gpu.count"] == "8"
+    assert daemon.metric("gpu_labeller_probes_total", outcome="partial") >= 1
+
+
+def test_a_node_without_gpus_ends_with_none_of_ours_even_after_a_restart(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    first = start()
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    first.stop()
+    start(FakeProbe(labels={}))  # a fresh process that never applied before
+    wait_for(lambda: api.labels(NODE) == OTHERS)
+
+
+def test_owned_labels_written_by_someone_else_are_adopted_and_released(api: FakeApiServer, start: Start) -> None:
+    """Keys under our prefixes are ours whoever wrote them: a different value is taken over (forced
+    apply); a key we do not want is removed with a merge patch, since SSA cannot release it."""
+    api.create_node(NODE, OTHERS)
+    api.set_labels(NODE, {"nvidia.com/gpu.product": "old-gfd-value", "nvidia.com/gpu.family": "hopper"},
+                   manager="gpu-feature-discovery")
+    start()
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    assert api.managers_of(NODE, "nvidia.com/gpu.product") == {FIELD_MANAGER: "Apply"}
+    assert "nvidia.com/gpu.family" not in api.labels(NODE)
+
+
+def test_api_down_at_start_then_up(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    api.faults.add(Fault(drop=True))
+    daemon = start()
+    time.sleep(0.5)
+    assert ours(api) == {} and not daemon.daemon.ready
+    api.faults.clear()
+    wait_for(lambda: ours(api) == GPU_LABELS, timeout=15)
+    wait_for(lambda: daemon.daemon.ready)
+
+
+@pytest.mark.parametrize("fault", [Fault(verb="patch", status=503, times=3), Fault(verb="patch", status=409, times=2),
+                                   Fault(verb="patch", delay_s=1.5, times=1)], ids=["5xx", "409", "timeout"])
+def test_write_faults_back_off_then_catch_up(api: FakeApiServer, start: Start, fault: Fault) -> None:
+    api.create_node(NODE, OTHERS)
+    api.faults.add(fault)
+    daemon = start()
+    wait_for(lambda: ours(api) == GPU_LABELS, timeout=20)
+    assert daemon.metric("gpu_labeller_writes_total", outcome="error") >= 1
+    assert len(api.log.writes()) <= 5
+
+
+def test_forbidden_gives_one_clear_log_line(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    api.forbid("patch")
+    with structlog.testing.capture_logs() as logs:
+        start()
+        wait_for(lambda: api.log.count("patch") >= 3, timeout=10)
+    lines = [entry for entry in logs if "permission missing" in entry["event"]]
+    assert len(lines) == 1
+    assert "verb 'patch' on resource 'nodes'" in lines[0]["event"]
+    assert lines[0]["reason"] == "forbidden" and lines[0]["node"] == NODE
+    api.allow("patch")
+    wait_for(lambda: ours(api) == GPU_LABELS, timeout=15)
+
+
+def test_node_not_found_waits_then_labels_it(api: FakeApiServer, start: Start) -> None:
+    daemon = start()
+    time.sleep(0.3)
+    assert daemon.metric("gpu_labeller_reconciles_total", outcome="node-missing") >= 1
+    api.create_node(NODE, OTHERS)
+    wait_for(lambda: ours(api) == GPU_LABELS, timeout=3)
+
+
+def test_watch_resumes_after_410_and_dropped_streams(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    start(interval_s=60)
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    api.store.compact()
+    api.drop_watches.set()
+    time.sleep(0.8)
+    api.drop_watches.clear()
+    wait_for(lambda: api.open_watches == 1, timeout=5)
+    api.set_labels(NODE, {"nvidia.com/gpu.count": None})
+    wait_for(lambda: ours(api) == GPU_LABELS, timeout=3)
+    assert api.max_open_watches == 1
+
+
+def test_a_label_fight_is_detected_and_backed_off(api: FakeApiServer, start: Start) -> None:
+    api.create_node(NODE, OTHERS)
+    daemon = start(interval_s=60)
+    wait_for(lambda: ours(api) == GPU_LABELS)
+    began = time.monotonic()
+    while time.monotonic() - began < 3.0:  # another controller insists on its value
+        if api.labels(NODE).get("nvidia.com/gpu.product") != "Other":
+            api.set_labels(NODE, {"nvidia.com/gpu.product": "Other"}, manager="other-controller")
+        time.sleep(0.02)
+    assert daemon.metric("gpu_labeller_label_fights_total") >= 1
+    assert len(api.log.writes(began)) <= 8  # no hot loop: a few repairs, then exponential holds
+
+
+def test_once_reports_a_failed_probe_as_a_failure(api: FakeApiServer, kubeconfig: Path) -> None:
+    from labeller.daemon import Daemon, NodeSink
+    from labeller.daemon_cli import _run_once
+    from labeller.kube import Kube
+    from labeller.metrics import Metrics
+
+    api.create_node(NODE, {**OTHERS, **GPU_LABELS})
+    kube = Kube(str(kubeconfig))
+    failing = Daemon(NODE, FakeProbe(error=RuntimeError("NVML gone")), NodeSink(kube, NODE), Metrics())
+    assert _run_once(failing) == 1 and ours(api) == GPU_LABELS
+    assert _run_once(Daemon(NODE, FakeProbe(), NodeSink(kube, NODE), Metrics())) == 0

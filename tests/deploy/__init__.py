@@ -1,0 +1,89 @@
+"""Tests of the Helm chart, the plain manifests and the Dockerfile (deploy/, Dockerfile).
+
+Shared helpers live here: rendering the chart with the real Helm engine (helm-python-sdk), cached
+per set of values, and picking objects out of a render.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import helm_python
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpu-labeller"
+MANIFESTS = ROOT / "deploy" / "manifests"
+RELEASE = NAMESPACE = "gpu-labeller"
+# Kubernetes versions the objects are validated against: the floor the admission policy needs, and the newest.
+KUBE_VERSIONS = ("1.30.0", "1.37.0")
+
+# Value combinations every structural test runs over (name -> values).
+COMBINATIONS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "namespace": {"createNamespace": True},
+    "policy-on": {"admissionPolicy": {"enabled": True}},
+    "plugin-off": {"devicePlugin": {"enabled": False}},
+    "nodefeature": {"labeller": {"output": "nodefeature"}},
+    "features-file": {"labeller": {"output": "features-file"}},
+    "events-on": {"labeller": {"events": {"enabled": True}}},
+    "everything": {
+        "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
+        "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],
+    },
+}
+
+Obj = dict[str, Any]
+
+
+@functools.cache
+def _render(values_json: str) -> tuple[Obj, ...]:
+    chart = helm_python.Chart.load(CHART)
+    try:
+        rendered = chart.render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE, is_install=True)
+    finally:
+        chart.close()
+    objects = []
+    for path in sorted(rendered):
+        for doc in yaml.safe_load_all(rendered[path]):
+            if doc:
+                objects.append(doc)
+    return tuple(objects)
+
+
+def render(values: dict[str, Any] | None = None) -> list[Obj]:
+    """Every object the chart renders with these values (a fresh copy; safe to modify)."""
+    objects: list[Obj] = json.loads(json.dumps(_render(json.dumps(values or {}, sort_keys=True))))
+    return objects
+
+
+def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
+    return [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(objects: list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = find(objects, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def labeller_ds(objects: list[Obj]) -> Obj:
+    return one(objects, "DaemonSet", "gpu-labeller")
+
+
+def plugin_ds(objects: list[Obj]) -> Obj:
+    return one(objects, "DaemonSet", "gpu-labeller-device-plugin")
+
+
+def load_render_script() -> ModuleType:
+    """deploy/render.py, imported from its path (deploy/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gpu_labeller_deploy_render", ROOT / "deploy" / "render.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

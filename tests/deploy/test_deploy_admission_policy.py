@@ -1,0 +1,225 @@
+"""The optional ValidatingAdmissionPolicy: its shape, and its CEL evaluated on admission requests.
+
+The CEL is evaluated with cel-python (`celpy`), emulating the API server:
+matchConditions first (no match: the policy does not apply), then the variables in order, then every
+validation; an evaluation error denies, as failurePolicy Fail does. Kubernetes' `join` string-list
+extension is supplied by the test.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from labeller.labels import NOT_OWNED_PREFIXES, OWNED_PREFIXES
+from tests.deploy import one, render
+
+Obj = dict[str, Any]
+USERNAME = "system:serviceaccount:gpu-labeller:gpu-labeller"
+NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def policy_and_binding(values: dict[str, Any] | None = None) -> tuple[Obj, Obj]:
+    objects = render({"admissionPolicy": {"enabled": True}, **(values or {})})
+    return one(objects, "ValidatingAdmissionPolicy"), one(objects, "ValidatingAdmissionPolicyBinding")
+
+
+def test_policy_shape() -> None:
+    policy, binding = policy_and_binding()
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["nodes"], "operations": ["CREATE", "UPDATE"]}]
+    assert spec["matchConditions"] == [
+        {"name": "labeller-service-account", "expression": f"request.userInfo.username == '{USERNAME}'"}]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+def test_username_follows_namespace_and_service_account_overrides() -> None:
+    policy, _ = policy_and_binding({"namespaceOverride": "gpus", "labeller": {"serviceAccount": {"name": "lab"}}})
+    assert "'system:serviceaccount:gpus:lab'" in policy["spec"]["matchConditions"][0]["expression"]
+
+
+def test_prefix_lists_match_the_labeller() -> None:
+    variables = {v["name"]: v["expression"] for v in policy_and_binding()[0]["spec"]["variables"]}
+    assert variables["ownedPrefixes"] == "[" + ",".join(f'"{p}"' for p in OWNED_PREFIXES) + "]"
+    assert variables["notOwnedPrefixes"] == "[" + ",".join(f'"{p}"' for p in NOT_OWNED_PREFIXES) + "]"
+
+
+# --- CEL evaluation -------------------------------------------------------------------------------
+
+import celpy  # noqa: E402  (cel-python, from the test extra)
+from celpy import celtypes  # noqa: E402
+from celpy.adapter import json_to_cel  # noqa: E402
+from celpy.evaluation import CELEvalError  # noqa: E402
+
+
+def _join(items: Any, separator: Any = "") -> Any:
+    return celtypes.StringType(str(separator).join(str(i) for i in items))
+
+
+class Policy:
+    def __init__(self, spec: Obj) -> None:
+        self.env = celpy.Environment()
+        self.spec = spec
+        self.compiled: dict[str, Any] = {}
+
+    def program(self, expression: str) -> Any:
+        if expression not in self.compiled:
+            self.compiled[expression] = self.env.program(self.env.compile(expression), functions={"join": _join})
+        return self.compiled[expression]
+
+    def admit(self, request: Obj, obj: Obj | None, old: Obj | None) -> tuple[bool, list[str]]:
+        """(allowed, denial messages) the API server would answer."""
+        activation: dict[str, Any] = {"request": json_to_cel(request), "object": json_to_cel(obj),
+                                      "oldObject": json_to_cel(old)}
+        for condition in self.spec["matchConditions"]:
+            if not self.program(condition["expression"]).evaluate(activation):
+                return True, []
+        variables: dict[Any, Any] = {}
+        try:
+            for variable in self.spec["variables"]:
+                activation["variables"] = celtypes.MapType(variables)
+                variables[celtypes.StringType(variable["name"])] = self.program(variable["expression"]).evaluate(activation)
+            activation["variables"] = celtypes.MapType(variables)
+            messages = []
+            for validation in self.spec["validations"]:
+                if not self.program(validation["expression"]).evaluate(activation):
+                    message = validation.get("message")
+                    if "messageExpression" in validation:
+                        message = str(self.program(validation["messageExpression"]).evaluate(activation))
+                    messages.append(message)
+        except CELEvalError as e:
+            return False, [f"evaluation error: {e}"]  # failurePolicy: Fail
+        return not messages, messages
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return Policy(policy_and_binding()[0]["spec"])
+
+
+def node(name: str = "gpu-node-1", **labels: str) -> Obj:
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "resourceVersion": "100", "labels": {
+            "kubernetes.io/hostname": name, "team": "ml", "nvidia.com/gpu.count": "1",
+            "nvidia.com/gpu.deploy.device-plugin": "true", **labels},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": {"podCIDR": "10.0.1.0/24", "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+        "status": {"capacity": {"cpu": "8"}},
+    }
+
+
+def request(operation: str = "UPDATE", node_name: str | None = "gpu-node-1", username: str = USERNAME) -> Obj:
+    extra = {NODE_NAME_CLAIM: [node_name], "authentication.kubernetes.io/node-uid": ["abc"]} if node_name else {}
+    user: Obj = {"username": username, "groups": ["system:serviceaccounts", "system:authenticated"]}
+    if extra:
+        user["extra"] = extra
+    return {"operation": operation, "name": "gpu-node-1", "userInfo": user}
+
+
+def relabel(old: Obj, set_: dict[str, str] | None = None, remove: tuple[str, ...] = ()) -> Obj:
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"].update(set_ or {})
+    for key in remove:
+        del new["metadata"]["labels"][key]
+    new["metadata"]["resourceVersion"] = "101"
+    new["metadata"]["managedFields"] = [{"manager": "gpu-labeller", "operation": "Apply"}]
+    return new
+
+
+def test_every_expression_compiles(policy: Policy) -> None:
+    spec = policy.spec
+    expressions = [c["expression"] for c in spec["matchConditions"]] + [v["expression"] for v in spec["variables"]]
+    for validation in spec["validations"]:
+        expressions += [validation["expression"], *([validation["messageExpression"]] if "messageExpression" in validation else [])]
+    for expression in expressions:
+        policy.program(expression)
+
+
+@pytest.mark.parametrize("change", [
+    {"set_": {"nvidia.com/gpu.count": "2"}},
+    {"set_": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/cuda.driver.major": "550"}},
+    {"set_": {"amd.com/gpu.family": "AI", "beta.amd.com/gpu.device-id.74a1": "8"}},
+    {"set_": {"nvidia.com/mig.capable": "true", "nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/gfd.timestamp": "1"}},
+    {"remove": ("nvidia.com/gpu.count",)},
+    {},  # nothing but managedFields/resourceVersion
+], ids=["change", "add-nvidia", "add-amd", "add-mig", "remove", "no-op"])
+def test_own_node_and_owned_labels_are_allowed(policy: Policy, change: dict[str, Any]) -> None:
+    old = node()
+    allowed, messages = policy.admit(request(), relabel(old, **change), old)
+    assert allowed, messages
+
+
+def test_node_without_labels_can_get_its_first_labels(policy: Policy) -> None:
+    old = node()
+    del old["metadata"]["labels"]
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"] = {"nvidia.com/gpu.present": "true"}
+    assert policy.admit(request(), new, old) == (True, [])
+
+
+def test_another_node_is_denied(policy: Policy) -> None:
+    old = node("gpu-node-2")
+    allowed, messages = policy.admit(request(node_name="gpu-node-1"), relabel(old, {"nvidia.com/gpu.count": "2"}), old)
+    assert not allowed
+    assert "only its own Node" in messages[0] and "gpu-node-2" in messages[0]
+
+
+def test_token_without_node_claim_is_denied(policy: Policy) -> None:
+    old = node()
+    allowed, _ = policy.admit(request(node_name=None), relabel(old, {"nvidia.com/gpu.count": "2"}), old)
+    assert not allowed
+
+
+@pytest.mark.parametrize(("change", "refused"), [
+    ({"set_": {"team": "infra"}}, "team"),
+    ({"set_": {"node-role.kubernetes.io/gpu": ""}}, "node-role.kubernetes.io/gpu"),
+    ({"remove": ("team",)}, "team"),
+    ({"set_": {"nvidia.com/gpu.deploy.device-plugin": "false"}}, "nvidia.com/gpu.deploy.device-plugin"),
+    ({"set_": {"nvidia.com/gpu.workload.config": "vm-passthrough"}}, "nvidia.com/gpu.workload.config"),
+    ({"set_": {"nvidia.com/mig.config": "all-1g.10gb"}}, "nvidia.com/mig.config"),
+    ({"set_": {"nvidia.com/device-plugin.config": "x"}}, "nvidia.com/device-plugin.config"),
+], ids=["change-foreign", "add-foreign", "remove-foreign", "gpu-operator-deploy", "workload-config", "mig-config",
+        "plugin-config"])
+def test_foreign_labels_are_denied(policy: Policy, change: dict[str, Any], refused: str) -> None:
+    old = node()
+    new = relabel(old, **{"set_": {"nvidia.com/gpu.count": "2"}, **change}) if "set_" in change else relabel(old, **change)
+    allowed, messages = policy.admit(request(), new, old)
+    assert not allowed
+    assert messages == [f"gpu-labeller may change only the label keys it owns; refused: {refused}"]
+
+
+@pytest.mark.parametrize("edit", ["taint", "unschedulable", "annotation", "finalizer", "owner"])
+def test_changes_outside_labels_are_denied(policy: Policy, edit: str) -> None:
+    old = node()
+    new = relabel(old, {"nvidia.com/gpu.count": "2"})
+    if edit == "taint":
+        new["spec"]["taints"] = []
+    elif edit == "unschedulable":
+        new["spec"]["unschedulable"] = True
+    elif edit == "annotation":
+        new["metadata"]["annotations"]["x"] = "y"
+    elif edit == "finalizer":
+        new["metadata"]["finalizers"] = ["example.com/hold"]
+    else:
+        new["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "1"}]
+    allowed, messages = policy.admit(request(), new, old)
+    assert not allowed
+    assert messages == ["gpu-labeller may change only labels of its Node."]
+
+
+def test_creating_a_node_is_denied(policy: Policy) -> None:
+    allowed, messages = policy.admit(request("CREATE"), node(), None)
+    assert not allowed and "may not create Nodes." in messages[0]
+
+
+def test_other_users_are_not_matched(policy: Policy) -> None:
+    old = node("gpu-node-2")
+    new = relabel(old, {"team": "infra"})
+    assert policy.admit(request(node_name=None, username="kubernetes-admin"), new, old) == (True, [])
+    other_sa = "system:serviceaccount:gpu-operator:gpu-operator"
+    assert policy.admit(request(username=other_sa), new, old) == (True, [])

@@ -1,0 +1,120 @@
+"""The chart lints and renders with the real Helm engine, and every object is valid Kubernetes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+
+from tests.deploy import CHART, COMBINATIONS, KUBE_VERSIONS, find, labeller_ds, one, plugin_ds, render
+
+COMBOS = list(COMBINATIONS.items())
+IDS = list(COMBINATIONS)
+
+
+@pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
+def test_lint_is_clean(name: str, values: dict[str, Any]) -> None:
+    report = helm_python.lint(CHART, values, strict=True, namespace="gpu-labeller", kube_version="v1.30.0")
+    assert report["errors"] == []
+    # Severity 1 is informational ("icon is recommended"); warnings and errors are not accepted.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_object_is_valid_kubernetes(name: str, values: dict[str, Any], kube_version: str) -> None:
+    objects = render(values)
+    assert objects
+    for obj in objects:
+        try:
+            kv.validate(obj, kube_version, strict=True)
+        except kv.ValidationError as e:  # pragma: no cover - the message is the point
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {kube_version}: {e.message} at {list(e.path)}")
+
+
+@pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
+def test_namespaced_objects_land_in_the_release_namespace(name: str, values: dict[str, Any]) -> None:
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}
+    for obj in render(values):
+        if obj["kind"] in cluster_scoped:
+            assert "namespace" not in obj["metadata"]
+        else:
+            assert obj["metadata"]["namespace"] == "gpu-labeller", obj["kind"]
+
+
+def test_default_render_has_exactly_the_expected_objects() -> None:
+    kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in render())
+    assert kinds == sorted([
+        "ServiceAccount/gpu-labeller", "ServiceAccount/gpu-labeller-device-plugin",
+        "ClusterRole/gpu-labeller", "ClusterRoleBinding/gpu-labeller", "ConfigMap/gpu-labeller-config",
+        "DaemonSet/gpu-labeller", "DaemonSet/gpu-labeller-device-plugin",
+    ])
+
+
+def test_create_namespace_renders_the_namespace() -> None:
+    ns = one(render({"createNamespace": True}), "Namespace", "gpu-labeller")
+    # hostPath volumes are forbidden by the baseline level; the namespace must admit them.
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert find(render(), "Namespace") == []
+
+
+def test_plugin_off_renders_no_plugin_objects() -> None:
+    objects = render({"devicePlugin": {"enabled": False}})
+    names = [o["metadata"]["name"] for o in objects]
+    assert not [n for n in names if "device-plugin" in n]
+    labeller_ds(objects)
+
+
+def test_policy_is_off_by_default_and_on_when_enabled() -> None:
+    assert find(render(), "ValidatingAdmissionPolicy") == []
+    objects = render({"admissionPolicy": {"enabled": True}})
+    assert one(objects, "ValidatingAdmissionPolicy")["apiVersion"] == "admissionregistration.k8s.io/v1"
+    one(objects, "ValidatingAdmissionPolicyBinding")
+
+
+def test_config_map_holds_the_default_config_and_the_labeller_accepts_it() -> None:
+    from labeller.config import parse_config
+
+    cm = one(render(), "ConfigMap", "gpu-labeller-config")
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config == {"version": "v1", "flags": {"migStrategy": "none"}}
+    parse_config(config)
+
+
+def test_custom_config_reaches_the_config_map() -> None:
+    sharing = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
+    cm = one(render({"config": {"version": "v1", "flags": {"migStrategy": "single"}, "sharing": sharing}}), "ConfigMap")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["sharing"] == sharing
+
+
+def test_config_change_rolls_both_daemonsets() -> None:
+    def checksums(values: dict[str, Any]) -> list[str]:
+        objects = render(values)
+        return [ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+                for ds in (labeller_ds(objects), plugin_ds(objects))]
+
+    before = checksums({})
+    after = checksums({"config": {"version": "v1", "flags": {"migStrategy": "mixed"}}})
+    assert before[0] == before[1] and after[0] == after[1]
+    assert before[0] != after[0]
+
+
+@pytest.mark.parametrize("bad", [
+    {"labeller": {"output": "stdout"}},
+    {"labeller": {"metricsPort": 0}},
+    {"devicePlugin": {"socketDir": "relative/dir"}},
+    {"admissionPolicy": {"ownedPrefixes": ["it's"]}},
+    {"unknownKey": True},
+], ids=lambda v: json.dumps(v))
+def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
+    chart = helm_python.Chart.load(CHART)
+    try:
+        with pytest.raises(helm_python.HelmValuesError):
+            chart.render(bad, name="gpu-labeller", namespace="gpu-labeller")
+    finally:
+        chart.close()

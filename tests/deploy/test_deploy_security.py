@@ -1,0 +1,220 @@
+"""Security posture, RBAC least privilege, scheduling and resources of the rendered DaemonSets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import pytest
+
+from tests.deploy import COMBINATIONS, find, labeller_ds, one, plugin_ds, render
+
+COMBOS = list(COMBINATIONS.items())
+IDS = list(COMBINATIONS)
+
+Obj = dict[str, Any]
+SOCKET_DIR = "/var/lib/kubelet/device-plugins"
+
+
+def daemonsets(objects: list[Obj]) -> list[Obj]:
+    return find(objects, "DaemonSet")
+
+
+def pod(ds: Obj) -> Obj:
+    spec: Obj = ds["spec"]["template"]["spec"]
+    return spec
+
+
+def container(ds: Obj) -> Obj:
+    (only,) = pod(ds)["containers"]
+    return dict(only)
+
+
+def host_mounts(ds: Obj) -> dict[str, tuple[str, Obj]]:
+    """hostPath volume path -> (mount path, volumeMount) for every hostPath the container mounts."""
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod(ds)["volumes"] if "hostPath" in v}
+    return {host_paths[m["name"]]: (m["mountPath"], m) for m in container(ds)["volumeMounts"] if m["name"] in host_paths}
+
+
+@pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
+def test_no_container_is_privileged_and_all_are_hardened(name: str, values: dict[str, Any]) -> None:
+    for ds in daemonsets(render(values)):
+        spec, ctx = pod(ds), container(ds)["securityContext"]
+        assert ctx["privileged"] is False
+        assert ctx["allowPrivilegeEscalation"] is False
+        assert ctx["readOnlyRootFilesystem"] is True
+        assert ctx["capabilities"] == {"drop": ["ALL"]}
+        assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for host_namespace in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not spec.get(host_namespace)
+        assert "initContainers" not in spec
+
+
+@pytest.mark.parametrize(("name", "values"), [c for c in COMBOS if c[0] != "features-file"],
+                         ids=[i for i in IDS if i != "features-file"])
+def test_labeller_runs_as_non_root(name: str, values: dict[str, Any]) -> None:
+    ctx = pod(labeller_ds(render(values)))["securityContext"]
+    assert ctx["runAsNonRoot"] is True
+    assert ctx["runAsUser"] == 65532 and ctx["runAsGroup"] == 65532
+
+
+def test_features_file_output_runs_as_root_only_to_write_the_root_owned_features_dir() -> None:
+    ds = labeller_ds(render({"labeller": {"output": "features-file"}}))
+    assert pod(ds)["securityContext"]["runAsUser"] == 0
+    mounts = host_mounts(ds)
+    path, mount = mounts["/etc/kubernetes/node-feature-discovery/features.d"]
+    assert path == "/etc/kubernetes/node-feature-discovery/features.d" and not mount.get("readOnly")
+    assert "--features-file=/etc/kubernetes/node-feature-discovery/features.d/gpu-labeller" in container(ds)["args"]
+    # Everything else stays read-only and unprivileged.
+    assert all(m.get("readOnly") for p, (_, m) in mounts.items() if p != path)
+
+
+def test_device_plugin_runs_as_root_but_unprivileged() -> None:
+    ds = plugin_ds(render())
+    assert pod(ds)["securityContext"]["runAsUser"] == 0
+    assert container(ds)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+@pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
+def test_host_paths_are_read_only_except_the_plugin_socket_dir(name: str, values: dict[str, Any]) -> None:
+    objects = render(values)
+    writable = {SOCKET_DIR}
+    if values.get("labeller", {}).get("output") == "features-file":
+        writable.add("/etc/kubernetes/node-feature-discovery/features.d")
+    for ds in daemonsets(objects):
+        for host_path, (_, mount) in host_mounts(ds).items():
+            assert bool(mount.get("readOnly")) is (host_path not in writable), (ds["metadata"]["name"], host_path)
+
+
+def test_host_mounts_are_the_documented_ones() -> None:
+    objects = render()
+    assert {p: m for p, (m, _) in host_mounts(labeller_ds(objects)).items()} == {
+        "/sys": "/host/sys", "/usr/share/libdrm": "/host/usr/share/libdrm"}
+    assert {p: m for p, (m, _) in host_mounts(plugin_ds(objects)).items()} == {
+        "/sys": "/host/sys", "/dev": "/host/dev", SOCKET_DIR: SOCKET_DIR}
+    libdrm = next(v for v in pod(labeller_ds(objects))["volumes"] if v["name"] == "host-libdrm")
+    assert libdrm["hostPath"]["type"] == ""  # optional on the host: neither checked nor created
+    assert "host-libdrm" not in str(labeller_ds(render({"labeller": {"libdrm": {"enabled": False}}})))
+
+
+def rules(objects: list[Obj]) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    role = one(objects, "ClusterRole", "gpu-labeller")
+    return [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]]
+
+
+NODES = (("",), ("nodes",), ("get", "list", "watch", "patch"))
+EVENTS = (("",), ("events",), ("create",))
+NODEFEATURES = (("nfd.k8s-sigs.io",), ("nodefeatures",), ("get", "list", "watch", "create", "update"))
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({}, [NODES]),
+    ({"labeller": {"events": {"enabled": True}}}, [NODES, EVENTS]),
+    ({"labeller": {"output": "nodefeature"}}, [NODES, NODEFEATURES]),
+    ({"labeller": {"output": "nodefeature", "events": {"enabled": True}}}, [NODES, EVENTS, NODEFEATURES]),
+    ({"labeller": {"output": "features-file"}}, [NODES]),
+], ids=["default", "events", "nodefeature", "nodefeature+events", "features-file"])
+def test_cluster_role_is_least_privilege(values: dict[str, Any], expected: list[Any]) -> None:
+    objects = render(values)
+    assert rules(objects) == expected
+    assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
+    binding = one(objects, "ClusterRoleBinding", "gpu-labeller")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-labeller"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-labeller", "namespace": "gpu-labeller"}]
+
+
+def test_device_plugin_has_no_api_access() -> None:
+    objects = render()
+    ds = plugin_ds(objects)
+    account = pod(ds)["serviceAccountName"]
+    assert account != pod(labeller_ds(objects))["serviceAccountName"]
+    assert pod(ds)["automountServiceAccountToken"] is False
+    assert one(objects, "ServiceAccount", account)["automountServiceAccountToken"] is False
+    for binding in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding"):
+        assert account not in [s["name"] for s in binding["subjects"]]
+
+
+def test_device_plugin_runs_only_on_nodes_the_labeller_labelled() -> None:
+    affinity = pod(plugin_ds(render()))["affinity"]
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    # Terms are ORed; expressions inside one term are ANDed: one expression per term.
+    assert terms == [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]},
+        {"matchExpressions": [{"key": "amd.com/gpu.present", "operator": "In", "values": ["true"]}]},
+    ]
+    assert "affinity" not in pod(labeller_ds(render()))  # the labeller runs on every node
+
+
+@pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
+def test_resources_priority_tolerations_and_rollout(name: str, values: dict[str, Any]) -> None:
+    for ds in daemonsets(render(values)):
+        spec = pod(ds)
+        assert container(ds)["resources"] == {"requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"memory": "128Mi"}}
+        assert spec["priorityClassName"] == "system-node-critical"
+        assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}
+        if values.get("tolerateAllTaints"):
+            assert spec["tolerations"] == [{"operator": "Exists"}]
+        else:
+            assert spec["tolerations"] == [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "CriticalAddonsOnly", "operator": "Exists"},
+            ]
+        assert spec.get("runtimeClassName") == values.get("runtimeClassName")
+        probes = container(ds)
+        assert probes["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def env(ds: Obj) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(ds)["env"]}
+
+
+def test_environment_follows_nvidia_practice() -> None:
+    objects = render()
+    labeller, plugin = env(labeller_ds(objects)), env(plugin_ds(objects))
+    for variables in (labeller, plugin):
+        assert variables["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert variables["NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+        assert variables["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert labeller["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert plugin["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+
+
+def test_both_components_read_the_same_config_map() -> None:
+    objects = render()
+    for ds in (labeller_ds(objects), plugin_ds(objects)):
+        config = next(v for v in pod(ds)["volumes"] if v["name"] == "config")
+        assert config["configMap"]["name"] == "gpu-labeller-config"
+        mount = next(m for m in container(ds)["volumeMounts"] if m["name"] == "config")
+        assert mount == {"name": "config", "mountPath": "/etc/gpu-labeller", "readOnly": True}
+        assert "--config=/etc/gpu-labeller/config.yaml" in container(ds)["args"]
+
+
+def _parse(command: click.Command, args: list[str]) -> dict[str, Any]:
+    ctx = command.make_context(command.name, args, resilient_parsing=False)
+    return dict(ctx.params)
+
+
+@pytest.mark.parametrize("values", [{}, {"labeller": {"output": "nodefeature", "events": {"enabled": True}}},
+                                    {"labeller": {"output": "features-file"}}], ids=["default", "nodefeature", "file"])
+def test_labeller_args_parse_with_the_real_cli(values: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from labeller.daemon_cli import run
+
+    monkeypatch.setenv("NODE_NAME", "node-1")
+    args = container(labeller_ds(render(values)))["args"]
+    assert args[0] == "run"
+    params = _parse(run, args[1:])
+    assert str(params["host_root"]) == "/host" and params["interval"] == 60 and params["metrics_port"] == 8080
+    assert params["output"] == values.get("labeller", {}).get("output", "node")
+    assert params["events"] is bool(values.get("labeller", {}).get("events"))
+
+
+def test_device_plugin_args_parse_with_the_real_cli() -> None:
+    from labeller.plugin.cli import device_plugin
+
+    args = container(plugin_ds(render()))["args"]
+    assert args[0] == "device-plugin"
+    params = _parse(device_plugin, args[1:])
+    assert params["socket_dir"] is not None and params["metrics_port"] == 8081

@@ -1,0 +1,257 @@
+"""A kubelet device manager emulator over real gRPC on unix sockets.
+
+It behaves as ``shared/reference/real-kubernetes-behaviour.md`` records for the v1.24 kubelet:
+
+- serves ``Registration`` on ``<dir>/kubelet.sock``; ``start`` and ``restart`` first delete every
+  file in the directory (plugin sockets included), as a starting kubelet does;
+- ``Register``: rejects an unsupported version and a resource name without a domain prefix
+  (``the ResourceName "gpu" is invalid``), takes the options from the request (never calls
+  ``GetDevicePluginOptions``), then dials ``<dir>/<endpoint>`` and keeps ``ListAndWatch`` open;
+  a second registration of a resource replaces the first endpoint;
+- capacity = all devices, allocatable = healthy devices; when a stream ends allocatable drops to
+  0 and capacity stays (the 5-minute grace period);
+- ``admit``: fails with ``requested number of devices unavailable for <resource>. Requested: N,
+  Available: M`` like admission; otherwise calls ``GetPreferredAllocation`` (when the plugin said
+  so), honours a valid answer, calls ``Allocate`` with one container request per container and
+  rejects a response without one container response per request; ``PreStartContainer`` only
+  when ``pre_start_required``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import grpc
+
+from labeller.plugin.api import api_pb2 as pb
+from labeller.plugin.api import api_pb2_grpc as pb_grpc
+
+KUBELET_SOCKET = "kubelet.sock"
+SUPPORTED_VERSIONS = ("v1beta1",)
+# A qualified name with a domain prefix, as IsQualifiedName + the extended-resource rule.
+_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class AdmissionError(RuntimeError):
+    """The pod would fail admission (UnexpectedAdmissionError in a real kubelet)."""
+
+
+@dataclass
+class Endpoint:
+    resource: str
+    endpoint: str
+    options: pb.DevicePluginOptions
+    channel: grpc.Channel
+    stub: pb_grpc.DevicePluginStub
+    devices: dict[str, str] = field(default_factory=dict)  # ID -> health
+    updates: int = 0
+    last_update: float = 0.0
+    streaming: bool = False
+    call: Any = None
+
+
+@dataclass
+class Registration:
+    resource: str
+    endpoint: str
+    version: str
+    at: float
+
+
+class FakeKubelet:
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.registrations: list[Registration] = []
+        self.rejected: list[str] = []
+        self.endpoints: dict[str, Endpoint] = {}
+        self.allocated: dict[str, set[str]] = {}
+        self.capacity_seen: dict[str, set[str]] = {}  # capacity survives a stream end (grace period)
+        self._lock = threading.Condition()
+        self._server: Any = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / KUBELET_SOCKET
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for path in self.dir.iterdir():
+            if not path.is_dir():
+                path.unlink(missing_ok=True)
+        server = grpc.server(ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait(2)
+            self._server = None
+        with self._lock:
+            endpoints = list(self.endpoints.values())
+            self.endpoints.clear()
+        for endpoint in endpoints:
+            self._close(endpoint)
+        self.socket.unlink(missing_ok=True)
+
+    def restart(self) -> float:
+        """Stop, delete every file in the directory, serve a new kubelet.sock; returns the time it did."""
+        self.stop()
+        self.start()
+        return time.monotonic()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- registration -------------------------------------------------------------------------
+
+    def register(self, request: pb.RegisterRequest) -> str | None:
+        """Handle a RegisterRequest; an error message when rejected."""
+        if request.version not in SUPPORTED_VERSIONS:
+            return f"requested device plugin version {request.version!r} is not supported"
+        if not _RESOURCE_RE.match(request.resource_name):
+            return f'the ResourceName "{request.resource_name}" is invalid'
+        if "/" in request.endpoint or not (self.dir / request.endpoint).exists():
+            return f"endpoint {request.endpoint!r} is not a socket in {self.dir}"
+        channel = grpc.insecure_channel(f"unix://{self.dir / request.endpoint}")
+        endpoint = Endpoint(request.resource_name, request.endpoint, request.options, channel,
+                            pb_grpc.DevicePluginStub(channel))  # type: ignore[no-untyped-call]
+        with self._lock:
+            old = self.endpoints.get(request.resource_name)
+            self.endpoints[request.resource_name] = endpoint
+            self.registrations.append(Registration(request.resource_name, request.endpoint, request.version,
+                                                   time.monotonic()))
+            self._lock.notify_all()
+        if old is not None:
+            self._close(old)
+        threading.Thread(target=self._watch, args=(endpoint,), daemon=True).start()
+        return None
+
+    def _watch(self, endpoint: Endpoint) -> None:
+        try:
+            endpoint.call = endpoint.stub.ListAndWatch(pb.Empty())
+            with self._lock:
+                endpoint.streaming = True
+            for response in endpoint.call:
+                with self._lock:
+                    endpoint.devices = {d.ID: d.health for d in response.devices}
+                    self.capacity_seen[endpoint.resource] = set(endpoint.devices)
+                    endpoint.updates += 1
+                    endpoint.last_update = time.monotonic()
+                    self._lock.notify_all()
+        except grpc.RpcError:
+            pass
+        finally:
+            with self._lock:
+                endpoint.streaming = False
+                self._lock.notify_all()
+
+    def _close(self, endpoint: Endpoint) -> None:
+        if endpoint.call is not None:
+            endpoint.call.cancel()
+        endpoint.channel.close()
+
+    # --- what the node reports ----------------------------------------------------------------
+
+    def capacity(self, resource: str) -> int:
+        with self._lock:
+            return len(self.capacity_seen.get(resource, ()))
+
+    def allocatable(self, resource: str) -> int:
+        with self._lock:
+            endpoint = self.endpoints.get(resource)
+            if endpoint is None or not endpoint.streaming:
+                return 0
+            return sum(1 for health in endpoint.devices.values() if health == "Healthy")
+
+    def devices(self, resource: str) -> dict[str, str]:
+        with self._lock:
+            endpoint = self.endpoints.get(resource)
+            return dict(endpoint.devices) if endpoint else {}
+
+    def endpoint(self, resource: str) -> Endpoint | None:
+        with self._lock:
+            return self.endpoints.get(resource)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(min(remaining, 0.05))
+        return True
+
+    # --- pods ---------------------------------------------------------------------------------
+
+    def admit(self, resource: str, containers: list[int]) -> tuple[pb.AllocateResponse, list[list[str]]]:
+        """Admit a pod whose containers ask for these counts of ``resource``; returns the plugin's
+        response and the IDs given to each container."""
+        with self._lock:
+            endpoint = self.endpoints.get(resource)
+            taken = self.allocated.setdefault(resource, set())
+            free = [] if endpoint is None or not endpoint.streaming else \
+                [i for i, h in endpoint.devices.items() if h == "Healthy" and i not in taken]
+        if endpoint is None or sum(containers) > len(free):
+            raise AdmissionError(f"requested number of devices unavailable for {resource}. "
+                                 f"Requested: {sum(containers)}, Available: {len(free)}")
+        chosen: list[list[str]] = []
+        for count in containers:
+            ids = self._preferred(endpoint, free, count) or free[:count]
+            chosen.append(ids)
+            free = [i for i in free if i not in ids]
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in chosen])
+        try:
+            response = endpoint.stub.Allocate(request, timeout=5)
+        except grpc.RpcError as exc:  # the pod fails with UnexpectedAdmissionError
+            raise AdmissionError(f"{resource}: Allocate failed: {exc.code().name}: {exc.details()}") from None
+        if len(response.container_responses) != len(chosen):
+            raise AdmissionError(f"{resource}: Allocate returned {len(response.container_responses)} container "
+                                 f"responses for {len(chosen)} container requests")
+        if endpoint.options.pre_start_required:
+            for ids in chosen:
+                endpoint.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=30)
+        with self._lock:
+            taken.update(i for ids in chosen for i in ids)
+        return response, chosen
+
+    def release(self, resource: str, ids: list[str]) -> None:
+        with self._lock:
+            self.allocated.get(resource, set()).difference_update(ids)
+
+    def _preferred(self, endpoint: Endpoint, free: list[str], count: int) -> list[str] | None:
+        if not endpoint.options.get_preferred_allocation_available:
+            return None
+        request = pb.PreferredAllocationRequest(container_requests=[
+            pb.ContainerPreferredAllocationRequest(available_deviceIDs=free, allocation_size=count)])
+        answer = endpoint.stub.GetPreferredAllocation(request, timeout=5).container_responses
+        ids = list(answer[0].deviceIDs) if answer else []
+        valid = len(ids) == count and len(set(ids)) == count and set(ids) <= set(free)
+        return ids if valid else None
+
+
+class _Registration(pb_grpc.RegistrationServicer):
+    def __init__(self, kubelet: FakeKubelet):
+        self._kubelet = kubelet
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        problem = self._kubelet.register(request)
+        if problem is not None:
+            self._kubelet.rejected.append(problem)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        return pb.Empty()

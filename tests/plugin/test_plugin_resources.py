@@ -1,0 +1,95 @@
+"""The advertised-resources model: names, sockets, IDs, MIG strategies, AMD partitions, replicas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from labeller.config import parse_config
+from labeller.plugin.resources import advertised_resources
+from tests.plugin.builders import amd, amd_gpu, amd_node, bus, nvidia, nvidia_gpu
+
+
+def names(inventory: Any, raw: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    return {r.name: [d.id for d in r.devices] for r in advertised_resources(inventory, parse_config(raw))}
+
+
+def test_full_gpus_by_uuid_or_index() -> None:
+    inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1, numa=1))
+    assert names(inventory) == {"nvidia.com/gpu": ["GPU-0", "GPU-1"]}
+    assert names(inventory, {"flags": {"plugin": {"deviceIDStrategy": "index"}}}) == {"nvidia.com/gpu": ["0", "1"]}
+    (resource,) = advertised_resources(inventory, parse_config(None))
+    assert resource.socket_name == "nvidia-gpu.sock"
+    assert [d.physical.numa_node for d in resource.devices] == [0, 1]
+
+
+def test_time_slicing_replicas_and_rename() -> None:
+    inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1))
+    sharing: dict[str, Any] = {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 3}]}}}
+    assert names(inventory, sharing)["nvidia.com/gpu"] == [f"GPU-{g}::{n}" for g in range(2) for n in range(3)]
+    sharing["sharing"]["timeSlicing"]["renameByDefault"] = True
+    (resource,) = advertised_resources(inventory, parse_config(sharing))
+    assert resource.name == "nvidia.com/gpu.shared" and resource.socket_name == "nvidia-gpu.shared.sock"
+    assert resource.replicas == 3 and len(resource.devices) == 6
+    assert {d.physical.health_key for d in resource.devices} == {"GPU-0", "GPU-1"}
+
+
+def test_mig_single_advertises_mig_devices_as_gpu() -> None:
+    inventory = nvidia(nvidia_gpu(0, mig=("1g.5gb",) * 2), nvidia_gpu(1, mig=("1g.5gb",) * 2))
+    got = names(inventory, {"flags": {"migStrategy": "single"}})
+    assert got == {"nvidia.com/gpu": ["MIG-0-0", "MIG-0-1", "MIG-1-0", "MIG-1-1"]}
+    got = names(inventory, {"flags": {"migStrategy": "single", "plugin": {"deviceIDStrategy": "index"}}})
+    assert got == {"nvidia.com/gpu": ["0:0", "0:1", "1:0", "1:1"]}
+
+
+@pytest.mark.parametrize("gpus", [
+    (nvidia_gpu(0, mig=("1g.5gb",)), nvidia_gpu(1)),  # MIG and non-MIG
+    (nvidia_gpu(0, mig=("1g.5gb", "2g.10gb")),),  # two profiles
+    (nvidia_gpu(0, mig=()),),  # MIG enabled, no MIG devices
+])
+def test_mig_single_invalid_advertises_nothing(gpus: tuple[Any, ...]) -> None:
+    # the labels say count=0 (-MIG-INVALID): advertising devices would contradict them
+    assert names(nvidia(*gpus), {"flags": {"migStrategy": "single"}}) == {}
+
+
+def test_mig_single_without_mig_is_none() -> None:
+    assert names(nvidia(nvidia_gpu(0)), {"flags": {"migStrategy": "single"}}) == {"nvidia.com/gpu": ["GPU-0"]}
+
+
+def test_mig_mixed_one_resource_per_profile() -> None:
+    inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1, mig=("1g.5gb", "1g.5gb", "2g.10gb+me")), nvidia_gpu(2, mig=()))
+    resources = advertised_resources(inventory, parse_config({"flags": {"migStrategy": "mixed"}}))
+    assert {r.name: [d.id for d in r.devices] for r in resources} == {
+        "nvidia.com/gpu": ["GPU-0"],
+        "nvidia.com/mig-1g.5gb": ["MIG-1-0", "MIG-1-1"],
+        "nvidia.com/mig-2g.10gb.me": ["MIG-1-2"],
+    }
+    assert [r.socket_name for r in resources] == ["nvidia-gpu.sock", "nvidia-mig-1g.5gb.sock",
+                                                  "nvidia-mig-2g.10gb.me.sock"]
+    mig = resources[1].devices[0].physical
+    assert (mig.gpu, mig.gpu_uuid, mig.minor_number, mig.mig) == (bus(1), "GPU-1", 1, (1, 0))
+
+
+def test_amd_whole_gpus_and_partitions() -> None:
+    inventory = amd(
+        amd_gpu("0000:03:00.0", amd_node(2, 0x300, render=128, card=1, links=((3, 11), (0, 2)))),
+        amd_gpu("0000:05:00.0", amd_node(3, 0x500, render=129, card=2), amd_node(4, 0x501, render=130, card=3), numa=1),
+    )
+    (resource,) = advertised_resources(inventory, parse_config(None))
+    assert resource.name == "amd.com/gpu" and resource.socket_name == "amd-gpu.sock"
+    assert [d.id for d in resource.devices] == ["0000:03:00.0", "0000:05:00.0", "0000:05:00.1"]
+    first = resource.devices[0].physical
+    assert first.fabric_peers == ("0000:05:00.0",)  # XGMI only; the PCIe link to the CPU node is not a peer
+    assert (first.kfd_node, first.card, first.render_minor, first.health_key) == (2, 1, 128, "kfd:2")
+
+
+def test_amd_time_slicing_uses_the_same_config_format() -> None:
+    inventory = amd(amd_gpu("0000:03:00.0", amd_node(2, 0x300, render=128)))
+    raw = {"sharing": {"timeSlicing": {"renameByDefault": True, "resources": [{"name": "amd.com/gpu", "replicas": 2}]}}}
+    assert names(inventory, raw) == {"amd.com/gpu.shared": ["0000:03:00.0::0", "0000:03:00.0::1"]}
+
+
+def test_no_devices_no_resources() -> None:
+    assert advertised_resources(nvidia(), parse_config(None)) == []
+    assert advertised_resources(amd(), parse_config(None)) == []
