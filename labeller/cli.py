@@ -16,7 +16,6 @@ from typing import Any
 import click
 import structlog
 
-from labeller import __version__
 from labeller.discovery_options import BadInput, discovery_options, open_node
 from labeller.log import LEVELS, configure
 from labeller.outputs import FORMATS, render, write_atomic
@@ -57,7 +56,7 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "GPU_LABELLER"})
-@click.version_option(__version__, prog_name="gpu-labeller")
+@click.version_option(package_name="gpu-labeller", prog_name="gpu-labeller")
 @click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True, help="Log verbosity.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True,
               help="auto: JSON inside Kubernetes or when stderr is not a terminal.")
@@ -76,10 +75,7 @@ def labels(host_root: Path, simulate: str | None, config_path: Path | None, fmt:
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
     with open_node(host_root, simulate, config_path) as node:
         label_set = node_labels(node.probe(), node.config)
-    for key, reason in label_set.dropped.items():
-        log.warning("label dropped", label=key, reason=reason)
-    for conflict in label_set.conflicts:
-        log.warning("label conflict", detail=conflict)
+    label_set.log_problems(log)
     text = render(label_set.labels, fmt)
     if output is None:
         click.echo(text, nl=False)

@@ -15,18 +15,9 @@ import click
 import structlog
 
 from labeller.config import load_config
-from labeller.daemon import (
-    Daemon,
-    FeaturesFileSink,
-    NodeCache,
-    NodeFeatureSink,
-    NodeSink,
-    NodeWatcher,
-    Options,
-    ProbeResult,
-    Sink,
-    owned,
-)
+from labeller.daemon import Daemon, Options
+from labeller.reconcile import ProbeResult, owned
+from labeller.sinks import FeaturesFileSink, NodeCache, NodeFeatureSink, NodeSink, NodeWatcher, Sink
 from labeller.discovery_options import Node, discovery_options, open_node
 from labeller.kube import Forbidden, Kube, KubeError
 from labeller.metrics import Metrics, start_http_server
@@ -42,8 +33,7 @@ def probe_labels(node: Node) -> ProbeResult:
     """Probe the hardware and compute the owned labels; ``partial`` when the inventory is incomplete."""
     inventory = node.probe()
     label_set = node_labels(inventory, node.config)
-    for key, why in label_set.dropped.items():
-        log.warning("label dropped", label=key, reason="invalid-label", detail=why)
+    label_set.log_problems(log)
     not_owned = sorted(key for key in label_set.labels if key not in owned(label_set.labels))
     if not_owned:
         log.warning("labels outside the owned prefixes are never written", reason="not-owned", labels=not_owned)
@@ -59,11 +49,12 @@ def _reloader(node: Node, config_path: Path | None) -> None:
         node.config = load_config(config_path)
 
 
-def _sink(output: str, kube: Kube, node_name: str, features_file: Path, namespace: str,
+def _sink(output: str, kube: Kube | None, node_name: str, features_file: Path, namespace: str,
           interval: float, once: bool) -> tuple[Sink, NodeWatcher | None]:
     """The output, and for the Node output (unless --once) the watch that keeps its cache of the live labels."""
     if output == "features-file":
         return FeaturesFileSink(features_file, expiry_s=max(4 * interval, 300.0)), None
+    assert kube is not None  # run() loads credentials for every output but the features.d file
     if output == "nodefeature":
         return NodeFeatureSink(kube, node_name, namespace), None
     if once:
@@ -111,11 +102,13 @@ def run(node_name: str, kubeconfig: str | None, host_root: Path, simulate: str |
     """Keep this node's labels true on the cluster."""
     structlog.contextvars.bind_contextvars(node=node_name)
     metrics = Metrics()
-    try:
-        kube = Kube(kubeconfig, observer=metrics.observe_request)
-    except KubeError as exc:
-        log.error("cannot load Kubernetes credentials", reason="no-credentials", error=exc.message)
-        sys.exit(1)
+    kube = None
+    if output != "features-file" or events:  # NFD's features.d file is written with no credentials at all
+        try:
+            kube = Kube(kubeconfig, observer=metrics.observe_request)
+        except KubeError as exc:
+            log.error("cannot load Kubernetes credentials", reason="no-credentials", error=exc.message)
+            sys.exit(1)
     with open_node(host_root, simulate, config_path) as node:
         sink, watcher = _sink(output, kube, node_name, features_file, namespace, interval, once)
         options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run, events=events)

@@ -31,7 +31,7 @@ def discovery_options(func: F) -> F:
     )(func)
     func = click.option(
         "--simulate", metavar="PROFILE|FILE", envvar="GPU_LABELLER_SIMULATE",
-        help="Replay a built-in profile (see 'gpu-labeller profiles') or a profile file instead of this machine.",
+        help="Replay a built-in profile (see 'gpu-labeller profiles') or a profile file instead of this machine. [env: GPU_LABELLER_SIMULATE]",
     )(func)
     func = click.option(
         "--host-root", type=click.Path(path_type=Path, file_okay=False), default=Path("/"), show_default=True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from labeller.config import Config
@@ -94,6 +94,13 @@ class LabelSet:
     labels: Labels = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)  # key -> reason
     conflicts: list[str] = field(default_factory=list)
+
+    def log_problems(self, log: Any) -> None:
+        """One warning per dropped label and per conflict (the caller's logger carries the context)."""
+        for key, reason in self.dropped.items():
+            log.warning("label dropped", label=key, reason="invalid-label", detail=reason)
+        for conflict in self.conflicts:
+            log.warning("label conflict", reason="label-conflict", detail=conflict)
 
 
 def merge(labelers: Iterable[Labeler], inventory: Inventory, config: Config) -> LabelSet:

@@ -21,7 +21,7 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from labeller.daemon import ProbeResult
+    from labeller.reconcile import ProbeResult
 
 PROBE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

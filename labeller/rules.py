@@ -39,7 +39,7 @@ def presence_labels(inventory: Inventory, config: Config) -> Labels:
 
 
 def timestamp_labels(inventory: Inventory, config: Config) -> Labels:
-    if config.labels.timestamp and nvidia_present(inventory):
+    if config.labels.timestamp and config.labels.nvidia and nvidia_present(inventory):
         return {TIMESTAMP: str(_PROCESS_START)}
     return {}
 

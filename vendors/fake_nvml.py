@@ -749,6 +749,11 @@ def _module(state: FakeNvml) -> ModuleType:
     return module
 
 
+def without_library() -> ModuleType:
+    """The fake of a node with no NVIDIA driver: nvmlInit fails with LIBRARY_NOT_FOUND."""
+    return _module(FakeNvml("", 0, [], real.NVML_ERROR_LIBRARY_NOT_FOUND))
+
+
 def build(section: Any, root: Path) -> ModuleType:
     """Validate a profile's ``nvidia:`` section, write its PCI sysfs entries under ``root``, return the fake."""
     section = _mapping(section, "nvidia", SECTION_KEYS)

@@ -236,10 +236,12 @@ def _nvlink_peers(nvml: ModuleType, handle: Any) -> tuple[str, ...]:
 
 def _clique(nvml: ModuleType, handle: Any) -> str | None:
     """"<clusterUUID>.<cliqueId>" once the GPU's fabric registration has completed, else None."""
-    info = nvml.c_nvmlGpuFabricInfo_v2_t()
     try:
+        info = nvml.c_nvmlGpuFabricInfo_v2_t()
         nvml.nvmlDeviceGetGpuFabricInfoV(handle, nvml.byref(info))  # pynvml passes the pointer on as is
     except nvml.NVMLError:  # NOT_SUPPORTED without a fabric; FUNCTION_NOT_FOUND on older drivers
+        return None
+    except AttributeError:  # a pynvml older than the fabric API
         return None
     cluster = bytes(info.clusterUuid)
     done = info.state == nvml.NVML_GPU_FABRIC_STATE_COMPLETED and info.status == nvml.NVML_SUCCESS
@@ -300,7 +302,7 @@ def _init_failure(nvml: ModuleType, exc: Exception, on_pci: int) -> BackendRepor
     else:
         return BackendReport("nvidia", "error", f"NVML initialisation failed: {exc}")
     if not on_pci:
-        return BackendReport("nvidia", "absent", f"no NVIDIA GPU on the PCI bus and {reason[0].lower()}{reason[1:]}")
+        return BackendReport("nvidia", "absent", f"no NVIDIA GPU on the PCI bus; {reason}")
     return BackendReport(
         "nvidia", "unavailable",
         f"{reason}: {exc}; {on_pci} NVIDIA GPU(s) on the PCI bus; GPU detail labels omitted; "

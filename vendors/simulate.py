@@ -8,6 +8,7 @@ a fake ``pynvml`` module, so discovery runs the same code as on real hardware.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ class ProfileError(ValueError):
 class SimulatedNode:
     name: str
     host_root: Path
-    nvml: ModuleType | None  # None: the profile has no NVIDIA section (real NVML is not consulted)
+    nvml: ModuleType  # the fake pynvml; without an NVIDIA section, one that finds no NVML library
     config: Any  # the profile's own config section (raw), or None
 
 
@@ -80,18 +81,31 @@ def load_profile(path: Path) -> dict[str, Any]:
     return dict(data)
 
 
+def scratch_dir() -> str | None:
+    """Where to build a simulated host root: memory (/dev/shm) unless the user chose TMPDIR.
+
+    A simulated node is a few hundred small files; on a disk-backed /tmp creating them can cost
+    more than everything else ``labels --simulate`` does.
+    """
+    shm = "/dev/shm"
+    if "TMPDIR" not in os.environ and os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
+
+
 @contextmanager
 def simulated_node(profile: str) -> Iterator[SimulatedNode]:
     """Build the node described by ``profile`` in a temporary directory, for the block's duration."""
     path = resolve(profile)
     data = load_profile(path)
-    with tempfile.TemporaryDirectory(prefix="gpu-labeller-sim-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpu-labeller-sim-", dir=scratch_dir()) as tmp:
         root = Path(tmp)
         if "machine" in data:
             dmi = root / PRODUCT_NAME
             dmi.parent.mkdir(parents=True)
             dmi.write_text(data["machine"] + "\n")
-        nvml = None
+        # never the real pynvml: a simulated node must not pick up the GPUs of the machine it runs on
+        nvml = fake_nvml.without_library()
         try:
             if "nvidia" in data:
                 nvml = fake_nvml.build(data["nvidia"], root)

@@ -13,6 +13,7 @@ from types import FrameType
 import click
 import structlog
 
+from labeller.config import ConfigError, load_config
 from labeller.discovery_options import discovery_options, open_node
 from labeller.metrics import start_http_server
 from labeller.plugin.app import DevicePlugin, PluginSettings
@@ -45,8 +46,8 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
     One gRPC server per resource (nvidia.com/gpu, nvidia.com/mig-<profile>, amd.com/gpu, and
     <name>.shared under time-slicing) on its own socket in --socket-dir, registered with the
     kubelet and re-registered when the kubelet restarts. SIGTERM or SIGINT: stop, remove the
-    sockets, exit 0. SIGHUP: re-read the config, probe again, serve anew. Health env:
-    DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
+    sockets, exit 0. SIGHUP: re-read the config, probe again, serve anew (a config that fails to
+    load is logged and the old one kept). Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
     """
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     if "/" in kubelet_socket:
@@ -72,12 +73,25 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
             reload.clear()
             _serve_until_signal(host_root, simulate, config_path, PluginSettings(
                 socket_dir=socket_dir, kubelet_socket=kubelet_socket, recovery_seconds=health_recovery_seconds,
-            ), metrics, current, lambda: terminate.is_set() or reload.is_set())
+            ), metrics, current, lambda: terminate.is_set() or _reload_accepted(reload, config_path))
             if reload.is_set() and not terminate.is_set():
                 log.info("SIGHUP: reloading the config and probing again")
     finally:
         http.close()
     log.info("device plugin stopped")
+
+
+def _reload_accepted(reload: threading.Event, config_path: Path | None) -> bool:
+    """True when SIGHUP asked for a reload and the new config is valid; a bad one keeps the old."""
+    if not reload.is_set():
+        return False
+    try:
+        load_config(config_path)
+    except ConfigError as exc:
+        reload.clear()
+        log.error("config reload failed, serving on with the old config", reason="bad-config", error=str(exc))
+        return False
+    return True
 
 
 def _serve_until_signal(host_root: Path, simulate: str | None, config_path: Path | None, settings: PluginSettings,

@@ -20,14 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.daemon import (
-    Daemon,
-    NodeCache,
-    NodeSink,
-    NodeWatcher,
-    Options,
-    ProbeResult,
-)
+from labeller.daemon import Daemon, Options
+from labeller.reconcile import ProbeResult
+from labeller.sinks import NodeCache, NodeSink, NodeWatcher
 from labeller.kube import Kube
 from labeller.log import configure
 from labeller.metrics import Metrics

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +109,27 @@ def test_a_node_with_both_vendors_gets_both_label_sets() -> None:
     assert labels["nvidia.com/gpu.present"] == labels["amd.com/gpu.present"] == "true"
     probe = json.loads(gpu_labeller("probe", "--simulate", "mixed-l40s-mi210").stdout)
     assert sorted(g["vendor_id"] for g in probe["pci_gpus"]) == [0x1002, 0x1002, 0x10DE, 0x10DE]
+
+
+def test_a_simulated_node_never_consults_this_machines_nvml(tmp_path: Path) -> None:
+    # The real pynvml, except that initialising NVML leaves a mark: on a host with NVIDIA GPUs that
+    # would add the host's GPUs to a simulated AMD-only node.
+    real = importlib.util.find_spec("pynvml")
+    assert real is not None and real.origin is not None
+    marker = tmp_path / "nvml-initialised"
+    (tmp_path / "pynvml.py").write_text(
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('pynvml', {real.origin!r})\n"
+        "real = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(real)\n"
+        "globals().update({k: v for k, v in vars(real).items() if not k.startswith('__')})\n"
+        "def nvmlInit(*args, **kwargs):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    return real.nvmlInit(*args, **kwargs)\n"
+    )
+    result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--simulate", "mi210-x8"],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path.cwd()}"})
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
+    assert "amd.com/gpu.present=true" in result.stdout and "nvidia.com" not in result.stdout

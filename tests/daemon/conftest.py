@@ -11,15 +11,9 @@ from typing import Any
 
 import pytest
 
-from labeller.daemon import (
-    Daemon,
-    NodeCache,
-    NodeSink,
-    NodeWatcher,
-    Options,
-    ProbeResult,
-    Sink,
-)
+from labeller.daemon import Daemon, Options
+from labeller.reconcile import ProbeResult
+from labeller.sinks import NodeCache, NodeSink, NodeWatcher, Sink
 from labeller.kube import Kube
 from labeller.metrics import Metrics
 from tests.fakes.apiserver import FakeApiServer

@@ -141,7 +141,7 @@ def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
             f"r = CliRunner().invoke(main, ['labels', '--simulate', '{no_gpu_profile(tmp_path)}']); "
             "assert r.exit_code == 0, r.output; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'prometheus_client') "
-            "or m in ('labeller.kube', 'labeller.daemon')); print(bad); sys.exit(1 if bad else 0)")
+            "or m in ('labeller.kube', 'labeller.daemon', 'labeller.sinks')); print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert result.returncode == 0, result.stdout + result.stderr
@@ -156,3 +156,15 @@ def test_a_bad_profile_is_exit_2_and_touches_nothing(api: FakeApiServer, kubecon
                             timeout=30, check=False)
     assert result.returncode == 2 and "no-such-capture" in result.stderr
     assert api.labels(NODE)["amd.com/gpu.present"] == "true" and api.log.writes() == []
+
+
+def test_features_file_output_needs_no_cluster_credentials(tmp_path: Path) -> None:
+    features = tmp_path / "features.d" / "gpu-labeller"
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
+    env["KUBECONFIG"] = str(tmp_path / "no-such-kubeconfig")
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config either
+    result = subprocess.run(cli("run", "--node-name", NODE, "--simulate", GPU_PROFILE, "--start-jitter", "0",
+                                "--metrics-port", "0", "--output", "features-file", "--features-file", str(features),
+                                "--once"), capture_output=True, text=True, timeout=30, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "amd.com/gpu.present=true" in features.read_text().splitlines()

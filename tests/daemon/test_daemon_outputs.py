@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labeller.daemon import FeaturesFileSink, NodeFeatureSink
+from labeller.sinks import FeaturesFileSink, NodeFeatureSink
 from labeller.kube import Kube, NotFound
 from labeller.metrics import start_http_server
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for

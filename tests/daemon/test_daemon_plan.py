@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import random
 
-from labeller.daemon import (
-    Backoff,
-    FightDetector,
-    NodeCache,
-    ProbeResult,
-    desired_after,
-    owned,
-    plan,
-)
+from labeller.reconcile import Backoff, FightDetector, ProbeResult, desired_after, owned, plan
+from labeller.sinks import NodeCache
 
 LIVE = {"team": "ml", "nvidia.com/gpu.deploy.gfd": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}
 

@@ -206,7 +206,8 @@ def test_a_label_fight_is_detected_and_backed_off(api: FakeApiServer, start: Sta
 
 
 def test_once_reports_a_failed_probe_as_a_failure(api: FakeApiServer, kubeconfig: Path) -> None:
-    from labeller.daemon import Daemon, NodeSink
+    from labeller.daemon import Daemon
+    from labeller.sinks import NodeSink
     from labeller.daemon_cli import _run_once
     from labeller.kube import Kube
     from labeller.metrics import Metrics

@@ -70,6 +70,17 @@ def test_features_file_output_runs_as_root_only_to_write_the_root_owned_features
     assert all(m.get("readOnly") for p, (_, m) in mounts.items() if p != path)
 
 
+def test_vgpu_detection_adds_only_sys_admin_and_root_to_the_labeller() -> None:
+    objects = render({"labeller": {"vgpuDetection": True}})
+    ds = labeller_ds(objects)
+    ctx = container(ds)["securityContext"]
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert ctx["privileged"] is False and ctx["readOnlyRootFilesystem"] is True
+    assert pod(ds)["securityContext"]["runAsUser"] == 0
+    assert all(m.get("readOnly") for _, m in host_mounts(ds).values())
+    assert "add" not in container(plugin_ds(objects))["securityContext"]["capabilities"]
+
+
 def test_device_plugin_runs_as_root_but_unprivileged() -> None:
     ds = plugin_ds(render())
     assert pod(ds)["securityContext"]["runAsUser"] == 0

@@ -10,7 +10,7 @@ import structlog
 
 from labeller.inventory import NVIDIA_VENDOR_ID, PciGpu
 from tests.nvidia.nvidia_node import (
-    A100_40GB_BYTES, A100_80GB_BYTES, H100_BYTES, a100, build, h100, inventory_of, labels_of, mig_1g5gb, section,
+    A100_40GB_BYTES, A100_80GB_BYTES, H100_BYTES, a100, build, h100, inventory_of, labels_of, section,
 )
 from vendors import nvidia, pci
 
@@ -162,3 +162,12 @@ def test_fabric_clique(tmp_path: Path) -> None:
     inventory = inventory_of(tmp_path, section(h100(fabric=fabric)))
     assert inventory.nvidia is not None
     assert inventory.nvidia.gpus[0].clique == "7b968a6d-c8aa-45e1-9e07-e1e51be99c31.1"
+
+
+def test_a_pynvml_without_the_fabric_api_still_describes_the_gpus(tmp_path: Path) -> None:
+    # nvidia-ml-py releases before the GPU fabric API lack c_nvmlGpuFabricInfo_v2_t.
+    root, nvml = build(tmp_path, section(h100(repeat=2)))
+    del nvml.c_nvmlGpuFabricInfo_v2_t
+    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    assert report.status == "ok" and inventory is not None
+    assert [gpu.clique for gpu in inventory.gpus] == [None, None]

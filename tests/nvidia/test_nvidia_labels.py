@@ -254,3 +254,5 @@ def test_pci_only_gpus_get_presence_only() -> None:
 
 def test_labels_group_switch_turns_nvidia_labels_off() -> None:
     assert labels(H100, config={"labeller": {"labels": {"nvidia": False}}}) == {}
+    assert labels(H100, config={"labeller": {"labels": {"nvidia": False, "timestamp": True}}}) == {}
+    assert "nvidia.com/gfd.timestamp" in labels(H100, config={"labeller": {"labels": {"timestamp": True}}})

@@ -69,6 +69,10 @@ def test_serves_registers_reloads_on_sighup_and_stops_on_sigterm(sock_dir: Path,
         assert 'gpu_labeller_plugin_registrations_total{outcome="ok",resource="nvidia.com/gpu.shared"} 1.0' in metrics
         assert 'gpu_labeller_plugin_allocations_total{outcome="ok",resource="nvidia.com/gpu.shared"} 1.0' in metrics
         assert 'gpu_labeller_plugin_devices{health="Healthy",resource="nvidia.com/gpu.shared"} 24.0' in metrics
+        config.write_text("version: v1\nsharing: {timeSlicing: {replicas: 3}}\n")  # a bad config ...
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)  # ... is refused: the plugin serves on with the old config
+        assert proc.poll() is None and kubelet.allocatable("nvidia.com/gpu.shared") == 24
         config.write_text("version: v1\n")  # SIGHUP: the config is read again, sharing is gone
         proc.send_signal(signal.SIGHUP)
         assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, 10)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 from labeller.plugin import generate
 from labeller.plugin.api import api_pb2 as pb
 

@@ -75,12 +75,16 @@ tolerations:
 {{- end }}
 
 {{/* Container hardening shared by both components; the pod-level user differs. */}}
+{{/* Hardened container securityContext; pass (dict "add" (list ...)) for capabilities a feature needs. */}}
 {{- define "gpu-labeller.containerSecurityContext" -}}
 privileged: false
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
+  {{- with .add }}
+  add: {{ toJson . }}
+  {{- end }}
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
