@@ -69,6 +69,7 @@ class NvidiaGpu:
     numa_node: int | None = None
     pci_class: int | None = None  # from sysfs; decides gpu.mode
     clique: str | None = None  # "<clusterUUID>.<cliqueId>" for fabric-attached GPUs
+    vgpu_guest: bool | None = None  # NVML virtualization mode is VGPU; None when NVML cannot say
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,10 @@ class NvidiaInventory:
     driver_version: str  # "550.54.15"
     cuda_driver_version: int  # nvmlSystemGetCudaDriverVersion, e.g. 12040
     gpus: tuple[NvidiaGpu, ...]
-    vgpu_present: bool = False  # a GPU's PCI config space has NVIDIA's vGPU ("VF") capability
+    # A GPU is a vGPU: its PCI config space has NVIDIA's "VF" capability (or, where only the first
+    # 64 bytes are readable, NVML says so). None: could not be determined, vgpu labels are omitted.
+    vgpu_present: bool | None = False
+    vgpu_host_driver: tuple[str, str] | None = None  # (version, branch) from the capability's record
 
 
 @dataclass(frozen=True)

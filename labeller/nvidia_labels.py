@@ -92,7 +92,8 @@ def primary_model(gpus: tuple[NvidiaGpu, ...]) -> list[NvidiaGpu]:
 def machine_labels(inventory: Inventory, config: Config) -> Labels:
     if _nvidia(inventory) is None or not config.labels.machine:
         return {}
-    return {"nvidia.com/gpu.machine": sanitise(inventory.machine or "") or "unknown"}
+    # As GFD: "unknown" only when the name cannot be read; an empty one stays empty.
+    return {"nvidia.com/gpu.machine": "unknown" if inventory.machine is None else sanitise(inventory.machine)}
 
 
 def _driver_version_labels(version: str) -> Labels:
@@ -164,9 +165,14 @@ def clique_labels(inventory: Inventory, config: Config) -> Labels:
 
 def vgpu_labels(inventory: Inventory, config: Config) -> Labels:
     nvidia = _nvidia(inventory)
-    if nvidia is None:
+    if nvidia is None or nvidia.vgpu_present is None:  # unknown: no label rather than a guess
         return {}
-    return {"nvidia.com/vgpu.present": str(nvidia.vgpu_present).lower()}
+    labels = {"nvidia.com/vgpu.present": str(nvidia.vgpu_present).lower()}
+    if nvidia.vgpu_present and nvidia.vgpu_host_driver:
+        version, branch = nvidia.vgpu_host_driver
+        labels["nvidia.com/vgpu.host-driver-version"] = version
+        labels["nvidia.com/vgpu.host-driver-branch"] = branch
+    return labels
 
 
 def mig_strategy_labels(inventory: Inventory, config: Config) -> Labels:
@@ -230,13 +236,14 @@ def _mig_single_problem(gpus: tuple[NvidiaGpu, ...]) -> str | None:
     return None
 
 
-def _mig_single_labels(gpus: tuple[NvidiaGpu, ...], model_name: str, config: Config) -> Labels:
+def _mig_single_labels(gpus: tuple[NvidiaGpu, ...], config: Config) -> Labels:
     """MIG devices advertised as nvidia.com/gpu; the labels then describe one MIG device."""
     problem = _mig_single_problem(gpus)
     if problem is not None:
         log.warning("MIG strategy single needs every GPU MIG-enabled with one profile; labels set to INVALID",
                     vendor="nvidia", reason=problem)
-        return {f"{GPU}.product": product_name(model_name, "MIG", "INVALID"), f"{GPU}.count": "0",
+        first_enabled = next(gpu for gpu in gpus if gpu.mig_enabled)  # GFD names the first MIG-enabled GPU
+        return {f"{GPU}.product": product_name(first_enabled.name, "MIG", "INVALID"), f"{GPU}.count": "0",
                 f"{GPU}.replicas": "0", f"{GPU}.sharing-strategy": "", f"{GPU}.memory": "0"}
     migs = [mig for gpu in gpus for mig in gpu.mig_devices]
     parent = next(gpu for gpu in gpus if gpu.mig_devices)
@@ -254,7 +261,7 @@ def gpu_resource_labels(inventory: Inventory, config: Config) -> Labels:
     model = primary_model(gpus)
     labels = _full_gpu_labels(model, config)
     if config.mig_strategy == "single" and any(gpu.mig_enabled for gpu in gpus):
-        labels |= _mig_single_labels(gpus, model[0].name, config)
+        labels |= _mig_single_labels(gpus, config)
     return labels
 
 

@@ -126,25 +126,31 @@ def _parse_amdgpu_ids(path: Path) -> dict[tuple[int, int], str]:
     return table
 
 
-def _amdgpu_ids_path(host_root: Path) -> Path:
-    host_copy = host_root / HOST_AMDGPU_IDS
-    if host_copy.is_file():
-        return host_copy
+def _bundled_amdgpu_ids() -> Path:
     return Path(str(resources.files("vendors") / "data" / "amdgpu.ids"))
 
 
-def marketing_name(host_root: Path, device_id: int, revision: int | None) -> str | None:
-    """libdrm's marketing name from amdgpu.ids. Without a revision, only a name every revision shares."""
-    table = _parse_amdgpu_ids(_amdgpu_ids_path(host_root))
+def _lookup(table: dict[tuple[int, int], str], device_id: int, revision: int | None) -> str | None:
     if revision is not None:
         return table.get((device_id, revision))
     names = {name for (dev, _), name in table.items() if dev == device_id}
     return names.pop() if len(names) == 1 else None
 
 
+def marketing_name(host_root: Path, device_id: int, revision: int | None) -> str | None:
+    """libdrm's marketing name from amdgpu.ids: the host's copy, then (for GPUs newer than the host's
+    libdrm) the one shipped here. Without a revision, only a name every revision shares."""
+    for path in (host_root / HOST_AMDGPU_IDS, _bundled_amdgpu_ids()):
+        name = _lookup(_parse_amdgpu_ids(path), device_id, revision)
+        if name:
+            return name
+    return None
+
+
 # The blocks AMD's labeller queries, as debugfs names them; GMC is called MC there too.
 FIRMWARE_BLOCKS = ("VCE", "UVD", "MC", "ME", "PFP", "CE", "RLC", "MEC", "SMC", "SDMA0")
-_FIRMWARE_LINE = re.compile(r"^(\w+) feature version: (\d+), firmware version: (0x[0-9a-fA-F]+)")
+# Kernels since 2021 print the SMC line with a program number: "SMC feature version: 0, program: 0, firmware ...".
+_FIRMWARE_LINE = re.compile(r"^(\w+) feature version: (\d+), (?:program: \d+, )?firmware version: (0x[0-9a-fA-F]+)")
 
 
 def parse_firmware_info(text: str) -> tuple[tuple[str, int, int], ...]:
@@ -270,22 +276,33 @@ def _compute_node(node_dir: Path, index: int, problems: list[str]) -> tuple[AmdC
     return node, props
 
 
-def _render_to_card(host_root: Path) -> dict[int, int]:
-    """renderD minor -> card number, from ``card<N>/device/drm/renderD<M>`` (PCI and XCP devices alike)."""
-    mapping: dict[int, int] = {}
+@dataclass(frozen=True)
+class _DrmCards:
+    by_render_minor: dict[int, int]  # renderD minor -> card number (PCI and XCP cards alike)
+    by_pci_address: dict[str, int]  # PCI address -> card number (PCI cards only: XCP cards have none)
+
+
+def _drm_cards(host_root: Path) -> _DrmCards:
+    """From ``card<N>/device/drm/renderD<M>`` and ``card<N>/device/uevent`` (PCI_SLOT_NAME)."""
+    cards = _DrmCards({}, {})
     try:
-        cards = [p for p in (host_root / DRM_CLASS).iterdir() if re.fullmatch(r"card\d+", p.name)]
+        found = [p for p in (host_root / DRM_CLASS).iterdir() if re.fullmatch(r"card\d+", p.name)]
     except OSError:
-        return mapping
-    for card in cards:
+        return cards
+    for card in found:
+        number = int(card.name[4:])
+        uevent = read_text(card / "device/uevent") or ""
+        slot = next((line[14:] for line in uevent.splitlines() if line.startswith("PCI_SLOT_NAME=")), None)
+        if slot:
+            cards.by_pci_address[slot.lower()] = number
         try:
             names = os.listdir(card / "device/drm")
         except OSError:
             continue
         for name in names:
             if name.startswith("renderD") and name[7:].isdigit():
-                mapping[int(name[7:])] = int(card.name[4:])
-    return mapping
+                cards.by_render_minor[int(name[7:])] = number
+    return cards
 
 
 @dataclass(frozen=True)
@@ -362,9 +379,12 @@ def _group_nodes(found: Iterable[tuple[AmdComputeNode, dict[str, int]]]) -> list
     return sorted(groups.values(), key=lambda g: (g.bdf, g.unique_id))
 
 
-def _build_gpu(host_root: Path, group: _Group, render_to_card: dict[int, int], pci: dict[str, PciGpu]) -> AmdGpu:
-    nodes = [replace(n, card=render_to_card.get(n.render_minor)) for n in group.nodes]
-    primary = _card_files(host_root, nodes[0].card)
+def _build_gpu(host_root: Path, group: _Group, cards: _DrmCards, pci: dict[str, PciGpu]) -> AmdGpu:
+    nodes = [replace(n, card=cards.by_render_minor.get(n.render_minor)) for n in group.nodes]
+    # The PCI device's own card holds device, revision and product_name; the first partition's card
+    # is that card only while partition 0 is visible.
+    primary_card = cards.by_pci_address.get(group.bdf, nodes[0].card)
+    primary = _card_files(host_root, primary_card)
     pci_gpu = pci.get(group.bdf)
     partitions = _partition_files(host_root, group.bdf)
     gpu_numa = primary.numa_node
@@ -387,7 +407,7 @@ def _build_gpu(host_root: Path, group: _Group, render_to_card: dict[int, int], p
         numa_node=gpu_numa,
         unique_id=str(group.unique_id) if group.unique_id else None,
         expected_partitions=PARTITIONS_BY_MODE.get(partitions.compute or ""),
-        firmware=_firmware(host_root, nodes[0].card),
+        firmware=_firmware(host_root, primary_card),
     )
 
 
@@ -480,8 +500,8 @@ def _probe(
         return None, BackendReport("amd", "error", f"cannot list {topology}: {exc.strerror}")
     problems: list[str] = []  # per-device trouble that does not stop the probe
     found = [c for i, p in sorted(node_dirs) if (c := _compute_node(p, i, problems)) is not None]
-    render_to_card = _render_to_card(host_root)
-    gpus = _with_expected_partitions([_build_gpu(host_root, g, render_to_card, amd_pci) for g in _group_nodes(found)])
+    cards = _drm_cards(host_root)
+    gpus = _with_expected_partitions([_build_gpu(host_root, g, cards, amd_pci) for g in _group_nodes(found)])
     notes = [note for gpu in gpus if (note := _partition_note(gpu))]
     if enricher is not None and any(_has_gaps(g) for g in gpus):
         try:

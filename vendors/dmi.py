@@ -10,4 +10,5 @@ PRODUCT_NAME = "sys/class/dmi/id/product_name"
 
 
 def read_machine(host_root: Path) -> str | None:
-    return read_text(host_root / PRODUCT_NAME) or None
+    """The product name; "" when the file is empty, None when it cannot be read."""
+    return read_text(host_root / PRODUCT_NAME)

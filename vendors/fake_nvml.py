@@ -105,6 +105,7 @@ class FakeGpu:
     nvlink_peers: list[str]
     fabric: tuple[bytes, int] | None
     vgpu: bool
+    vgpu_host_driver: tuple[str, str] | None  # (version, branch) in the capability's record 0
     error_code: int | None  # every call on this GPU fails with this NVML error
     lost: bool = False
 
@@ -269,6 +270,20 @@ def _fabric(value: Any, where: str) -> tuple[bytes, int] | None:
     return cluster, _non_negative_int(entry.get("clique_id"), f"{where}.clique_id")
 
 
+def _vgpu(value: Any, where: str) -> tuple[bool, tuple[str, str] | None]:
+    """``vgpu``: true (the "VF" capability alone) or {host_driver_version, host_driver_branch}."""
+    if value is None or isinstance(value, bool):
+        return bool(value), None
+    entry = _mapping(value, where, ("host_driver_version", "host_driver_branch"))
+    fields = []
+    for key in ("host_driver_version", "host_driver_branch"):
+        text = _string(entry.get(key), f"{where}.{key}")
+        if len(text.encode()) > 10:
+            raise _fail(f"{where}.{key}", "at most 10 bytes (the field's size in the vGPU capability)")
+        fields.append(text)
+    return True, (fields[0], fields[1])
+
+
 # Keys whose value may be a list with one entry per repetition of a repeated GPU entry.
 PER_REPEAT_KEYS = ("uuid", "pci_bus_id", "numa_node", "minor_number")
 
@@ -306,6 +321,7 @@ def _gpu(raw: Mapping[str, Any], where: str, index: int, repeat: int, position: 
         raise _fail(f"{where}.mig_devices", "needs mig_mode: enabled")
     numa = entry.get("numa_node")
     minor = entry.get("minor_number")
+    vgpu, vgpu_host_driver = _vgpu(entry.get("vgpu"), f"{where}.vgpu")
     return FakeGpu(
         index=index,
         name=_string(entry.get("name"), f"{where}.name"),
@@ -321,7 +337,8 @@ def _gpu(raw: Mapping[str, Any], where: str, index: int, repeat: int, position: 
         migs=_migs(entry.get("mig_devices", []), f"{where}.mig_devices", memory_bytes, index),
         nvlink_peers=[],  # resolved once every GPU is known
         fabric=_fabric(entry.get("fabric"), f"{where}.fabric"),
-        vgpu=bool(entry.get("vgpu", False)),
+        vgpu=vgpu,
+        vgpu_host_driver=vgpu_host_driver,
         error_code=None if entry.get("error") is None else _error_code(entry["error"], f"{where}.error"),
     )
 
@@ -374,16 +391,22 @@ def parse_gpus(value: Any) -> list[FakeGpu]:
 
 # --- sysfs ---------------------------------------------------------------------------------------
 
-def _config_space(vgpu: bool) -> bytes:
-    """256 bytes of config space: vendor/device, a capability list, and NVIDIA's "VF" capability for a vGPU."""
+def _config_space(gpu: FakeGpu) -> bytes:
+    """256 bytes of config space: vendor/device, a capability list, and NVIDIA's "VF" capability for a
+    vGPU, with one record before the host driver's (record 0), as the layout allows."""
     config = bytearray(256)
     config[0:2] = NVIDIA_VENDOR.to_bytes(2, "little")
     config[0x06] = 0x10  # status: capability list present
     config[0x34] = 0x60
     config[0x60:0x62] = bytes([0x01, 0x68])  # power management -> next
-    config[0x68:0x6A] = bytes([0x05, 0x78 if not vgpu else 0xC8])  # MSI -> next
-    if vgpu:
-        config[0xC8:0xCD] = bytes([0x09, 0x78, 0x14]) + b"VF"  # vendor-specific, length 20, signature
+    config[0x68:0x6A] = bytes([0x05, 0x78 if not gpu.vgpu else 0xC8])  # MSI -> next
+    if gpu.vgpu:
+        records = bytes([0x07, 0x04, 0xAA, 0xBB])  # some other record: id 7, length 4
+        if gpu.vgpu_host_driver:
+            version, branch = (field.encode().ljust(10, b"\0") for field in gpu.vgpu_host_driver)
+            records += bytes([0x00, 22]) + version + branch
+        capability = bytes([0x09, 0x78, 5 + len(records)]) + b"VF" + records  # vendor-specific, -> PCIe
+        config[0xC8:0xC8 + len(capability)] = capability
     config[0x78:0x7A] = bytes([0x10, 0x00])  # PCI Express, end of list
     return bytes(config)
 
@@ -397,7 +420,7 @@ def write_sysfs(gpus: list[FakeGpu], root: Path, driver_loaded: bool) -> None:
         (device / "class").write_text(f"0x{gpu.pci_class:06x}\n")
         (device / "revision").write_text("0xa1\n")
         (device / "numa_node").write_text(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
-        (device / "config").write_bytes(_config_space(gpu.vgpu))
+        (device / "config").write_bytes(_config_space(gpu))
         if driver_loaded:
             (device / "driver").symlink_to("../../../../bus/pci/drivers/nvidia")
 
@@ -528,6 +551,10 @@ class FakeNvml:
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         return self._gpu(handle).minor_number
+
+    def nvmlDeviceGetVirtualizationMode(self, handle: Any) -> int:
+        gpu = self._gpu(handle)
+        return int(real.NVML_GPU_VIRTUALIZATION_MODE_VGPU if gpu.vgpu else real.NVML_GPU_VIRTUALIZATION_MODE_NONE)
 
     # MIG
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:

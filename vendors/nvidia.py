@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import math
 import uuid as uuidlib
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -58,10 +59,15 @@ _CI_PROFILES: dict[str, int] = {
 }
 
 # PCI config space, for the vGPU check (GFD internal/vgpu).
+_PCI_CONFIG_SIZE = 256  # Linux shows only the first 64 bytes to readers without CAP_SYS_ADMIN
 _PCI_STATUS = 0x06
 _PCI_STATUS_HAS_CAPABILITIES = 0x10
 _PCI_CAPABILITY_LIST = 0x34
 _PCI_CAP_VENDOR_SPECIFIC = 0x09
+# Inside the "VF" capability: records from byte 5 on, each [id, length, payload]; record id 0 holds
+# the host driver's version and branch, 10 NUL-padded bytes each.
+_VGPU_RECORDS_START = 5
+_HOST_DRIVER_FIELD = 10
 
 
 # --- pure helpers ---------------------------------------------------------------------------------
@@ -85,32 +91,69 @@ def text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def has_vgpu_capability(config: bytes) -> bool:
-    """Walk the PCI capability list for NVIDIA's vendor-specific capability signed "VF"."""
+def vgpu_capability(config: bytes) -> bytes | None:
+    """NVIDIA's vendor-specific PCI capability signed "VF" (the bytes it spans), or None."""
     if len(config) <= _PCI_CAPABILITY_LIST or not config[_PCI_STATUS] & _PCI_STATUS_HAS_CAPABILITIES:
-        return False
+        return None
     offset = config[_PCI_CAPABILITY_LIST]
     seen: set[int] = set()
     while offset and offset not in seen and offset + 5 <= len(config):
         seen.add(offset)
         if config[offset] == _PCI_CAP_VENDOR_SPECIFIC:
-            return config[offset + 3:offset + 5] == b"VF"
+            return config[offset:offset + config[offset + 2]] if config[offset + 3:offset + 5] == b"VF" else None
         offset = config[offset + 1]
-    return False
+    return None
 
 
-def vgpu_present(host_root: Path, nvidia_pci: tuple[PciGpu, ...]) -> tuple[bool, list[str]]:
-    """True if any NVIDIA GPU is a vGPU; problems for config spaces that could not be read."""
-    problems: list[str] = []
-    found = False
+def has_vgpu_capability(config: bytes) -> bool:
+    return vgpu_capability(config) is not None
+
+
+def host_driver(capability: bytes) -> tuple[str, str] | None:
+    """(version, branch) of the hypervisor's vGPU manager from the capability's record 0; None if
+    the record is missing or malformed."""
+    pos = _VGPU_RECORDS_START
+    while pos < len(capability) and capability[pos] != 0:
+        if len(capability) - pos < 2 or not 2 <= capability[pos + 1] <= len(capability) - pos:
+            return None
+        pos += capability[pos + 1]
+    if len(capability) - pos < 2 or not 2 + 2 * _HOST_DRIVER_FIELD <= capability[pos + 1] <= len(capability) - pos:
+        return None
+    version = capability[pos + 2:pos + 2 + _HOST_DRIVER_FIELD]
+    branch = capability[pos + 2 + _HOST_DRIVER_FIELD:pos + 2 + 2 * _HOST_DRIVER_FIELD]
+    return version.strip(b"\0").decode("ascii", "replace"), branch.strip(b"\0").decode("ascii", "replace")
+
+
+def vgpu_state(host_root: Path, nvidia_pci: tuple[PciGpu, ...], nvml_says: Mapping[str, bool | None]
+               ) -> tuple[bool | None, tuple[str, str] | None]:
+    """(any GPU is a vGPU, host driver) as GFD finds them in PCI config space.
+
+    Where the config space cannot be read whole (an unprivileged reader sees 64 bytes), NVML's
+    virtualization mode for that GPU (``nvml_says``, by bus id) answers instead; where neither can
+    say, and no other GPU is a vGPU, the answer is None: unknown.
+    """
+    present: bool | None = False
+    host: tuple[str, str] | None = None
     for gpu in nvidia_pci:
         try:
             config = (devices_dir(host_root) / gpu.bdf / "config").read_bytes()
-        except OSError as exc:
-            problems.append(f"{gpu.bdf}: cannot read PCI config space for the vGPU check ({exc.strerror}); vgpu.present=false assumed")
-            continue
-        found = found or has_vgpu_capability(config)
-    return found, problems
+        except OSError:
+            config = b""
+        if len(config) >= _PCI_CONFIG_SIZE:
+            capability = vgpu_capability(config)
+            is_vgpu: bool | None = capability is not None
+            if capability is not None and host is None:
+                host = host_driver(capability)
+                if host is None:
+                    log.info("vGPU capability has no host driver record; vgpu.host-driver-* omitted",
+                             vendor="nvidia", device=gpu.bdf)
+        else:
+            is_vgpu = nvml_says.get(gpu.bdf)
+        if is_vgpu:
+            present = True
+        elif is_vgpu is None and present is False:
+            present = None
+    return present, host
 
 
 # --- NVML readers ---------------------------------------------------------------------------------
@@ -119,10 +162,18 @@ def _constants(nvml: ModuleType, table: dict[str, Any]) -> dict[int, Any]:
     return {getattr(nvml, name): value for name, value in table.items() if hasattr(nvml, name)}
 
 
+def _versioned(nvml: ModuleType, call: Any, *args: Any) -> Any:
+    """pynvml's profile-info calls default to their v2 symbols; drivers before them have only v1."""
+    try:
+        return call(*args)
+    except nvml.NVMLError_FunctionNotFound:
+        return call(*args, version=1)
+
+
 def _gi_profile_index(nvml: ModuleType, parent: Any, profile_id: int) -> int | None:
     for index in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, index)
+            info = _versioned(nvml, nvml.nvmlDeviceGetGpuInstanceProfileInfo, parent, index)
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
             continue
         if info.id == profile_id:
@@ -134,7 +185,7 @@ def _ci_profile_index(nvml: ModuleType, gpu_instance: Any, profile_id: int) -> i
     for index in range(nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
         for engine in range(nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT):
             try:
-                info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gpu_instance, index, engine)
+                info = _versioned(nvml, nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gpu_instance, index, engine)
             except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 continue
             if info.id == profile_id:
@@ -193,7 +244,7 @@ def _mig_mode(nvml: ModuleType, handle: Any) -> tuple[bool, bool]:
     """(capable, enabled). NOT_SUPPORTED means a GPU without MIG; other errors are real errors."""
     try:
         current, _pending = nvml.nvmlDeviceGetMigMode(handle)
-    except nvml.NVMLError_NotSupported:
+    except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):  # the latter: drivers before MIG
         return False, False
     return True, current == nvml.NVML_DEVICE_MIG_ENABLE
 
@@ -212,6 +263,13 @@ def _compute_capability(nvml: ModuleType, handle: Any) -> tuple[int, int] | None
     except nvml.NVMLError_NotSupported:
         return None
     return int(major), int(minor)
+
+
+def _vgpu_guest(nvml: ModuleType, handle: Any) -> bool | None:
+    try:
+        return bool(int(nvml.nvmlDeviceGetVirtualizationMode(handle)) == nvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU)
+    except (nvml.NVMLError, AttributeError):  # AttributeError: a pynvml without the call
+        return None
 
 
 def _minor_number(nvml: ModuleType, handle: Any) -> int | None:
@@ -234,12 +292,22 @@ def _nvlink_peers(nvml: ModuleType, handle: Any) -> tuple[str, ...]:
     return tuple(peers)
 
 
-def _clique(nvml: ModuleType, handle: Any) -> str | None:
-    """"<clusterUUID>.<cliqueId>" once the GPU's fabric registration has completed, else None."""
+def _fabric_info(nvml: ModuleType, handle: Any) -> Any:
+    """The GPU's fabric info: the versioned call, else (a driver without it) the first one."""
     try:
         info = nvml.c_nvmlGpuFabricInfo_v2_t()
         nvml.nvmlDeviceGetGpuFabricInfoV(handle, nvml.byref(info))  # pynvml passes the pointer on as is
-    except nvml.NVMLError:  # NOT_SUPPORTED without a fabric; FUNCTION_NOT_FOUND on older drivers
+    except nvml.NVMLError_FunctionNotFound:
+        info = nvml.c_nvmlGpuFabricInfo_t()
+        nvml.nvmlDeviceGetGpuFabricInfo(handle, nvml.byref(info))
+    return info
+
+
+def _clique(nvml: ModuleType, handle: Any) -> str | None:
+    """"<clusterUUID>.<cliqueId>" once the GPU's fabric registration has completed, else None."""
+    try:
+        info = _fabric_info(nvml, handle)
+    except nvml.NVMLError:  # NOT_SUPPORTED without a fabric; FUNCTION_NOT_FOUND on drivers older than it
         return None
     except AttributeError:  # a pynvml older than the fabric API
         return None
@@ -271,6 +339,7 @@ def _read_gpu(nvml: ModuleType, index: int, pci_by_bdf: dict[str, PciGpu]) -> Nv
         numa_node=pci.numa_node if pci else None,
         pci_class=pci.class_code if pci else None,
         clique=_clique(nvml, handle),
+        vgpu_guest=_vgpu_guest(nvml, handle),
     )
 
 
@@ -315,12 +384,12 @@ def _inventory(nvml: ModuleType, host_root: Path, nvidia_pci: tuple[PciGpu, ...]
     driver_version = text(nvml.nvmlSystemGetDriverVersion())
     cuda_driver_version = int(nvml.nvmlSystemGetCudaDriverVersion())
     gpus, problems = _read_gpus(nvml, {gpu.bdf: gpu for gpu in nvidia_pci})
-    is_vgpu, vgpu_problems = vgpu_present(host_root, nvidia_pci)
-    problems.extend(vgpu_problems)
+    is_vgpu, host = vgpu_state(host_root, nvidia_pci, {gpu.pci_bus_id: gpu.vgpu_guest for gpu in gpus})
     if not gpus and not problems:
         status: BackendStatus = "unavailable" if nvidia_pci else "absent"
         return None, BackendReport("nvidia", status, f"NVML sees no GPU; {len(nvidia_pci)} NVIDIA GPU(s) on the PCI bus")
-    inventory = NvidiaInventory(driver_version, cuda_driver_version, tuple(gpus), vgpu_present=is_vgpu)
+    inventory = NvidiaInventory(driver_version, cuda_driver_version, tuple(gpus), vgpu_present=is_vgpu,
+                                vgpu_host_driver=host)
     detail = f"{len(gpus)} GPU(s), driver {driver_version}"
     return inventory, BackendReport("nvidia", "ok", detail, tuple(problems))
 

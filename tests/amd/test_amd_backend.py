@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,11 @@ import pytest
 from labeller.inventory import BackendReport
 
 from tests.amd.amd_tree import (
-    FIRMWARE_INFO, MI210, MI300X_CPX, RX7900XTX, TOPOLOGY, VEGA10, amd_pci, copy_capture, no_enrichment, probe,
+    FIRMWARE_INFO, MI210, MI300X_CPX, RX7900XTX, TOPOLOGY, VEGA10, amd_pci, copy_capture, labels_for, no_enrichment,
+    probe,
 )
 from vendors import amd
+from vendors.simulate import simulated_node
 
 
 def test_mi300x_cpx_capture_groups_63_partitions_into_8_gpus() -> None:
@@ -244,3 +247,37 @@ def test_parse_firmware_info_keeps_amds_blocks() -> None:
     firmware = amd.parse_firmware_info(FIRMWARE_INFO.read_text())
     assert [block for block, _, _ in firmware] == list(amd.FIRMWARE_BLOCKS)
     assert ("SDMA0", 40, 0x197) in firmware
+
+
+def test_the_smc_line_of_current_kernels_carries_a_program_number() -> None:
+    text = "SMC feature version: 0, program: 0, firmware version: 0x001c2800 (28.40.0)\n"
+    assert amd.parse_firmware_info(text) == (("SMC", 0, 0x001C2800),)
+
+
+def test_a_gpu_newer_than_the_hosts_amdgpu_ids_is_named_from_the_shipped_copy(tmp_path: Path) -> None:
+    root = copy_capture(MI210, tmp_path)
+    ids = root / "usr/share/libdrm/amdgpu.ids"
+    ids.parent.mkdir(parents=True)
+    ids.write_text("1.0.0\n6860,\t00,\tAn Older GPU\n")  # an old libdrm without the MI210
+    mi210 = replace(amd_pci("0000:03:00.0", 0x740F), revision=0x02)
+    inventory, _ = amd.probe(root, (mi210,), enricher=no_enrichment)
+    assert inventory is not None and inventory.gpus[0].product_name == "AMD Instinct MI210"
+
+
+def test_pci_files_come_from_the_gpus_own_card_when_partition_0_is_missing(tmp_path: Path) -> None:
+    profile = tmp_path / "cpx.yaml"
+    profile.write_text(
+        "amd:\n  driver_version: 6.8.5\n  gpus:\n"
+        "    - {device_id: 0x74a1, product_name: AMD Instinct MI300X OAM, repeat: 2, compute_partition: cpx,\n"
+        "       partitions: 8, memory_partition: nps1, simd_count: 1216, simd_per_cu: 4,\n"
+        "       vram_bytes: 206141652992, gfx_target_version: 90402}\n")
+    with simulated_node(str(profile)) as node:
+        topology = node.host_root / TOPOLOGY
+        second_gpu_partition_0 = sorted(
+            (p for p in topology.iterdir() if "location_id" in (p / "properties").read_text()
+             and int((p / "properties").read_text().split("location_id ")[1].split()[0]) & 0x7 == 0),
+            key=lambda p: int(p.name))[1]
+        shutil.rmtree(second_gpu_partition_0)  # the driver did not expose partition 0 of GPU 2
+        found = labels_for(node.host_root)
+    assert found["amd.com/gpu.product-name"] == "AMD_Instinct_MI300X_OAM"
+    assert found["beta.amd.com/gpu.device-id.74a1"] == "2"

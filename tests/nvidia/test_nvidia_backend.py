@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import structlog
 
-from labeller.inventory import NVIDIA_VENDOR_ID, PciGpu
+from labeller.config import Config
+from labeller.inventory import NVIDIA_VENDOR_ID, Inventory, PciGpu
+from labeller.rules import node_labels
 from tests.nvidia.nvidia_node import (
-    A100_40GB_BYTES, A100_80GB_BYTES, H100_BYTES, a100, build, h100, inventory_of, labels_of, section,
+    A100_40GB_BYTES, A100_80GB_BYTES, H100_BYTES, a100, build, h100, inventory_of, labels_of, mig_1g5gb, section,
 )
 from vendors import nvidia, pci
 
@@ -134,16 +137,58 @@ def test_probe_never_raises(tmp_path: Path) -> None:
     assert inventory is None and report.status == "error"
 
 
-def test_vgpu_capability_in_pci_config_space(tmp_path: Path) -> None:
-    inventory = inventory_of(tmp_path, section(h100(), h100(vgpu=True)))
-    assert inventory.nvidia is not None and inventory.nvidia.vgpu_present is True
+HOST_DRIVER = {"host_driver_version": "550.54.16", "host_driver_branch": "r550_40"}
 
 
-def test_unreadable_pci_config_means_no_vgpu_and_a_problem(tmp_path: Path) -> None:
-    root, nvml = build(tmp_path, section(h100()))
-    (root / "sys/bus/pci/devices/0000:00:00.0/config").unlink()
+def test_vgpu_guest_labels_carry_the_host_driver_from_the_capability_record(tmp_path: Path) -> None:
+    found = labels_of(tmp_path, section(h100(), h100(vgpu=HOST_DRIVER)))
+    assert {k: v for k, v in found.items() if k.startswith("nvidia.com/vgpu.")} == {
+        "nvidia.com/vgpu.present": "true",
+        "nvidia.com/vgpu.host-driver-version": "550.54.16",
+        "nvidia.com/vgpu.host-driver-branch": "r550_40",
+    }
+
+
+def test_a_vgpu_capability_without_a_host_driver_record_still_says_present(tmp_path: Path) -> None:
+    found = labels_of(tmp_path, section(h100(vgpu=True)))
+    assert found["nvidia.com/vgpu.present"] == "true" and "nvidia.com/vgpu.host-driver-version" not in found
+
+
+def truncate_config_spaces(root: Path, size: int = 64) -> None:
+    """What a reader without CAP_SYS_ADMIN sees: the first 64 bytes of each config space."""
+    for config in root.glob("sys/bus/pci/devices/*/config"):
+        config.write_bytes(config.read_bytes()[:size])
+
+
+@pytest.mark.parametrize("vgpu", [False, True])
+def test_without_the_full_config_space_nvml_says_whether_a_gpu_is_a_vgpu(tmp_path: Path, vgpu: bool) -> None:
+    root, nvml = build(tmp_path, section(h100(vgpu=HOST_DRIVER if vgpu else False), h100()))
+    truncate_config_spaces(root)
+    (root / "sys/bus/pci/devices/0000:01:00.0/config").unlink()  # unreadable counts the same
     inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
-    assert inventory is not None and inventory.vgpu_present is False and "vGPU" in report.problems[0]
+    assert inventory is not None and report.problems == ()
+    assert inventory.vgpu_present is vgpu and inventory.vgpu_host_driver is None  # the record needs the full space
+
+
+def test_when_neither_config_space_nor_nvml_can_tell_the_vgpu_labels_are_omitted(tmp_path: Path) -> None:
+    root, nvml = build(tmp_path, section(h100(), h100()))
+    truncate_config_spaces(root)
+    del nvml.nvmlDeviceGetVirtualizationMode  # a pynvml without the call
+    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    assert inventory is not None and inventory.vgpu_present is None and report.problems == ()
+    found = node_labels(Inventory(nvidia=inventory), Config()).labels
+    assert "nvidia.com/vgpu.present" not in found and found["nvidia.com/gpu.count"] == "2"
+
+
+def test_host_driver_record_walk_rejects_malformed_records() -> None:
+    version, branch = b"550.54.16".ljust(10, b"\0"), b"r550_40".ljust(10, b"\0")
+    good = b"\x09\x00\x00VF" + bytes([7, 4, 0, 0]) + bytes([0, 22]) + version + branch
+    assert nvidia.host_driver(good) == ("550.54.16", "r550_40")
+    assert nvidia.host_driver(good[:-1]) is None  # record 0 runs past the capability
+    assert nvidia.host_driver(good[:5] + bytes([7, 1]) + good[7:]) is None  # a record shorter than its header
+    assert nvidia.host_driver(good[:5] + bytes([7, 200]) + good[7:]) is None  # a record past the end
+    assert nvidia.host_driver(good[:9] + bytes([0, 21]) + good[11:]) is None  # record 0 too short for both fields
+    assert nvidia.host_driver(good[:9]) is None  # no record 0 at all
 
 
 def test_has_vgpu_capability_walks_the_list() -> None:
@@ -171,3 +216,40 @@ def test_a_pynvml_without_the_fabric_api_still_describes_the_gpus(tmp_path: Path
     inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
     assert report.status == "ok" and inventory is not None
     assert [gpu.clique for gpu in inventory.gpus] == [None, None]
+
+
+def missing_symbol(nvml: ModuleType, name: str, *, only_default_version: bool = False) -> None:
+    """Make ``name`` fail as real pynvml does when the driver's libnvidia-ml lacks the symbol."""
+    original = getattr(nvml, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if only_default_version and kwargs.get("version") == 1:
+            return original(*args, **kwargs)
+        raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    setattr(nvml, name, call)
+
+
+def test_a_driver_without_mig_still_gets_every_gpu_labelled(tmp_path: Path) -> None:
+    # Drivers before R450 have no nvmlDeviceGetMigMode: GFD (go-nvlib) then calls the GPU not MIG-capable.
+    root, nvml = build(tmp_path, section(h100(repeat=2)))
+    missing_symbol(nvml, "nvmlDeviceGetMigMode")
+    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    assert report.status == "ok" and report.problems == () and inventory is not None
+    assert [(gpu.mig_capable, gpu.mig_enabled) for gpu in inventory.gpus] == [(False, False), (False, False)]
+
+
+def test_mig_profiles_are_read_through_the_v1_calls_on_drivers_without_the_v2_ones(tmp_path: Path) -> None:
+    root, nvml = build(tmp_path, section(a100(mig_mode="enabled", mig_devices=[mig_1g5gb(2)])))
+    missing_symbol(nvml, "nvmlDeviceGetGpuInstanceProfileInfo", only_default_version=True)
+    missing_symbol(nvml, "nvmlGpuInstanceGetComputeInstanceProfileInfo", only_default_version=True)
+    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    assert report.problems == () and inventory is not None
+    assert [mig.profile for mig in inventory.gpus[0].mig_devices] == ["1g.5gb", "1g.5gb"]
+
+
+def test_the_fabric_clique_comes_from_the_first_fabric_call_when_the_versioned_one_is_missing(tmp_path: Path) -> None:
+    fabric = {"cluster_uuid": "7b968a6d-c8aa-45e1-9e07-e1e51be99c31", "clique_id": 3}
+    root, nvml = build(tmp_path, section(h100(fabric=fabric)))
+    missing_symbol(nvml, "nvmlDeviceGetGpuFabricInfoV")
+    inventory, _ = nvidia.probe(root, pci.scan(root)[0], nvml)
+    assert inventory is not None and inventory.gpus[0].clique == "7b968a6d-c8aa-45e1-9e07-e1e51be99c31.3"

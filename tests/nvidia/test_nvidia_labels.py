@@ -110,7 +110,8 @@ def test_product_name_with_parentheses_is_sanitised() -> None:
 
 
 def test_machine_label() -> None:
-    assert labels(H100, machine=None)["nvidia.com/gpu.machine"] == "unknown"
+    assert labels(H100, machine=None)["nvidia.com/gpu.machine"] == "unknown"  # unreadable
+    assert labels(H100, machine="")["nvidia.com/gpu.machine"] == ""  # readable but empty: GFD keeps it empty
     assert labels(H100, machine="ProLiant DL380 Gen10/Plus")["nvidia.com/gpu.machine"] == "ProLiant-DL380-Gen10Plus"
     assert "nvidia.com/gpu.machine" not in labels(H100, config={"labeller": {"labels": {"machine": False}}})
 
@@ -187,6 +188,13 @@ INVALID = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-INVALID", "nvidi
     [with_mig(A100, MIG_1G5GB, MIG_3G20GB)],  # two profiles
 ], ids=["mixed-modes", "empty", "two-profiles"])
 def test_mig_single_invalid(members: list[NvidiaGpu]) -> None:
+    subset(labels(*members, config={"flags": {"migStrategy": "single"}}), INVALID)
+
+
+def test_mig_single_invalid_names_the_mig_enabled_model_even_when_another_is_more_numerous() -> None:
+    l4 = NvidiaGpu(0, "NVIDIA L4", "GPU-l0", 24152899584, (8, 9), "0000:01:00.0", 0, False, False, pci_class=0x030200)
+    members = [*gpus(l4, 3), replace(with_mig(A100, MIG_1G5GB), index=3, uuid="GPU-a3"),
+               replace(with_mig(A100, MIG_1G5GB), index=4, uuid="GPU-a4")]
     subset(labels(*members, config={"flags": {"migStrategy": "single"}}), INVALID)
 
 
