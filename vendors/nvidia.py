@@ -105,10 +105,6 @@ def vgpu_capability(config: bytes) -> bytes | None:
     return None
 
 
-def has_vgpu_capability(config: bytes) -> bool:
-    return vgpu_capability(config) is not None
-
-
 def host_driver(capability: bytes) -> tuple[str, str] | None:
     """(version, branch) of the hypervisor's vGPU manager from the capability's record 0; None if
     the record is missing or malformed."""

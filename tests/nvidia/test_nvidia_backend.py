@@ -191,15 +191,15 @@ def test_host_driver_record_walk_rejects_malformed_records() -> None:
     assert nvidia.host_driver(good[:9]) is None  # no record 0 at all
 
 
-def test_has_vgpu_capability_walks_the_list() -> None:
+def test_vgpu_capability_walks_the_list() -> None:
     config = bytearray(256)
     config[0x06], config[0x34] = 0x10, 0x40
     config[0x40:0x42] = bytes([0x05, 0x50])
     config[0x50:0x55] = bytes([0x09, 0x00, 0x14]) + b"VF"
-    assert nvidia.has_vgpu_capability(bytes(config))
+    assert nvidia.vgpu_capability(bytes(config)) == bytes(config[0x50:0x64])  # the 20 bytes it says it spans
     config[0x53:0x55] = b"XX"
-    assert not nvidia.has_vgpu_capability(bytes(config))
-    assert not nvidia.has_vgpu_capability(bytes(config[:64]))  # unprivileged read: header only
+    assert nvidia.vgpu_capability(bytes(config)) is None
+    assert nvidia.vgpu_capability(bytes(config[:64])) is None  # unprivileged read: header only
 
 
 def test_fabric_clique(tmp_path: Path) -> None:
