@@ -74,8 +74,8 @@ tolerations:
 {{- end }}
 {{- end }}
 
-{{/* Container hardening shared by both components; the pod-level user differs. */}}
-{{/* Hardened container securityContext; pass (dict "add" (list ...)) for capabilities a feature needs. */}}
+{{/* Container hardening shared by both components (the pod-level user differs); pass
+     (dict "add" (list ...)) for the capabilities an enabled feature needs. */}}
 {{- define "gpu-labeller.containerSecurityContext" -}}
 privileged: false
 allowPrivilegeEscalation: false
