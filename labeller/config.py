@@ -61,6 +61,7 @@ class PluginFlags:
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     shared_devices_allocation_policy: Literal["distributed", "packed"] = "distributed"
     nvidia_dev_root: str = "/"
+    fail_on_init_error: bool = False  # flags.failOnInitError: exit instead of waiting for the driver
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,7 @@ def _plugin_flags(flags: Mapping[str, Any]) -> PluginFlags:
         cdi_annotation_prefix=plugin.get("cdiAnnotationPrefix", "cdi.k8s.io/"),
         shared_devices_allocation_policy=plugin.get("sharedDevicesAllocationPolicy", "distributed"),
         nvidia_dev_root=dev_root,
+        fail_on_init_error=bool(flags.get("failOnInitError", False)),
     )
 
 

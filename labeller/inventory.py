@@ -132,6 +132,12 @@ class AmdInventory:
 BackendStatus = Literal["ok", "absent", "unavailable", "error"]
 
 
+class ProbeError(Exception):
+    """The probe as a whole cannot be trusted (no readable ``/sys/bus/pci/devices`` under the host
+    root, an unreadable tree): nothing may be added or removed on its account. The message is one
+    line naming the path and the likely cause."""
+
+
 @dataclass(frozen=True)
 class BackendReport:
     """What one backend saw, and why it found nothing when it did not.
