@@ -99,11 +99,20 @@ def _handler(ready: Callable[[], bool], healthy: Callable[[], bool],
     return Handler
 
 
+class PortUnavailable(OSError):
+    """The health/metrics port cannot be bound (in use, no permission); the message is one line."""
+
+
 def start_http_server(port: int, bind: str = "0.0.0.0", ready: Callable[[], bool] = lambda: True,
                       healthy: Callable[[], bool] = lambda: True,
                       registry: CollectorRegistry | None = None) -> HealthServer:
-    """Serve /healthz, /readyz and /metrics (when ``registry`` is given) on a daemon thread."""
-    server = ThreadingHTTPServer((bind, port), _handler(ready, healthy, registry))
+    """Serve /healthz, /readyz and /metrics (when ``registry`` is given) on a daemon thread.
+
+    Raises PortUnavailable naming the address when it cannot be bound."""
+    try:
+        server = ThreadingHTTPServer((bind, port), _handler(ready, healthy, registry))
+    except OSError as exc:
+        raise PortUnavailable(f"--metrics-port {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True)
     thread.start()
