@@ -19,7 +19,7 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _SECONDS_PER_UNIT[match.group(2) or "s"]
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType[float]):
     """A time option: ``60``, ``60s``, ``500ms``, ``2m``; the value is in seconds, at least ``minimum``."""
 
     name = "duration"
