@@ -7,15 +7,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+import structlog
 
 from labeller.config import Config, ConfigError, load_config, parse_config
 from labeller.discovery import discover
 from labeller.inventory import Inventory
 
+if TYPE_CHECKING:
+    from vendors.simulate import SimulatedNode, SimulatedProfile
+
 F = TypeVar("F", bound=Callable[..., Any])
+log = structlog.get_logger(__name__)
 
 
 class BadInput(click.ClickException):
@@ -42,14 +47,56 @@ def discovery_options(func: F) -> F:
 
 @dataclass
 class Node:
-    """What to probe and with which config: this machine, a mounted host root, or a simulated node."""
+    """What to probe and with which config: this machine, a mounted host root, or a simulated node.
+
+    A simulated node built from a profile file follows that file: every ``probe()`` reads it again
+    and, when it changed, probes the node it describes now (and takes its ``config`` section when
+    no ``--config`` was given)."""
 
     host_root: Path
     config: Config
     nvml: ModuleType | None = None
+    simulation: SimulatedProfile | None = None
+    config_from_profile: bool = False
 
     def probe(self) -> Inventory:
+        if self.simulation is not None:
+            self._follow_profile(self.simulation)
         return discover(self.host_root, self.nvml)
+
+    def _follow_profile(self, simulation: SimulatedProfile) -> None:
+        from vendors.simulate import ProfileError
+
+        where = str(simulation.path)
+
+        def check(node: SimulatedNode) -> None:
+            if self.config_from_profile:
+                _profile_config(node, where)  # a bad config section rejects the whole change
+
+        try:
+            changed = simulation.refresh(check)
+        except ProfileError as exc:
+            log.error("profile changed but cannot be used; probing the previous simulated node", reason="bad-profile",
+                      error=str(exc))
+            return
+        if changed:
+            node = simulation.node
+            self.host_root, self.nvml = node.host_root, node.nvml
+            if self.config_from_profile:
+                self.config = _profile_config(node, where)
+            log.info("profile changed; simulated node rebuilt", reason="profile-changed", profile=where)
+
+
+def _profile_config(node: SimulatedNode, where: str) -> Config:
+    """The config a profile carries (the defaults when it has none); ProfileError naming ``where``."""
+    from vendors.simulate import ProfileError
+
+    if node.config is None:
+        return Config()
+    try:
+        return parse_config(node.config)
+    except ConfigError as exc:
+        raise ProfileError(f"{where}: config: {exc}") from None
 
 
 @contextmanager
@@ -62,15 +109,14 @@ def open_node(host_root: Path, simulate: str | None, config_path: Path | None) -
     if simulate is None:
         yield Node(host_root, config)
         return
-    from vendors.simulate import ProfileError, simulated_node
+    from vendors.simulate import ProfileError, SimulatedProfile
 
     try:
-        with simulated_node(simulate) as node:
-            if config_path is None and node.config is not None:
-                try:
-                    config = parse_config(node.config)
-                except ConfigError as exc:
-                    raise BadInput(f"{simulate}: config: {exc}") from None
-            yield Node(node.host_root, config, node.nvml)
+        with SimulatedProfile(simulate) as simulation:
+            node = simulation.node
+            if config_path is None:
+                config = _profile_config(node, simulate)
+            yield Node(node.host_root, config, node.nvml, simulation if simulation.follows_file else None,
+                       config_from_profile=config_path is None)
     except ProfileError as exc:
         raise BadInput(str(exc)) from None

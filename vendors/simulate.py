@@ -1,22 +1,29 @@
 """Simulated nodes: a profile file replayed through the real backends.
 
 A profile describes a node as the vendor libraries and sysfs would report it (schema in the
-README). ``simulated_node`` turns it into a temporary host root (PCI, DMI and AMD sysfs files) plus
-a fake ``pynvml`` module, so discovery runs the same code as on real hardware.
+README). ``SimulatedProfile`` turns it into a host root (PCI, DMI and AMD sysfs files) plus a fake
+``pynvml`` module, so discovery runs the same code as on real hardware, and builds it again when
+the profile file changes under a running process.
+
+Host roots live in /dev/shm (or TMPDIR) as ``gpu-labeller-sim-<pid>-<random>``: the owner removes
+its own on exit, and every new ``SimulatedProfile`` removes those of processes that are gone (a
+SIGKILL leaves its root behind until then).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -24,6 +31,8 @@ from vendors import amd_sim, fake_nvml
 from vendors.dmi import PRODUCT_NAME
 
 PROFILE_KEYS = ("name", "description", "machine", "config", "nvidia", "amd")
+ROOT_PREFIX = "gpu-labeller-sim-"
+_ROOT_NAME = re.compile(rf"^{ROOT_PREFIX}(\d+)-")
 
 
 class ProfileError(ValueError):
@@ -93,24 +102,136 @@ def scratch_dir() -> str | None:
     return None
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_dead_roots(directory: Path) -> list[Path]:
+    """Remove the host roots in ``directory`` whose owning process is gone; returns what was removed."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        match = _ROOT_NAME.match(entry.name)
+        if match is not None and not _process_alive(int(match[1])):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _build(path: Path, data: Mapping[str, Any], root: Path) -> SimulatedNode:
+    """Write the node described by ``data`` (the profile at ``path``) under ``root``."""
+    if "machine" in data:
+        dmi = root / PRODUCT_NAME
+        dmi.parent.mkdir(parents=True)
+        dmi.write_text(data["machine"] + "\n")
+    # never the real pynvml: a simulated node must not pick up the GPUs of the machine it runs on
+    nvml = fake_nvml.without_library()
+    try:
+        if "nvidia" in data:
+            nvml = fake_nvml.build(data["nvidia"], root)
+        if "amd" in data:
+            amd_sim.build(data["amd"], root, base_dir=path.parent)
+    except ValueError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+    return SimulatedNode(str(data.get("name", path.stem)), root, nvml, data.get("config"))
+
+
+_FileStamp = tuple[int, int, int] | None  # (inode, size, mtime in ns); None: the file is gone
+
+
+class SimulatedProfile:
+    """A profile built into a host root; a profile file is built again when it changes.
+
+    ``node`` is the current build. ``refresh()`` looks at the file (a ``stat``, then the contents
+    only when the ``stat`` differs) and builds a new root only when the contents changed, so an
+    unchanged profile keeps its root and its fake NVML module (and with it what tests injected
+    through ``inject_xid`` or ``set_lost``). Built-in profiles never change and are never re-read.
+    Roots replaced by a refresh are kept until ``close()``: a reader such as the plugin's health
+    checks may still be looking at the old one.
+    """
+
+    def __init__(self, profile: str) -> None:
+        self.path = resolve(profile)
+        self.follows_file = not self.path.is_relative_to(_builtin_dir())
+        self._roots: list[Path] = []
+        remove_dead_roots(Path(scratch_dir() or tempfile.gettempdir()))
+        self._stamp = self._stat()
+        self._contents = self._read()
+        self.node = self._build()
+
+    def refresh(self, check: Callable[[SimulatedNode], object] = lambda node: None) -> bool:
+        """Build the node again if the profile file changed since the last look; True when ``node`` is new.
+
+        ``check`` may reject the new node by raising ProfileError. A file that is gone, unreadable,
+        invalid or rejected raises ProfileError once; ``node`` stays the previous build."""
+        if not self.follows_file:
+            return False
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        contents = self._read()
+        if contents == self._contents:
+            return False
+        self._contents = contents
+        candidate = self._build()
+        try:
+            check(candidate)
+        except ProfileError:
+            self._remove(candidate.host_root)
+            raise
+        self.node = candidate
+        return True
+
+    def close(self) -> None:
+        for root in list(self._roots):
+            self._remove(root)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _stat(self) -> _FileStamp:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
+
+    def _build(self) -> SimulatedNode:
+        data = load_profile(self.path)
+        root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-", dir=scratch_dir()))
+        self._roots.append(root)
+        try:
+            return _build(self.path, data, root)
+        except BaseException:
+            self._remove(root)
+            raise
+
+    def _remove(self, root: Path) -> None:
+        shutil.rmtree(root, ignore_errors=True)
+        self._roots.remove(root)
+
+
 @contextmanager
 def simulated_node(profile: str) -> Iterator[SimulatedNode]:
     """Build the node described by ``profile`` in a temporary directory, for the block's duration."""
-    path = resolve(profile)
-    data = load_profile(path)
-    with tempfile.TemporaryDirectory(prefix="gpu-labeller-sim-", dir=scratch_dir()) as tmp:
-        root = Path(tmp)
-        if "machine" in data:
-            dmi = root / PRODUCT_NAME
-            dmi.parent.mkdir(parents=True)
-            dmi.write_text(data["machine"] + "\n")
-        # never the real pynvml: a simulated node must not pick up the GPUs of the machine it runs on
-        nvml = fake_nvml.without_library()
-        try:
-            if "nvidia" in data:
-                nvml = fake_nvml.build(data["nvidia"], root)
-            if "amd" in data:
-                amd_sim.build(data["amd"], root, base_dir=path.parent)
-        except ValueError as exc:
-            raise ProfileError(f"{path}: {exc}") from None
-        yield SimulatedNode(str(data.get("name", path.stem)), root, nvml, data.get("config"))
+    with SimulatedProfile(profile) as simulation:
+        yield simulation.node
