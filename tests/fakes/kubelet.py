@@ -8,8 +8,14 @@ It behaves as ``shared/reference/real-kubernetes-behaviour.md`` records for the 
   (``the ResourceName "gpu" is invalid``), takes the options from the request (never calls
   ``GetDevicePluginOptions``), then dials ``<dir>/<endpoint>`` and keeps ``ListAndWatch`` open;
   a second registration of a resource replaces the first endpoint;
-- capacity = all devices, allocatable = healthy devices; when a stream ends allocatable drops to
-  0 and capacity stays (the 5-minute grace period);
+- capacity = all devices, allocatable = healthy devices; when the stream of the registered
+  endpoint ends every device turns Unhealthy (allocatable 0) and capacity stays (the 5-minute
+  grace period); a re-registration keeps the devices until the new stream's first list, and the
+  stream end of a replaced endpoint changes nothing (the kubelet checks that the ending endpoint is
+  still the registered one);
+- ``observations`` records, for every registration, ListAndWatch update and stream end, what
+  the Node would report for that resource at that moment (allocatable, capacity), so a test can
+  check that a reload never showed allocatable 0;
 - ``admit``: fails with ``requested number of devices unavailable for <resource>. Requested: N,
   Available: M`` like admission; otherwise calls ``GetPreferredAllocation`` (when the plugin said
   so), honours a valid answer, calls ``Allocate`` with one container request per container and
@@ -65,14 +71,27 @@ class Registration:
     at: float
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What the Node reported for ``resource`` right after ``event``."""
+
+    at: float
+    resource: str
+    event: str  # "registered", "devices" (a ListAndWatch update), "stream-ended"
+    allocatable: int
+    capacity: int
+
+
 class FakeKubelet:
     def __init__(self, directory: Path):
         self.dir = directory
         self.registrations: list[Registration] = []
         self.rejected: list[str] = []
         self.endpoints: dict[str, Endpoint] = {}
+        self.observations: list[Observation] = []
         self.allocated: dict[str, set[str]] = {}
         self.capacity_seen: dict[str, set[str]] = {}  # capacity survives a stream end (grace period)
+        self._devices: dict[str, dict[str, str]] = {}  # resource -> ID -> health, as the Node reports it
         self._lock = threading.Condition()
         self._server: Any = None
 
@@ -100,6 +119,8 @@ class FakeKubelet:
         with self._lock:
             endpoints = list(self.endpoints.values())
             self.endpoints.clear()
+            for devices in self._devices.values():  # a restarted kubelet knows no healthy device yet
+                devices.update(dict.fromkeys(devices, "Unhealthy"))
         for endpoint in endpoints:
             self._close(endpoint)
         self.socket.unlink(missing_ok=True)
@@ -135,7 +156,7 @@ class FakeKubelet:
             self.endpoints[request.resource_name] = endpoint
             self.registrations.append(Registration(request.resource_name, request.endpoint, request.version,
                                                    time.monotonic()))
-            self._lock.notify_all()
+            self._observe(request.resource_name, "registered")
         if old is not None:
             self._close(old)
         threading.Thread(target=self._watch, args=(endpoint,), daemon=True).start()
@@ -149,16 +170,28 @@ class FakeKubelet:
             for response in endpoint.call:
                 with self._lock:
                     endpoint.devices = {d.ID: d.health for d in response.devices}
-                    self.capacity_seen[endpoint.resource] = set(endpoint.devices)
                     endpoint.updates += 1
                     endpoint.last_update = time.monotonic()
-                    self._lock.notify_all()
-        except grpc.RpcError:
+                    if self.endpoints.get(endpoint.resource) is endpoint:
+                        self._devices[endpoint.resource] = dict(endpoint.devices)
+                        self.capacity_seen[endpoint.resource] = set(endpoint.devices)
+                        self._observe(endpoint.resource, "devices")
+        except (grpc.RpcError, ValueError):  # ValueError: the channel was closed before the call
             pass
         finally:
             with self._lock:
                 endpoint.streaming = False
+                if self.endpoints.get(endpoint.resource) is endpoint:
+                    devices = self._devices.get(endpoint.resource, {})
+                    devices.update(dict.fromkeys(devices, "Unhealthy"))
+                    self._observe(endpoint.resource, "stream-ended")
                 self._lock.notify_all()
+
+    def _observe(self, resource: str, event: str) -> None:
+        """Record what the Node reports for ``resource`` now; call with the lock held."""
+        self.observations.append(Observation(time.monotonic(), resource, event, self._allocatable(resource),
+                                             len(self.capacity_seen.get(resource, ()))))
+        self._lock.notify_all()
 
     def _close(self, endpoint: Endpoint) -> None:
         if endpoint.call is not None:
@@ -173,15 +206,23 @@ class FakeKubelet:
 
     def allocatable(self, resource: str) -> int:
         with self._lock:
-            endpoint = self.endpoints.get(resource)
-            if endpoint is None or not endpoint.streaming:
-                return 0
-            return sum(1 for health in endpoint.devices.values() if health == "Healthy")
+            return self._allocatable(resource)
+
+    def _allocatable(self, resource: str) -> int:
+        return sum(1 for health in self._devices.get(resource, {}).values() if health == "Healthy")
 
     def devices(self, resource: str) -> dict[str, str]:
         with self._lock:
-            endpoint = self.endpoints.get(resource)
-            return dict(endpoint.devices) if endpoint else {}
+            return dict(self._devices.get(resource, {}))
+
+    def registration_count(self, resource: str) -> int:
+        with self._lock:
+            return sum(1 for r in self.registrations if r.resource == resource)
+
+    def seen(self, resource: str, since: float = 0.0) -> list[Observation]:
+        """Every observation of ``resource`` at or after ``since`` (a ``time.monotonic()`` value)."""
+        with self._lock:
+            return [o for o in self.observations if o.resource == resource and o.at >= since]
 
     def endpoint(self, resource: str) -> Endpoint | None:
         with self._lock:
@@ -205,8 +246,8 @@ class FakeKubelet:
         with self._lock:
             endpoint = self.endpoints.get(resource)
             taken = self.allocated.setdefault(resource, set())
-            free = [] if endpoint is None or not endpoint.streaming else \
-                [i for i, h in endpoint.devices.items() if h == "Healthy" and i not in taken]
+            free = [] if endpoint is None else \
+                [i for i, h in self._devices.get(resource, {}).items() if h == "Healthy" and i not in taken]
         if endpoint is None or sum(containers) > len(free):
             raise AdmissionError(f"requested number of devices unavailable for {resource}. "
                                  f"Requested: {sum(containers)}, Available: {len(free)}")
