@@ -1,8 +1,22 @@
-"""The device plugin assembled: resources, health, one socket server per resource, the supervisor."""
+"""The device plugin: one long-lived supervisor that serves a set of resources and swaps it live.
+
+``serve(resources, ...)`` hands the supervisor the set to serve from now on (after the first probe,
+a SIGHUP, or a driver that came up late). The supervisor thread applies it between two registration
+ticks, resource name by resource name:
+
+- a name already served keeps its socket and its registration: its devices are replaced and every
+  open ListAndWatch stream sends the new list, so the Node never shows allocatable 0 in between;
+- a new name gets its own socket server and is registered;
+- a name no longer in the set is stopped: its stream ends and its socket is removed.
+
+Health keeps running across swaps: a device still served keeps its health, and the checkers are
+restarted only when the physical devices (or the simulated host) change.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -11,7 +25,6 @@ from typing import Self
 import structlog
 
 from labeller.config import Config
-from labeller.inventory import Inventory
 from labeller.plugin.allocate import Allocator
 from labeller.plugin.health import (
     HEALTHY,
@@ -24,7 +37,7 @@ from labeller.plugin.health import (
 )
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
-from labeller.plugin.resources import PhysicalDevice, Resource, advertised_resources
+from labeller.plugin.resources import PhysicalDevice, Resource
 from labeller.plugin.server import DevicePluginService, SocketServer
 
 log = structlog.get_logger(__name__)
@@ -37,36 +50,106 @@ class PluginSettings:
     recovery_seconds: float = 60.0
     health_poll_seconds: float = 0.25
     tick_seconds: float = 0.1
+    kubelet_missing_log_seconds: float = 60.0
     policy: HealthPolicy = field(default_factory=HealthPolicy.from_env)
 
 
-class DevicePlugin:
-    """Everything one ``gpu-labeller device-plugin`` process runs; ``start`` / ``stop`` / ``run``."""
+@dataclass(frozen=True)
+class _Offer:
+    """A set of resources to serve, with what their allocators and health checks need."""
 
-    def __init__(self, inventory: Inventory, config: Config, host_root: Path, nvml: ModuleType | None,
-                 settings: PluginSettings, metrics: PluginMetrics | None = None):
+    resources: tuple[Resource, ...]
+    config: Config
+    host_root: Path
+    nvml: ModuleType | None
+
+
+_Watched = tuple[frozenset[PhysicalDevice], Path, ModuleType | None]
+
+
+class DevicePlugin:
+    """Everything one ``gpu-labeller device-plugin`` process runs: ``start``, ``serve`` (any number
+    of times), ``stop``."""
+
+    def __init__(self, settings: PluginSettings, metrics: PluginMetrics | None = None):
         self.settings = settings
         self.metrics = metrics or PluginMetrics()
-        self.resources: list[Resource] = advertised_resources(inventory, config)
-        physical = {d.physical.health_key: d.physical for r in self.resources for d in r.devices}
-        self.board = HealthBoard(physical, settings.recovery_seconds)
-        self.monitor = HealthMonitor(self.board, *self._checkers(list(physical.values()), host_root, nvml),
-                                     poll_seconds=settings.health_poll_seconds)
-        policy = config.plugin.shared_devices_allocation_policy
-        self.services = [DevicePluginService(Allocator(r, config.plugin, config.sharing, host_root), self.board,
-                                             self.metrics, policy) for r in self.resources]
-        self.manager = PluginManager([SocketServer(s, settings.socket_dir) for s in self.services],
-                                     settings.socket_dir / settings.kubelet_socket, self.metrics, settings.tick_seconds)
+        self.resources: tuple[Resource, ...] = ()
+        self.applied = 0  # how many ``serve`` calls have taken effect (several pending ones count once)
+        self.board = HealthBoard((), settings.recovery_seconds)
+        self.board.listeners.append(self._on_health_change)
+        self.manager = PluginManager(settings.socket_dir / settings.kubelet_socket, self.metrics,
+                                     settings.kubelet_missing_log_seconds)
+        self.last_tick = time.monotonic()
+        self._services: dict[str, DevicePluginService] = {}
+        self._monitor: HealthMonitor | None = None
+        self._watched: _Watched | None = None
+        self._offer: _Offer | None = None
+        self._offer_lock = threading.Lock()
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.board.listeners.append(self._on_health_change)
+
+    # --- what to serve ----------------------------------------------------------------------
+
+    def serve(self, resources: list[Resource], config: Config, host_root: Path, nvml: ModuleType | None) -> None:
+        """Serve exactly ``resources`` from now on; the supervisor applies it at its next tick."""
+        with self._offer_lock:
+            self._offer = _Offer(tuple(resources), config, host_root, nvml)
+        self._wake.set()
+
+    def _apply_offer(self) -> None:
+        with self._offer_lock:
+            offer, self._offer = self._offer, None
+        if offer is None:
+            return
+        self.settings.socket_dir.mkdir(parents=True, exist_ok=True)
+        policy = offer.config.plugin.shared_devices_allocation_policy
+        before = {r.name: r for r in self.resources}
+        for resource in offer.resources:
+            allocator = Allocator(resource, offer.config.plugin, offer.config.sharing, offer.host_root)
+            service = self._services.get(resource.name)
+            if service is None:
+                service = DevicePluginService(allocator, self.board, self.metrics, policy)
+                self._services[resource.name] = service
+                self.manager.add(SocketServer(service, self.settings.socket_dir))
+            else:
+                service.update(allocator, policy)
+            if before.get(resource.name) != resource:
+                log.info("resource", resource=resource.name, vendor=resource.vendor, devices=len(resource.devices),
+                         replicas=resource.replicas, change="updated" if resource.name in before else "added")
+        for name in set(self._services) - {r.name for r in offer.resources}:
+            del self._services[name]
+            self.manager.remove(name)
+            self._forget_device_gauges(name)
+            log.info("resource", resource=name, vendor=before[name].vendor, change="removed")
+        self.resources = offer.resources
+        physical = {d.physical for r in offer.resources for d in r.devices}
+        self.board.track(p.health_key for p in physical)  # open streams send the new lists now
+        self._watch_health((frozenset(physical), offer.host_root, offer.nvml))
         self._update_device_gauges()
+        self.applied += 1
+
+    # --- health -----------------------------------------------------------------------------
+
+    def _watch_health(self, watched: _Watched) -> None:
+        """(Re)start the health checkers when the physical devices or the host changed."""
+        if watched == self._watched:
+            return
+        if self._monitor is not None:
+            self._monitor.stop()
+        physical, host_root, nvml = watched
+        self._monitor = HealthMonitor(self.board, *self._checkers(list(physical), host_root, nvml),
+                                      poll_seconds=self.settings.health_poll_seconds)
+        self._monitor.start()
+        self._watched = watched
 
     def _checkers(self, physical: list[PhysicalDevice], host_root: Path,
                   nvml: ModuleType | None) -> tuple[NvmlChecker | None, KfdChecker | None]:
         policy = self.settings.policy
         if not policy.checks:
-            log.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS=all)")
+            if physical:
+                log.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS=all)")
             return None, None
         nvidia = [p for p in physical if p.vendor == "nvidia"]
         amd = [p for p in physical if p.vendor == "amd"]
@@ -86,7 +169,8 @@ class DevicePlugin:
             health = HEALTHY if healthy else UNHEALTHY
             self.metrics.health_changes.labels(resource=resource.name, health=health).inc(len(ids))
             (log.info if healthy else log.warning)("device health changed", resource=resource.name,
-                                                   device=ids[0].split("::")[0], health=health, reason=reason)
+                                                   vendor=resource.vendor, device=ids[0].split("::")[0],
+                                                   health=health, reason=reason)
         self._update_device_gauges()
 
     def _update_device_gauges(self) -> None:
@@ -95,28 +179,51 @@ class DevicePlugin:
             self.metrics.devices.labels(resource=resource.name, health=HEALTHY).set(healthy)
             self.metrics.devices.labels(resource=resource.name, health=UNHEALTHY).set(len(resource.devices) - healthy)
 
+    def _forget_device_gauges(self, name: str) -> None:
+        for health in (HEALTHY, UNHEALTHY):
+            try:
+                self.metrics.devices.remove(name, health)
+            except KeyError:
+                pass
+
+    # --- lifecycle --------------------------------------------------------------------------
+
     @property
     def ready(self) -> bool:
-        return self.manager.all_registered
+        """Something is served and every served resource is registered with the kubelet."""
+        return bool(self.resources) and self.manager.all_registered
+
+    def healthy(self, stall_seconds: float) -> bool:
+        """The supervisor ticked within ``stall_seconds``."""
+        return time.monotonic() - self.last_tick < stall_seconds
 
     def start(self) -> None:
-        """Serve every resource and supervise registration in a background thread."""
-        if not self.resources:
-            log.warning("no devices found; nothing to serve")
-        self.settings.socket_dir.mkdir(parents=True, exist_ok=True)
-        self.monitor.start()
-        self.manager.start()
-        self._thread = threading.Thread(target=self.manager.run, args=(self._stop,), name="plugin-supervisor",
-                                        daemon=True)
+        """Apply what ``serve`` was given so far, then supervise in a background thread."""
+        self._apply_offer()
+        self._thread = threading.Thread(target=self._supervise, name="plugin-supervisor", daemon=True)
         self._thread.start()
+
+    def _supervise(self) -> None:
+        while not self._stop.is_set():
+            self.last_tick = time.monotonic()
+            try:
+                self._apply_offer()
+                self.manager.tick()
+            except Exception:  # one bad tick must not end supervision: the next tick retries
+                log.exception("supervisor tick failed; retrying")
+            self._wake.wait(self.settings.tick_seconds)
+            self._wake.clear()
 
     def stop(self) -> None:
         """Stop serving, remove our sockets, stop health checks."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.manager.stop()
-        self.monitor.stop()
+        if self._monitor is not None:
+            self._monitor.stop()
+        self.board.close()
 
     def __enter__(self) -> Self:
         self.start()

@@ -101,6 +101,16 @@ class HealthBoard:
     def healthy(self, key: str) -> bool:
         return key not in self._last_bad
 
+    def track(self, keys: Iterable[str]) -> None:
+        """Follow these keys from now on (the plugin serves new devices): new keys start Healthy,
+        kept keys keep their health, dropped keys are forgotten. Wakes every waiting stream."""
+        with self._cond:
+            self._keys = frozenset(keys)
+            for key in set(self._last_bad) - self._keys:
+                del self._last_bad[key]
+            self.generation += 1
+            self._cond.notify_all()
+
     def unhealthy_keys(self) -> frozenset[str]:
         with self._cond:
             return frozenset(self._last_bad)
@@ -359,4 +369,3 @@ class HealthMonitor:
             thread.join(timeout=2)
         if self._nvml is not None:
             self._nvml.stop()
-        self.board.close()

@@ -1,9 +1,12 @@
-"""Keeps every resource served and registered: registration with backoff, kubelet restarts, lost sockets.
+"""Keeps every served resource registered: registration with backoff, kubelet restarts, lost sockets.
 
-A supervisor loop polls the socket directory every ``tick_seconds`` (0.1 s: a few ``stat`` calls):
+``tick()`` runs on the plugin's supervisor thread every ``tick_seconds`` (0.1 s: a few ``stat``
+calls), together with ``add`` and ``remove``, so none of them needs a lock:
 
 - ``kubelet.sock`` appears or is replaced (a kubelet (re)start): register every resource again,
   at once, after re-creating any plugin socket the kubelet deleted;
+- ``kubelet.sock`` missing: logged with its path after 1 s, then every ``missing_log_seconds``
+  (60 s), so a plugin waiting for a kubelet that never comes says so;
 - a plugin socket is missing or replaced: re-create it and register again;
 - a registration that fails is retried with exponential backoff (0.1 s doubling to 5 s), so
   starting before the kubelet is fine.
@@ -12,7 +15,6 @@ A supervisor loop polls the socket directory every ``tick_seconds`` (0.1 s: a fe
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ VERSION = "v1beta1"
 FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0
 REGISTER_TIMEOUT = 5.0
+KUBELET_MISSING_GRACE = 1.0  # a restarting kubelet re-creates its socket within this; no need to log it
 
 
 @dataclass
@@ -49,55 +52,82 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 class PluginManager:
-    def __init__(self, servers: list[SocketServer], kubelet_socket: Path, metrics: PluginMetrics,
-                 tick_seconds: float = 0.1):
-        self.servers = servers
+    def __init__(self, kubelet_socket: Path, metrics: PluginMetrics, missing_log_seconds: float = 60.0):
         self.kubelet_socket = kubelet_socket
         self._metrics = metrics
-        self._tick_seconds = tick_seconds
-        self._states = {id(s): _State() for s in servers}
+        self._missing_log_seconds = missing_log_seconds
+        # Replaced, never mutated, so that readers on other threads (``all_registered``) see a whole dict.
+        self._servers: dict[str, SocketServer] = {}
+        self._states: dict[str, _State] = {}
         self._kubelet: tuple[int, int] | None = None
-        self.last_tick = time.monotonic()
+        self._kubelet_missing_since: float | None = None
+        self._kubelet_missing_logged: float | None = None
+
+    @property
+    def servers(self) -> list[SocketServer]:
+        return list(self._servers.values())
 
     @property
     def all_registered(self) -> bool:
         return all(state.registered for state in self._states.values())
 
-    def start(self) -> None:
-        for server in self.servers:
-            server.start()
-            log.info("serving", resource=server.service.resource.name, socket=str(server.path),
-                     devices=len(server.service.resource.devices))
+    def add(self, server: SocketServer) -> None:
+        """Serve a new resource; the next tick registers it."""
+        name = server.service.resource.name
+        server.start()
+        self._servers = {**self._servers, name: server}
+        self._states = {**self._states, name: _State()}
+        log.info("serving", resource=name, vendor=server.service.resource.vendor, socket=str(server.path),
+                 devices=len(server.service.resource.devices))
 
-    def run(self, stop: threading.Event) -> None:
-        """Supervise until ``stop`` is set."""
-        while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # one bad tick must not end supervision: the next tick retries
-                log.exception("supervisor tick failed; retrying")
-            stop.wait(self._tick_seconds)
+    def remove(self, name: str) -> None:
+        """Stop serving a resource: its ListAndWatch streams end and its socket is removed."""
+        server = self._servers[name]
+        self._servers = {n: s for n, s in self._servers.items() if n != name}
+        self._states = {n: s for n, s in self._states.items() if n != name}
+        server.stop()
+        log.info("stopped", resource=name, socket=str(server.path))
+        try:
+            self._metrics.registered.remove(name)
+        except KeyError:
+            pass
 
     def tick(self) -> None:
-        self.last_tick = time.monotonic()
+        now = time.monotonic()
         kubelet = _identity(self.kubelet_socket)
+        self._note_kubelet_presence(kubelet is not None, now)
         if kubelet is not None and kubelet != self._kubelet:
             log.info("kubelet socket (re)created; registering again", socket=str(self.kubelet_socket))
             for state in self._states.values():
                 self._unregister(state, immediately=True)
         self._kubelet = kubelet
-        for server in self.servers:
-            state = self._states[id(server)]
+        for name, server in self._servers.items():
+            state = self._states[name]
             if not server.socket_ok():
-                log.warning("plugin socket missing; re-creating it", resource=server.service.resource.name,
-                            socket=str(server.path))
+                log.warning("plugin socket missing; re-creating it", resource=name, socket=str(server.path))
                 server.restart()
                 self._unregister(state, immediately=True)
             if kubelet is not None and not state.registered and time.monotonic() >= state.next_attempt:
                 self._register(server, state)
-        for server in self.servers:
-            self._metrics.registered.labels(resource=server.service.resource.name).set(
-                1 if self._states[id(server)].registered else 0)
+        for name, state in self._states.items():
+            self._metrics.registered.labels(resource=name).set(1 if state.registered else 0)
+
+    def _note_kubelet_presence(self, present: bool, now: float) -> None:
+        """Log a missing kubelet socket after a short grace, then every ``missing_log_seconds``."""
+        since, last = self._kubelet_missing_since, self._kubelet_missing_logged
+        if present:
+            if since is not None and last is not None:
+                log.info("kubelet socket found", socket=str(self.kubelet_socket), waited_s=round(now - since, 1))
+            self._kubelet_missing_since = self._kubelet_missing_logged = None
+            return
+        if since is None:
+            since = self._kubelet_missing_since = now
+        waited = now - since
+        if (waited >= KUBELET_MISSING_GRACE and last is None) or (last is not None and
+                                                                  now - last >= self._missing_log_seconds):
+            log.warning("kubelet socket not found; waiting for the kubelet to create it", reason="kubelet-missing",
+                        socket=str(self.kubelet_socket), waited_s=round(waited, 2))
+            self._kubelet_missing_logged = now
 
     def _unregister(self, state: _State, immediately: bool) -> None:
         state.registered = False
@@ -114,7 +144,7 @@ class PluginManager:
         except grpc.RpcError as exc:
             self._metrics.registrations.labels(resource=name, outcome="failed").inc()
             log.warning("registration failed; will retry", resource=name, retry_in_s=state.backoff,
-                        error=f"{exc.code().name}: {exc.details()}")
+                        reason="registration-failed", error=f"{exc.code().name}: {exc.details()}")
             state.next_attempt = time.monotonic() + state.backoff
             state.backoff = min(state.backoff * 2, MAX_BACKOFF)
             return
@@ -123,6 +153,5 @@ class PluginManager:
         log.info("registered with the kubelet", resource=name, endpoint=server.endpoint, version=VERSION)
 
     def stop(self) -> None:
-        for server in self.servers:
-            server.stop()
-            log.info("stopped", resource=server.service.resource.name, socket=str(server.path))
+        for name in list(self._servers):
+            self.remove(name)

@@ -19,6 +19,7 @@ from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.preferred import preferred
+from labeller.plugin.resources import Resource
 
 log = structlog.get_logger(__name__)
 
@@ -28,13 +29,23 @@ STREAM_RECHECK_SECONDS = 1.0
 
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
-    """The five DevicePlugin methods for one resource."""
+    """The five DevicePlugin methods for one resource name; its devices can be replaced while served."""
 
     def __init__(self, allocator: Allocator, board: HealthBoard, metrics: PluginMetrics, policy: str):
-        self.resource = allocator.resource
         self._allocator, self._board, self._metrics, self._policy = allocator, board, metrics, policy
         self._stopped = threading.Event()
-        self._cached: tuple[int, pb.ListAndWatchResponse] | None = None
+        self._cached: tuple[int, Allocator, pb.ListAndWatchResponse] | None = None
+
+    @property
+    def resource(self) -> Resource:
+        return self._allocator.resource
+
+    def update(self, allocator: Allocator, policy: str) -> None:
+        """Serve ``allocator.resource`` (same name) from now on. Open ListAndWatch streams send the
+        new list when the board next changes (``HealthBoard.track`` does that)."""
+        if allocator.resource.name != self.resource.name:
+            raise ValueError(f"{self.resource.name}: cannot become {allocator.resource.name}")
+        self._allocator, self._policy = allocator, policy
 
     def stop(self) -> None:
         """End every open ListAndWatch stream."""
@@ -45,18 +56,18 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self._stopped.clear()
 
     def list_response(self) -> pb.ListAndWatchResponse:
-        generation = self._board.generation
-        if self._cached is not None and self._cached[0] == generation:
-            return self._cached[1]
+        generation, allocator, cached = self._board.generation, self._allocator, self._cached
+        if cached is not None and cached[0] == generation and cached[1] is allocator:
+            return cached[2]
         devices = []
-        for device in self.resource.devices:
+        for device in allocator.resource.devices:
             numa = device.physical.numa_node
             devices.append(pb.Device(
                 ID=device.id, health=HEALTHY if self._board.healthy(device.physical.health_key) else UNHEALTHY,
                 topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=numa)]) if numa is not None and numa >= 0 else None,
             ))
         response = pb.ListAndWatchResponse(devices=devices)
-        self._cached = (generation, response)
+        self._cached = (generation, allocator, response)
         return response
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
@@ -77,10 +88,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
                                context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
         responses = []
+        resource, policy = self.resource, self._policy
         for container in request.container_requests:
             try:
-                ids = preferred(self.resource, list(container.available_deviceIDs),
-                                list(container.must_include_deviceIDs), int(container.allocation_size), self._policy)
+                ids = preferred(resource, list(container.available_deviceIDs),
+                                list(container.must_include_deviceIDs), int(container.allocation_size), policy)
             except Exception:  # only a hint: a bug here must not fail the pod
                 log.exception("preferred allocation failed; answering with no preference", resource=self.resource.name)
                 ids = []
@@ -89,9 +101,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         started = time.perf_counter()
-        name = self.resource.name
+        allocator = self._allocator  # one resource for the whole call, even across an update
+        name = allocator.resource.name
         try:
-            response = self._allocator.allocate(request)
+            response = allocator.allocate(request)
         except RequestError as exc:
             self._metrics.allocations.labels(resource=name, outcome="rejected").inc()
             log.warning("allocate rejected", resource=name, reason=str(exc))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,10 +15,13 @@ from typing import Any
 import pytest
 
 from labeller.config import Config, parse_config
-from labeller.discovery_options import open_node
+from labeller.discovery_options import Node, open_node
 from labeller.inventory import Inventory
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.health import HealthPolicy
+from labeller.plugin.prober import Prober
+from labeller.plugin.resources import advertised_resources
+from labeller.reconcile import Backoff
 from tests.fakes.kubelet import FakeKubelet
 
 
@@ -57,6 +61,33 @@ def running_plugin(sock_dir: Path, profile: str, config: dict[str, Any] | None =
     with simulated(profile, config) as (inventory, cfg, host_root, nvml):
         settings = PluginSettings(sock_dir, recovery_seconds=recovery_seconds, health_poll_seconds=poll_seconds,
                                   tick_seconds=0.05, policy=policy or HealthPolicy())
-        plugin = DevicePlugin(inventory, cfg, host_root, nvml, settings)
+        plugin = DevicePlugin(settings)
+        plugin.serve(advertised_resources(inventory, cfg), cfg, host_root, nvml)
         with plugin:
             yield Running(plugin, inventory, cfg, host_root, nvml)
+
+
+@dataclass
+class Probing:
+    plugin: DevicePlugin
+    node: Node
+    reload: threading.Event  # set it for what SIGHUP does
+    exit_code: list[int]
+
+
+@contextmanager
+def probing_plugin(sock_dir: Path, node: Node, config_path: Path | None = None, *,
+                   backoff: Backoff | None = None, recovery_seconds: float = 0.3) -> Iterator[Probing]:
+    """The plugin as ``gpu-labeller device-plugin`` runs it: the prober loop on a thread, feeding the supervisor."""
+    settings = PluginSettings(sock_dir, recovery_seconds=recovery_seconds, health_poll_seconds=0.05, tick_seconds=0.05,
+                              policy=HealthPolicy())
+    stop, reload, exit_code = threading.Event(), threading.Event(), []
+    with DevicePlugin(settings) as plugin:
+        prober = Prober(node, plugin, config_path, backoff or Backoff(0.05, 0.2))
+        thread = threading.Thread(target=lambda: exit_code.append(prober.run(stop, reload)), daemon=True)
+        thread.start()
+        try:
+            yield Probing(plugin, node, reload, exit_code)
+        finally:
+            stop.set()
+            thread.join(5)

@@ -5,16 +5,25 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from labeller.cli import main
+from labeller.plugin.cli import device_plugin
 from tests.fakes.kubelet import FakeKubelet
+from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
+
+GPU = "nvidia.com/gpu"
 
 
 def test_help_lists_the_flags() -> None:
@@ -31,58 +40,165 @@ def test_bad_profile_is_bad_input(sock_dir: Path) -> None:
     assert result.exit_code == 2 and "no such profile" in result.output
 
 
-def _port(proc: subprocess.Popen[str]) -> int:
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
+class PluginProcess:
+    """A real ``gpu-labeller device-plugin`` process; its JSON log events are collected as they come."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "labeller.cli", "--log-format", "json", "device-plugin", "--metrics-port", "0",
+             "--metrics-bind", "127.0.0.1", *args],
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env={**os.environ, "DP_DISABLE_HEALTHCHECKS": "", "GRPC_VERBOSITY": "ERROR", **(env or {})})
+        self.events: list[dict[str, Any]] = []
+        self.stderr: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._changed:
+                self.stderr.append(line)
+                try:
+                    self.events.append({**json.loads(line), "seen": time.monotonic()})
+                except ValueError:
+                    pass
+                self._changed.notify_all()
+
+    def event(self, name: str, timeout: float = 15) -> dict[str, Any]:
+        """The first log event called ``name``, waiting for it if needed."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: any(e.get("event") == name for e in self.events), timeout), \
+                f"no {name!r} in the plugin's log:\n{''.join(self.stderr)}"
+            return next(e for e in self.events if e.get("event") == name)
+
+    def count(self, name: str) -> int:
+        with self._changed:
+            return sum(1 for e in self.events if e.get("event") == name)
+
+    @property
+    def port(self) -> int:
+        return int(self.event("metrics server listening")["port"])
+
+    def status(self, path: str) -> int:
         try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get("event") == "metrics server listening":
-            return int(event["port"])
-    raise AssertionError("the plugin never reported its metrics port")
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(10)
+
+    def __enter__(self) -> PluginProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def test_serves_registers_reloads_on_sighup_and_stops_on_sigterm(sock_dir: Path, kubelet: FakeKubelet) -> None:
-    config = sock_dir.parent / f"{sock_dir.name}-config.yaml"
+def test_serves_registers_reloads_on_sighup_and_stops_on_sigterm(sock_dir: Path, kubelet: FakeKubelet,
+                                                                 tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
     config.write_text("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
                       "    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n")
-    env = {**os.environ, "DP_DISABLE_HEALTHCHECKS": "", "GRPC_VERBOSITY": "ERROR"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "labeller.cli", "--log-format", "json", "device-plugin", "--simulate", "dgx-h100",
-         "--config", str(config), "--socket-dir", str(sock_dir), "--metrics-port", "0",
-         "--metrics-bind", "127.0.0.1", "--health-recovery-seconds", "5"],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    try:
-        port = _port(proc)
+    with PluginProcess("--simulate", "dgx-h100", "--config", str(config), "--socket-dir", str(sock_dir),
+                       "--health-recovery-seconds", "5s") as plugin:
         assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu.shared") == 24, 10)
         assert (sock_dir / "nvidia-gpu.shared.sock").exists()
         kubelet.admit("nvidia.com/gpu.shared", [1])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
-            assert answer.status == 200
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        assert plugin.status("/readyz") == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{plugin.port}/metrics", timeout=5) as answer:
             metrics = answer.read().decode()
         assert 'gpu_labeller_plugin_registrations_total{outcome="ok",resource="nvidia.com/gpu.shared"} 1.0' in metrics
         assert 'gpu_labeller_plugin_allocations_total{outcome="ok",resource="nvidia.com/gpu.shared"} 1.0' in metrics
         assert 'gpu_labeller_plugin_devices{health="Healthy",resource="nvidia.com/gpu.shared"} 24.0' in metrics
         config.write_text("version: v1\nsharing: {timeSlicing: {replicas: 3}}\n")  # a bad config ...
-        proc.send_signal(signal.SIGHUP)
-        time.sleep(1.0)  # ... is refused: the plugin serves on with the old config
-        assert proc.poll() is None and kubelet.allocatable("nvidia.com/gpu.shared") == 24
+        plugin.proc.send_signal(signal.SIGHUP)
+        plugin.event("config reload failed, serving on with the old config")
+        assert plugin.proc.poll() is None and kubelet.allocatable("nvidia.com/gpu.shared") == 24
+        since = time.monotonic()
         config.write_text("version: v1\n")  # SIGHUP: the config is read again, sharing is gone
-        proc.send_signal(signal.SIGHUP)
+        plugin.proc.send_signal(signal.SIGHUP)
         assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, 10)
+        assert kubelet.wait_for(lambda: [o.event for o in kubelet.seen("nvidia.com/gpu.shared", since)] ==
+                                ["stream-ended"])  # a name no longer served: its stream ends
         assert kubelet.allocatable("nvidia.com/gpu.shared") == 0
         assert not (sock_dir / "nvidia-gpu.shared.sock").exists()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        config.unlink(missing_ok=True)
+        assert plugin.stop() == 0
     assert sorted(p.name for p in sock_dir.iterdir()) == ["kubelet.sock"]
+
+
+def test_sighup_with_more_replicas_updates_the_stream_without_registering_again(
+        sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    write_yaml(config, time_slicing(2))
+    with PluginProcess("--simulate", "dgx-h100", "--config", str(config), "--socket-dir", str(sock_dir)) as plugin:
+        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 16, 10)
+        since = time.monotonic()
+        write_yaml(config, time_slicing(4))
+        plugin.proc.send_signal(signal.SIGHUP)
+        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 32, 10)
+        assert kubelet.registration_count(GPU) == 1
+        assert [(o.event, o.allocatable) for o in kubelet.seen(GPU, since)] == [("devices", 32)]
+        assert plugin.status("/readyz") == 200
+
+
+def test_a_late_driver_is_found_without_a_sighup(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    profile = tmp_path / "node.yaml"
+    write_yaml(profile, l40s_node(2, nvml_error="library_not_found"))
+    with PluginProcess("--simulate", str(profile), "--socket-dir", str(sock_dir)) as plugin:
+        waiting = plugin.event("driver not ready; probing again")
+        assert waiting["reason"] == "driver-not-ready" and "NVML library not found" in waiting["detail"]
+        assert plugin.status("/readyz") == 503 and kubelet.registrations == []
+        write_yaml(profile, l40s_node(2))  # the driver is installed
+        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2, 40)
+        assert plugin.event("driver ready; serving")["reason"] == "driver-ready"
+        assert plugin.status("/readyz") == 200
+        assert plugin.count("signal received") == 0
+
+
+def test_fail_on_init_error_exits_with_1(sock_dir: Path, tmp_path: Path) -> None:
+    profile = tmp_path / "node.yaml"
+    write_yaml(profile, l40s_node(2, nvml_error="library_not_found", config=time_slicing(2, fail_on_init_error=True)))
+    with PluginProcess("--simulate", str(profile), "--socket-dir", str(sock_dir)) as plugin:
+        assert plugin.proc.wait(20) == 1
+        plugin.event("driver not ready and flags.failOnInitError is true; exiting")
+        assert "Traceback" not in "".join(plugin.stderr)
+
+
+def test_a_missing_kubelet_socket_is_logged_with_its_path(sock_dir: Path) -> None:
+    with PluginProcess("--simulate", "dgx-h100", "--socket-dir", str(sock_dir)) as plugin:
+        missing = plugin.event("kubelet socket not found; waiting for the kubelet to create it")
+        assert missing["socket"] == str(sock_dir / "kubelet.sock") and missing["reason"] == "kubelet-missing"
+        assert missing["seen"] - plugin.started < 5
+        assert plugin.status("/readyz") == 503
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_code_2(sock_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "labeller.cli", "device-plugin", "--simulate", "dgx-h100",
+                                 "--socket-dir", str(sock_dir), "--metrics-bind", "127.0.0.1",
+                                 "--metrics-port", str(port)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [f"Error: --metrics-port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("90", 90.0), ("90s", 90.0), ("2m", 120.0), ("500ms", 0.5)])
+def test_health_recovery_takes_a_duration(value: str, seconds: float) -> None:
+    context = device_plugin.make_context("device-plugin", ["--health-recovery-seconds", value])
+    assert context.params["health_recovery_seconds"] == seconds
+
+
+def test_health_recovery_rejects_a_non_duration() -> None:
+    result = CliRunner().invoke(main, ["device-plugin", "--health-recovery-seconds", "soon"])
+    assert result.exit_code == 2 and "'soon' is not a duration" in result.output

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+import structlog
 
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.health import HealthPolicy
+from labeller.plugin.manager import PluginManager
+from labeller.plugin.metrics import PluginMetrics
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import running_plugin
 
@@ -232,3 +235,18 @@ def test_emulator_rejects_a_bare_resource_name(sock_dir: Path, kubelet: FakeKube
         registration.Register(pb.RegisterRequest(version="v1beta1", endpoint="x.sock", resource_name="gpu"), timeout=5)
     assert 'the ResourceName "gpu" is invalid' in caught.value.details()
     shutil.rmtree(sock_dir / "x.sock", ignore_errors=True)
+
+
+def test_a_missing_kubelet_socket_is_logged_after_a_second_then_periodically(sock_dir: Path) -> None:
+    manager = PluginManager(sock_dir / "kubelet.sock", PluginMetrics(), missing_log_seconds=0.2)
+    with structlog.testing.capture_logs() as logs:
+        while sum(e["event"].startswith("kubelet socket not found") for e in logs) < 3:
+            manager.tick()
+            time.sleep(0.01)  # a tick every 10 ms, as the supervisor does every 100 ms
+        (sock_dir / "kubelet.sock").touch()
+        manager.tick()
+    missing = [e for e in logs if e["event"].startswith("kubelet socket not found")]
+    assert all(e["socket"] == str(sock_dir / "kubelet.sock") and e["reason"] == "kubelet-missing" for e in missing)
+    waited = [e["waited_s"] for e in missing]
+    assert 1.0 <= waited[0] < 1.5 and all(later - earlier > 0.19 for earlier, later in zip(waited, waited[1:]))
+    assert [e["event"] for e in logs[-2:]] == ["kubelet socket found", "kubelet socket (re)created; registering again"]

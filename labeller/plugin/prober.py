@@ -1,0 +1,136 @@
+"""What the device plugin serves, and when it looks at the hardware again.
+
+``Prober.run`` probes at start and after every SIGHUP and hands the result to the plugin's
+supervisor (``DevicePlugin.serve``). While the driver is not ready (``not_ready``: the probe failed
+as a whole, a GPU backend is unavailable or failed, or there is nothing to serve) it probes again
+on its own, with jittered backoff from 1 s doubling to 30 s, and logs why at each attempt. With
+``flags.failOnInitError`` a first probe that finds the driver not ready ends the process with exit
+code 1 instead (a crash loop, as NVIDIA's plugin does).
+
+A vendor whose backend fails on a later probe keeps what it served (``carried_forward``): a driver
+that stops answering for a while (an upgrade, a reset) must not take its devices off the Node; the
+health checks say whether they still work. A probe that fails as a whole (``ProbeError``) changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+from labeller.config import ConfigError, load_config
+from labeller.discovery_options import Node
+from labeller.inventory import Inventory, ProbeError
+from labeller.plugin.app import DevicePlugin
+from labeller.plugin.resources import Resource, advertised_resources
+from labeller.reconcile import Backoff
+
+log = structlog.get_logger(__name__)
+
+FIRST_RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 30.0
+SIGNAL_POLL_SECONDS = 0.2
+VENDORS = ("nvidia", "amd")
+
+
+def failed_vendors(inventory: Inventory) -> set[str]:
+    """Vendors whose backend could not describe their GPUs this time (NVML missing, no KFD topology)."""
+    return {r.backend for r in inventory.reports if r.backend in VENDORS and r.status in ("unavailable", "error")}
+
+
+def not_ready(inventory: Inventory, resources: Sequence[Resource]) -> str | None:
+    """Why the driver is not ready to serve (the probe reports' own words), or None when it is."""
+    troubles = [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
+    if troubles:
+        return "; ".join(troubles)
+    if resources:
+        return None
+    if inventory.pci_gpus:
+        return f"{len(inventory.pci_gpus)} GPU(s) on the PCI bus but none the plugin can serve with this config"
+    return "no GPU found"
+
+
+def carried_forward(served: Sequence[Resource], fresh: Sequence[Resource], failed: set[str]) -> list[Resource]:
+    """``fresh``, plus the resources served now of the vendors in ``failed`` that ``fresh`` lacks."""
+    names = {r.name for r in fresh}
+    return [*fresh, *(r for r in served if r.vendor in failed and r.name not in names)]
+
+
+class Prober:
+    """Probes the node and tells the plugin what to serve; see the module docstring."""
+
+    def __init__(self, node: Node, plugin: DevicePlugin, config_path: Path | None,
+                 backoff: Backoff | None = None) -> None:
+        self.node, self.plugin, self.config_path = node, plugin, config_path
+        self.backoff = backoff or Backoff(FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS)
+        self.served: list[Resource] = []
+        self._waiting_since: float | None = None
+
+    def run(self, stop: threading.Event, reload: threading.Event) -> int:
+        """Probe and serve until ``stop`` is set; the process's exit code."""
+        next_probe = 0.0
+        first = True
+        while not stop.is_set():
+            if reload.is_set():
+                reload.clear()
+                if self._reload_config():
+                    next_probe = 0.0
+            if time.monotonic() >= next_probe:
+                reason = self.probe_and_serve()
+                if reason is None:
+                    next_probe = math.inf
+                elif first and self.node.config.plugin.fail_on_init_error:
+                    log.error("driver not ready and flags.failOnInitError is true; exiting", reason="driver-not-ready",
+                              detail=reason)
+                    return 1
+                else:
+                    next_probe = time.monotonic() + self._retry_later(reason)
+                first = False
+            stop.wait(max(0.0, min(SIGNAL_POLL_SECONDS, next_probe - time.monotonic())))
+        return 0
+
+    def probe_and_serve(self) -> str | None:
+        """Probe once and serve what was found; why the driver is not ready, or None."""
+        try:
+            inventory = self.node.probe()
+        except ProbeError as exc:
+            return str(exc)
+        config = self.node.config
+        fresh = advertised_resources(inventory, config)
+        self.served = carried_forward(self.served, fresh, failed_vendors(inventory))
+        self.plugin.serve(self.served, config, self.node.host_root, self.node.nvml)
+        reason = not_ready(inventory, fresh)
+        if reason is None and self._waiting_since is not None:
+            log.info("driver ready; serving", reason="driver-ready", attempts=self.backoff.attempts + 1,
+                     waited_s=round(time.monotonic() - self._waiting_since, 1))
+        if reason is None:
+            self._waiting_since = None
+            self.backoff.reset()
+        return reason
+
+    def _retry_later(self, reason: str) -> float:
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
+        delay = self.backoff.next()
+        log.warning("driver not ready; probing again", reason="driver-not-ready", detail=reason,
+                    attempt=self.backoff.attempts, retry_in_s=round(delay, 2))
+        return delay
+
+    def _reload_config(self) -> bool:
+        """SIGHUP: read ``--config`` again (a profile's own config is re-read with the profile);
+        False when it fails to load, and the old one stays."""
+        if self.config_path is None:
+            log.info("SIGHUP: probing again", reason="sighup")
+            return True
+        try:
+            self.node.config = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("config reload failed, serving on with the old config", reason="bad-config", error=str(exc))
+            return False
+        log.info("SIGHUP: config reloaded; probing again", reason="sighup", config=str(self.config_path))
+        return True
