@@ -111,8 +111,8 @@ class DevicePlugin:
             service = self._services.get(resource.name)
             if service is None:
                 service = DevicePluginService(allocator, self.board, self.metrics, policy)
-                self._services[resource.name] = service
                 self.manager.add(SocketServer(service, self.settings.socket_dir))
+                self._services[resource.name] = service
             else:
                 service.update(allocator, policy)
             if before.get(resource.name) != resource:

@@ -100,15 +100,18 @@ class Prober:
             inventory = self.node.probe()
         except ProbeError as exc:
             return str(exc)
+        except Exception as exc:  # a bug in a probe must not end the plugin: it is retried like a late driver
+            log.exception("probe failed", reason="probe-failed")
+            return f"probe failed: {type(exc).__name__}: {exc}"
         config = self.node.config
         fresh = advertised_resources(inventory, config)
         self.served = carried_forward(self.served, fresh, failed_vendors(inventory))
         self.plugin.serve(self.served, config, self.node.host_root, self.node.nvml)
         reason = not_ready(inventory, fresh)
-        if reason is None and self._waiting_since is not None:
-            log.info("driver ready; serving", reason="driver-ready", attempts=self.backoff.attempts + 1,
-                     waited_s=round(time.monotonic() - self._waiting_since, 1))
         if reason is None:
+            if self._waiting_since is not None:
+                log.info("driver ready; serving", reason="driver-ready", attempts=self.backoff.attempts + 1,
+                         waited_s=round(time.monotonic() - self._waiting_since, 1))
             self._waiting_since = None
             self.backoff.reset()
         return reason

@@ -7,29 +7,35 @@ registration, each ListAndWatch update and each stream end.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from labeller.discovery_options import open_node
 from tests.fakes.kubelet import FakeKubelet
-from tests.plugin.conftest import probing_plugin
+from tests.plugin.conftest import Probing, probing_plugin
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
 
 
-def _files(tmp_path: Path, gpus: int, replicas: int, rename: bool = False) -> tuple[Path, Path]:
+@contextmanager
+def two_gpus_two_replicas(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path,
+                          recovery_seconds: float = 0.3) -> Iterator[tuple[Probing, Path, Path]]:
+    """The plugin serving 2 GPUs x 2 time-slicing replicas as nvidia.com/gpu; its profile and config files."""
     profile, config = tmp_path / "node.yaml", tmp_path / "config.yaml"
-    write_yaml(profile, l40s_node(gpus))
-    write_yaml(config, time_slicing(replicas, rename=rename))
-    return profile, config
+    write_yaml(profile, l40s_node(2))
+    write_yaml(config, time_slicing(2))
+    with open_node(Path("/"), str(profile), config) as node, \
+            probing_plugin(sock_dir, node, config, recovery_seconds=recovery_seconds) as run:
+        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
+        yield run, profile, config
 
 
 def test_more_replicas_under_the_same_name_reach_the_open_stream(sock_dir: Path, kubelet: FakeKubelet,
                                                                  tmp_path: Path) -> None:
-    profile, config = _files(tmp_path, gpus=2, replicas=2)
-    with open_node(Path("/"), str(profile), config) as node, probing_plugin(sock_dir, node, config) as run:
-        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
+    with two_gpus_two_replicas(sock_dir, kubelet, tmp_path) as (run, _, config):
         endpoint, since = kubelet.endpoint(GPU), time.monotonic()
         write_yaml(config, time_slicing(4))
         run.reload.set()
@@ -57,9 +63,7 @@ def test_a_gpu_appearing_joins_the_open_stream(sock_dir: Path, kubelet: FakeKube
 
 def test_a_renamed_resource_registers_anew_and_the_old_stream_ends(sock_dir: Path, kubelet: FakeKubelet,
                                                                    tmp_path: Path) -> None:
-    profile, config = _files(tmp_path, gpus=2, replicas=2)
-    with open_node(Path("/"), str(profile), config) as node, probing_plugin(sock_dir, node, config) as run:
-        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
+    with two_gpus_two_replicas(sock_dir, kubelet, tmp_path) as (run, _, config):
         since = time.monotonic()
         write_yaml(config, time_slicing(2, rename=True))
         run.reload.set()
@@ -72,12 +76,9 @@ def test_a_renamed_resource_registers_anew_and_the_old_stream_ends(sock_dir: Pat
 
 def test_an_unhealthy_gpu_stays_unhealthy_across_a_reload(sock_dir: Path, kubelet: FakeKubelet,
                                                           tmp_path: Path) -> None:
-    profile, config = _files(tmp_path, gpus=2, replicas=2)
-    with open_node(Path("/"), str(profile), config) as node, \
-            probing_plugin(sock_dir, node, config, recovery_seconds=60) as run:
-        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
+    with two_gpus_two_replicas(sock_dir, kubelet, tmp_path, recovery_seconds=60) as (run, _, config):
         sick = sorted(kubelet.devices(GPU))[0].split("::")[0]
-        node.nvml.inject_xid(sick, 79)  # type: ignore[union-attr]
+        run.node.nvml.inject_xid(sick, 79)  # type: ignore[union-attr]
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2)
         write_yaml(config, time_slicing(4))
         run.reload.set()
@@ -89,9 +90,7 @@ def test_an_unhealthy_gpu_stays_unhealthy_across_a_reload(sock_dir: Path, kubele
 
 def test_a_config_that_fails_to_load_keeps_the_served_devices(sock_dir: Path, kubelet: FakeKubelet,
                                                               tmp_path: Path) -> None:
-    profile, config = _files(tmp_path, gpus=2, replicas=2)
-    with open_node(Path("/"), str(profile), config) as node, probing_plugin(sock_dir, node, config) as run:
-        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
+    with two_gpus_two_replicas(sock_dir, kubelet, tmp_path) as (run, profile, config):
         since = time.monotonic()
         write_yaml(profile, l40s_node(3))  # a probe would show a third GPU
         config.write_text("version: v1\nsharing: {timeSlicing: {replicas: 3}}\n")
