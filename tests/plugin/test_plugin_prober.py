@@ -42,13 +42,21 @@ class FlakyNode(Node):
         return super().probe()
 
 
-def test_not_ready_gives_the_probe_reports_reason(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("nvml_error", "reason"), [
+    ("driver_not_loaded", "nvidia: NVIDIA driver not loaded"),
+    ("library_not_found", "nvidia: NVML library not found"),
+    ("unknown", "nvidia: NVML initialisation failed: Unknown Error"),  # nvmlInit itself fails
+])
+def test_not_ready_gives_the_probe_reports_reason(tmp_path: Path, nvml_error: str, reason: str) -> None:
     profile = tmp_path / "node.yaml"
-    write_yaml(profile, l40s_node(2, nvml_error="driver_not_loaded"))
+    write_yaml(profile, l40s_node(2, nvml_error=nvml_error))
     with simulated(str(profile)) as (inventory, config, _, _):
-        reason = not_ready(inventory, advertised_resources(inventory, config))
+        found = not_ready(inventory, advertised_resources(inventory, config))
         assert failed_vendors(inventory) == {"nvidia"}
-    assert reason is not None and reason.startswith("nvidia: NVIDIA driver not loaded")
+    assert found is not None and found.startswith(reason)
+
+
+def test_not_ready_when_nothing_can_be_served() -> None:
     with simulated("dgx-a100-mig-mixed", {"flags": {"migStrategy": "single"}}) as (inventory, config, _, _):
         assert not_ready(inventory, advertised_resources(inventory, config)) == \
             "8 GPU(s) on the PCI bus but none the plugin can serve with this config"
