@@ -49,7 +49,7 @@ class Node:
     nvml: ModuleType | None = None
 
     def probe(self) -> Inventory:
-        return discover(self.host_root, self.nvml)
+        return discover(self.host_root, self.nvml, firmware=self.config.labels.firmware)
 
 
 @contextmanager

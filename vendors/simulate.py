@@ -22,6 +22,7 @@ import yaml
 
 from vendors import amd_sim, fake_nvml
 from vendors.dmi import PRODUCT_NAME
+from vendors.sim_pci import write_host_bridge
 
 PROFILE_KEYS = ("name", "description", "machine", "config", "nvidia", "amd")
 
@@ -100,6 +101,7 @@ def simulated_node(profile: str) -> Iterator[SimulatedNode]:
     data = load_profile(path)
     with tempfile.TemporaryDirectory(prefix="gpu-labeller-sim-", dir=scratch_dir()) as tmp:
         root = Path(tmp)
+        write_host_bridge(root)  # a real /sys always lists PCI devices, GPUs or not
         if "machine" in data:
             dmi = root / PRODUCT_NAME
             dmi.parent.mkdir(parents=True)
