@@ -680,10 +680,7 @@ def _probe(
     topology = _topology_dir(host_root)
     if topology is None:
         return _without_kfd(host_root, amd_pci, firmware)
-    try:
-        node_dirs = [(int(name), topology / name) for name in list_dir(topology) or [] if name.isdigit()]
-    except Untrusted as exc:
-        return None, BackendReport("amd", "error", f"AMD probe failed: {exc}")
+    node_dirs = [(int(name), topology / name) for name in list_dir(topology) or [] if name.isdigit()]
     found = _Found.start(host_root, firmware)
     nodes: list[tuple[AmdComputeNode, dict[str, int]]] = []
     for index, path in sorted(node_dirs):
@@ -691,7 +688,8 @@ def _probe(
             node = _compute_node(path, index)
         except _BadNode as exc:
             found.problems.append(f"{exc}; GPU left out of the labels" if exc.bdf else str(exc))
-            found.left_out.update([exc.bdf] if exc.bdf else [])
+            if exc.bdf:
+                found.left_out.add(exc.bdf)
             continue
         if node is not None:
             nodes.append(node)

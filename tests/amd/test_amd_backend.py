@@ -316,8 +316,9 @@ def test_values_beyond_any_real_gpu_make_that_gpu_a_problem_not_a_label(tmp_path
     assert report.problems == (f"KFD node 2 (0000:63:00.0): {why}, beyond any real GPU; GPU left out of the labels",)
     labels = labels_for(root)
     assert labels["beta.amd.com/gpu.simd-count.416"] == "7" and labels["amd.com/gpu.simd-count"] == "416"
-    for kind, value in (("simd-count", "416"), ("cu-count", "104"), ("device-id", "740f")):  # the bad value nowhere
-        assert [key for key in labels if key.startswith(f"beta.amd.com/gpu.{kind}.")] == [f"beta.amd.com/gpu.{kind}.{value}"]
+    for kind, kept in (("simd-count", "416"), ("cu-count", "104"), ("device-id", "740f")):  # the bad value nowhere
+        assert [label for label in labels if label.startswith(f"beta.amd.com/gpu.{kind}.")] == [
+            f"beta.amd.com/gpu.{kind}.{kept}"]
 
 
 def test_a_cu_count_beyond_any_real_gpu_is_a_problem(tmp_path: Path) -> None:
