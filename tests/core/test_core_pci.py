@@ -203,3 +203,14 @@ def test_bus_ids_from_nvml_and_sysfs_compare_equal() -> None:
     assert normalise_bdf("00000000:18:00.0") == "0000:18:00.0"
     assert normalise_bdf("00000001:AB:00.1") == "0001:ab:00.1"
     assert normalise_bdf("0000:18:00.0") == "0000:18:00.0"
+
+
+def test_a_fifo_for_the_dmi_product_name_is_reported_not_read(tmp_path: Path) -> None:
+    add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
+    product_name = tmp_path / "sys/class/dmi/id/product_name"
+    product_name.parent.mkdir(parents=True)
+    os.mkfifo(product_name)
+    inventory = promptly(lambda: discover(tmp_path))
+    assert inventory.machine is None and inventory.partial  # the machine label is kept, not rewritten
+    dmi = next(r for r in inventory.reports if r.backend == "dmi")
+    assert (dmi.status, dmi.detail) == ("error", f"machine name unreadable: {product_name}: a FIFO, not a regular file")
