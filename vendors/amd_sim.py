@@ -2,7 +2,8 @@
 
 A profile's ``amd:`` section either names a captured sysfs tree (``sysfs:``), which is copied under
 the simulated root, or lists GPUs inline (``gpus:``), from which a realistic tree is generated:
-KFD topology (CPU nodes first), mem banks, io_links, DRM cards, amdgpu module and partition files.
+KFD topology (CPU nodes first), mem banks, io_links, DRM cards, amdgpu module and partition files,
+and debugfs ``amdgpu_firmware_info`` for GPUs given a captured one (``firmware_info``).
 Either way PCI device entries are written for each physical GPU, as real captures lack them.
 Schema in the README; every problem is a ValueError naming the key.
 """
