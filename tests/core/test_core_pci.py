@@ -214,3 +214,15 @@ def test_a_fifo_for_the_dmi_product_name_is_reported_not_read(tmp_path: Path) ->
     assert inventory.machine is None and inventory.partial  # the machine label is kept, not rewritten
     dmi = next(r for r in inventory.reports if r.backend == "dmi")
     assert (dmi.status, dmi.detail) == ("error", f"machine name unreadable: {product_name}: a FIFO, not a regular file")
+
+
+def test_a_simulated_node_without_gpus_is_a_genuine_empty_node(tmp_path: Path) -> None:
+    profile = tmp_path / "no-gpu.yaml"
+    profile.write_text("name: no-gpu\nmachine: PowerEdge R650\n")
+    result = gpu_labeller("probe", "--simulate", str(profile))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    pci = next(r for r in document["reports"] if r["backend"] == "pci")
+    assert (pci["status"], pci["detail"]) == ("absent", "0 GPU(s) among 1 PCI device(s)") and not document["partial"]
+    labels = gpu_labeller("labels", "--simulate", str(profile), "--format", "json")
+    assert labels.returncode == 0 and json.loads(labels.stdout) == {}
