@@ -16,7 +16,8 @@ from typing import Any
 import click
 import structlog
 
-from labeller.discovery_options import BadInput, discovery_options, open_node
+from labeller.discovery_options import BadInput, Node, discovery_options, open_node
+from labeller.inventory import Inventory, ProbeError
 from labeller.log import LEVELS, configure
 from labeller.outputs import FORMATS, render, write_atomic
 from labeller.rules import node_labels
@@ -65,6 +66,15 @@ def main(log_level: str, log_format: str) -> None:
     configure(log_level, None if log_format == "auto" else log_format == "json")
 
 
+def _probe(node: Node) -> Inventory:
+    """The node's inventory; a probe that cannot be trusted (no PCI device list under the host
+    root) is bad input: one line on stderr, exit code 2."""
+    try:
+        return node.probe()
+    except ProbeError as exc:
+        raise BadInput(str(exc)) from None
+
+
 @main.command()
 @discovery_options
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
@@ -74,7 +84,7 @@ def main(log_level: str, log_format: str) -> None:
 def labels(host_root: Path, simulate: str | None, config_path: Path | None, fmt: str, output: Path | None) -> None:
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
     with open_node(host_root, simulate, config_path) as node:
-        label_set = node_labels(node.probe(), node.config)
+        label_set = node_labels(_probe(node), node.config)
     label_set.log_problems(log)
     text = render(label_set.labels, fmt)
     if output is None:
@@ -99,7 +109,7 @@ def _jsonable(value: Any) -> Any:
 def probe(host_root: Path, simulate: str | None, config_path: Path | None) -> None:
     """Print the discovered inventory as JSON: what each backend saw, and why it found nothing."""
     with open_node(host_root, simulate, config_path) as node:
-        inventory = node.probe()
+        inventory = _probe(node)
     document = _jsonable(inventory)
     document["partial"] = inventory.partial
     click.echo(json.dumps(document, indent=2))

@@ -62,7 +62,7 @@ class Node:
     def probe(self) -> Inventory:
         if self.simulation is not None:
             self._follow_profile(self.simulation)
-        return discover(self.host_root, self.nvml)
+        return discover(self.host_root, self.nvml, firmware=self.config.labels.firmware)
 
     def _follow_profile(self, simulation: SimulatedProfile) -> None:
         from vendors.simulate import ProfileError

@@ -46,9 +46,15 @@ class MigDevice:
     compute_instance_id: int | None = None
 
     @property
+    def name_in_labels(self) -> str:
+        """The profile as resource names and label values write it: "+" is not allowed there, so
+        "1g.10gb+me" -> "1g.10gb.me" (GFD's GetName)."""
+        return self.profile.replace("+", ".")
+
+    @property
     def resource_name(self) -> str:
-        """MIG-mixed resource and label prefix: "+" is not allowed there, so "1g.10gb+me" -> "mig-1g.10gb.me"."""
-        return "nvidia.com/mig-" + self.profile.replace("+", ".")
+        """MIG-mixed resource and label prefix, e.g. "nvidia.com/mig-1g.10gb.me"."""
+        return "nvidia.com/mig-" + self.name_in_labels
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ _FAMILIES: dict[int, Callable[[int], str]] = {
     5: lambda minor: "maxwell",
     6: lambda minor: "pascal",
     7: lambda minor: "volta" if minor < 5 else "turing",
-    8: lambda minor: "ada-lovelace" if minor == 9 else "ampere",
+    8: lambda minor: "ampere" if minor < 9 else "ada-lovelace",
     9: lambda minor: "hopper",
     10: lambda minor: "blackwell",
     12: lambda minor: "blackwell",
@@ -53,6 +53,12 @@ def sanitise(text: str) -> str:
 
 def product_name(*parts: str) -> str:
     return "-".join(sanitise(part) for part in parts if part)
+
+
+def mig_product_name(gpu_name: str, mig: MigDevice) -> str:
+    """"NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me": the profile as in the resource name, where GFD's
+    GetName writes "+" as "." (sanitise would otherwise drop it)."""
+    return product_name(gpu_name, "MIG", mig.name_in_labels)
 
 
 def family(major: int, minor: int) -> str:
@@ -247,8 +253,7 @@ def _mig_single_labels(gpus: tuple[NvidiaGpu, ...], config: Config) -> Labels:
                 f"{GPU}.replicas": "0", f"{GPU}.sharing-strategy": "", f"{GPU}.memory": "0"}
     migs = [mig for gpu in gpus for mig in gpu.mig_devices]
     parent = next(gpu for gpu in gpus if gpu.mig_devices)
-    labels = _sharing_labels(GPU, product_name(parent.name, "MIG", migs[0].profile),
-                             config.sharing.replicas_for(GPU), config)
+    labels = _sharing_labels(GPU, mig_product_name(parent.name, migs[0]), config.sharing.replicas_for(GPU), config)
     labels[f"{GPU}.count"] = str(len(migs))
     return labels | _mig_attribute_labels(GPU, migs[0])
 
@@ -276,11 +281,11 @@ def mig_mixed_labels(inventory: Inventory, config: Config) -> Labels:
         for mig in gpu.mig_devices if gpu.mig_enabled else ():
             by_profile.setdefault(mig.profile, []).append((gpu, mig))
     labels: Labels = {}
-    for profile, members in by_profile.items():
+    for members in by_profile.values():
         parent, mig = members[0]
         prefix = mig.resource_name
         replicas = config.sharing.replicas_for(prefix)
-        labels |= _sharing_labels(prefix, product_name(parent.name, "MIG", profile), replicas, config)
+        labels |= _sharing_labels(prefix, mig_product_name(parent.name, mig), replicas, config)
         labels[f"{prefix}.count"] = str(len(members))
         labels |= _mig_attribute_labels(prefix, mig)
     return labels

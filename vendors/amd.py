@@ -30,13 +30,28 @@ from labeller.inventory import (
     BackendStatus,
     PciGpu,
 )
-from vendors.sysfs import numa_node, read_int, read_properties, read_text
+from vendors.plausible import (
+    MAX_CUS,
+    MAX_DEVICE_ID,
+    MAX_DOMAIN,
+    MAX_LOCATION_ID,
+    MAX_MEMORY_BYTES,
+    MAX_SIMD_PER_CU,
+    MAX_SIMDS,
+    first_problem,
+    outside,
+)
+from vendors.sysfs import TABLE_LIMIT, Untrusted, list_dir, numa_node, read_int, read_properties, read_text
 
 KFD_TOPOLOGY_DIRS = ("sys/class/kfd/kfd/topology", "sys/devices/virtual/kfd/kfd/topology")
 AMDGPU_MODULE = "sys/module/amdgpu"
 PCI_AMDGPU_DRIVER = "sys/module/amdgpu/drivers/pci:amdgpu"
 DRM_CLASS = "sys/class/drm"
 DEBUGFS_DRI = "sys/kernel/debug/dri"
+FIRMWARE_INFO = "amdgpu_firmware_info"
+# Where the probe says to look when firmware labels are on but debugfs cannot be read.
+FIRMWARE_HINT = ("debugfs must be mounted there and read as uid 0 "
+                 "(the Helm chart does both when config.labeller.labels.firmware is true)")
 HOST_AMDGPU_IDS = "usr/share/libdrm/amdgpu.ids"
 
 LINK_XGMI = 11
@@ -63,11 +78,11 @@ def physical_function(bdf: str) -> str:
 def family_of(gfx_target_version: int | None, device_id: int) -> str | None:
     """libdrm's family code (amdgpu_drm.h AMDGPU_FAMILY_*), derived from KFD's gfx target version.
 
-    Old kernels have no gfx_target_version; then a small device-id table covers the ROCm parts
-    of that era. None when unknown (AMD's labeller skips such a GPU too).
+    Without a gfx_target_version (old kernels, or no KFD at all) the PCI device id decides. None
+    when unknown (AMD's labeller skips such a GPU too).
     """
     if gfx_target_version is None or gfx_target_version <= 0:
-        return _family_by_device_id(device_id)
+        return family_by_device_id(device_id)
     major, minor, step = gfx_target_version // 10000, gfx_target_version // 100 % 100, gfx_target_version % 100
     if major == 7:
         return "KV" if step in (0, 3, 5) else "CI"
@@ -88,24 +103,71 @@ def family_of(gfx_target_version: int | None, device_id: int) -> str | None:
 
 _GC10_FAMILIES = {(3, 3): "VGH", (3, 5): "YC", (3, 6): "GC_10_3_6", (3, 7): "GC_10_3_7"}
 
-# (first, last) PCI device id -> family, for kernels without gfx_target_version.
+# PCI device id ranges -> family, for GPUs without a gfx_target_version.
+# Up to Navi2x the kernel names each device's chip in its PCI id table (Linux
+# drivers/gpu/drm/amd/amdgpu/amdgpu_drv.c, pciidlist: device id -> CHIP_*) and sets the family per
+# chip (si.c; cik.c: Bonaire/Hawaii CI, Kaveri/Kabini/Mullins KV; vi.c: Carrizo/Stoney CZ, the
+# rest VI; soc15: AI, APUs RV; nv: NV, Van Gogh VGH, Yellow Carp YC). Each range spans one run of
+# that table. Later parts are bound by PCI class as CHIP_IP_DISCOVERY and get their family from
+# the GC IP version (amdgpu_discovery.c); their ids are the ones libdrm's amdgpu.ids names.
 _FAMILY_BY_DEVICE_RANGE = (
+    (0x6600, 0x6631, "SI"),  # Oland
+    (0x6660, 0x666F, "SI"),  # Hainan
+    (0x6780, 0x679F, "SI"),  # Tahiti
+    (0x6800, 0x684F, "SI"),  # Pitcairn, Verde (684C FirePro: radeon's drm_pciids.h only)
+    (0x6640, 0x665F, "CI"),  # Bonaire
+    (0x67A0, 0x67BE, "CI"),  # Hawaii
+    (0x1304, 0x131D, "KV"),  # Kaveri
+    (0x9830, 0x983F, "KV"),  # Kabini
+    (0x9850, 0x985F, "KV"),  # Mullins
+    (0x6900, 0x6907, "VI"),  # Topaz
+    (0x6920, 0x6939, "VI"),  # Tonga
+    (0x7300, 0x730F, "VI"),  # Fiji
+    (0x67C0, 0x67FF, "VI"),  # Polaris10, Polaris11
+    (0x6FDF, 0x6FDF, "VI"),  # Polaris10 (RX 580 2048SP)
+    (0x6980, 0x699F, "VI"),  # Polaris12
+    (0x694C, 0x694F, "VI"),  # VegaM
+    (0x9870, 0x9877, "CZ"),  # Carrizo
+    (0x98E4, 0x98E4, "CZ"),  # Stoney
     (0x6860, 0x687F, "AI"),  # Vega10 (MI25, RX Vega)
     (0x69A0, 0x69AF, "AI"),  # Vega12
-    (0x66A0, 0x66AF, "AI"),  # Vega20 (MI50/MI60)
+    (0x66A0, 0x66AF, "AI"),  # Vega20 (MI50/MI60, Radeon VII)
     (0x7388, 0x7390, "AI"),  # Arcturus (MI100)
-    (0x7400, 0x740F, "AI"),  # Aldebaran (MI200)
+    (0x7408, 0x7410, "AI"),  # Aldebaran (MI200)
+    (0x74A0, 0x74BF, "AI"),  # Aqua Vanjaram (MI300, GC 9.4.x), IP discovery
+    (0x75A0, 0x75BF, "AI"),  # MI350 (GC 9.5.0), IP discovery
     (0x15D8, 0x15DD, "RV"),  # Raven, Picasso
+    (0x15E7, 0x15E7, "RV"),  # Renoir
     (0x1636, 0x1638, "RV"),  # Renoir, Cezanne
-    (0x67C0, 0x67FF, "VI"),  # Polaris10/11
-    (0x6980, 0x699F, "VI"),  # Polaris12
-    (0x6920, 0x693F, "VI"),  # Tonga
-    (0x7300, 0x7300, "VI"),  # Fiji
-    (0x7310, 0x736F, "NV"),  # Navi10/12/14
+    (0x164C, 0x164C, "RV"),  # Lucienne
+    (0x7310, 0x731F, "NV"),  # Navi10
+    (0x7340, 0x734F, "NV"),  # Navi14
+    (0x7360, 0x7362, "NV"),  # Navi12
+    (0x73A0, 0x73BF, "NV"),  # Navi21 (Sienna Cichlid)
+    (0x73C0, 0x73DF, "NV"),  # Navi22 (Navy Flounder)
+    (0x73E0, 0x73FF, "NV"),  # Navi23 (Dimgrey Cavefish)
+    (0x7420, 0x743F, "NV"),  # Navi24 (Beige Goby)
+    (0x13FE, 0x13FE, "NV"),  # Cyan Skillfish
+    (0x163F, 0x163F, "VGH"),  # Van Gogh
+    (0x1435, 0x1435, "VGH"),  # Van Gogh (Steam Deck OLED), IP discovery
+    (0x164D, 0x164D, "YC"),  # Yellow Carp
+    (0x1681, 0x1681, "YC"),  # Yellow Carp (Rembrandt)
+    (0x164E, 0x164E, "GC_10_3_6"),  # Raphael, IP discovery from here on
+    (0x1506, 0x1506, "GC_10_3_7"),  # Mendocino
+    (0x7448, 0x749F, "GC_11_0_0"),  # Navi31, Navi32, Navi33 (GC 11.0.0/11.0.3/11.0.2)
+    (0x15BF, 0x15BF, "GC_11_0_1"),  # Phoenix1 (GC 11.0.1)
+    (0x15C8, 0x15C8, "GC_11_0_1"),  # Phoenix2 (GC 11.0.4)
+    (0x1900, 0x1901, "GC_11_0_1"),  # Hawk Point
+    (0x150E, 0x150E, "GC_11_5_0"),  # Strix Point (GC 11.5.0)
+    (0x1586, 0x1586, "GC_11_5_0"),  # Strix Halo (GC 11.5.1)
+    (0x1114, 0x1114, "GC_11_5_0"),  # Krackan Point (GC 11.5.2)
+    (0x1902, 0x1902, "GC_11_5_0"),  # Krackan Point 2
+    (0x7550, 0x755F, "GC_12_0_0"),  # Navi48 (GC 12.0.1)
+    (0x7590, 0x759F, "GC_12_0_0"),  # Navi44 (GC 12.0.0)
 )
 
 
-def _family_by_device_id(device_id: int) -> str | None:
+def family_by_device_id(device_id: int) -> str | None:
     for first, last, family in _FAMILY_BY_DEVICE_RANGE:
         if first <= device_id <= last:
             return family
@@ -117,7 +179,7 @@ _IDS_LINE = re.compile(r"^([0-9A-Fa-f]{4}),\s*([0-9A-Fa-f]{2}),\s*(.+?)\s*$")
 
 @functools.lru_cache(maxsize=4)
 def _parse_amdgpu_ids(path: Path) -> dict[tuple[int, int], str]:
-    text = read_text(path) or ""
+    text = read_text(path, TABLE_LIMIT) or ""
     table: dict[tuple[int, int], str] = {}
     for line in text.splitlines():
         match = _IDS_LINE.match(line)
@@ -181,10 +243,13 @@ Enricher = Callable[[Path], list[EnrichedGpu]]
 
 def _all_char_devices(directory: Path) -> bool:
     try:
-        entries = list(directory.iterdir())
-        return bool(entries) and all(stat.S_ISCHR(e.stat().st_mode) for e in entries if not e.is_dir())
-    except OSError:
+        names = list_dir(directory)
+        if not names:
+            return False
+        modes = [(directory / name).stat().st_mode for name in names]
+    except (OSError, Untrusted):
         return False
+    return all(stat.S_ISCHR(mode) for mode in modes if not stat.S_ISDIR(mode))
 
 
 def pyamdgpuinfo_enricher(host_root: Path) -> list[EnrichedGpu]:
@@ -213,6 +278,8 @@ def pyamdgpuinfo_enricher(host_root: Path) -> list[EnrichedGpu]:
 
 
 # --- reading sysfs ------------------------------------------------------------------------------
+# Every reader raises ``Untrusted`` for a file that exists but cannot be believed (vendors.sysfs);
+# the probe turns that into a problem for the KFD node, the GPU or the whole backend it concerns.
 
 
 def _topology_dir(host_root: Path) -> Path | None:
@@ -223,19 +290,12 @@ def _topology_dir(host_root: Path) -> Path | None:
     return None
 
 
-def _node_index(path: Path) -> int | None:
-    return int(path.name) if path.name.isdigit() else None
-
-
 def _links(node_dir: Path) -> tuple[tuple[int, int], ...]:
     links: list[tuple[int, int]] = []
     for kind in ("io_links", "p2p_links"):
-        try:
-            link_dirs = sorted(node_dir.joinpath(kind).iterdir(), key=lambda p: (len(p.name), p.name))
-        except OSError:
-            continue
-        for link_dir in link_dirs:
-            props = read_properties(link_dir / "properties") or {}
+        names = list_dir(node_dir / kind) or []
+        for name in sorted(names, key=lambda n: (len(n), n)):
+            props = read_properties(node_dir / kind / name / "properties") or {}
             if "node_to" in props and "type" in props:
                 links.append((props["node_to"], props["type"]))
     return tuple(links)
@@ -244,25 +304,61 @@ def _links(node_dir: Path) -> tuple[tuple[int, int], ...]:
 REQUIRED_GPU_KEYS = ("simd_count", "simd_per_cu", "location_id", "device_id")
 
 
-def _compute_node(node_dir: Path, index: int, problems: list[str]) -> tuple[AmdComputeNode, dict[str, int]] | None:
-    """The GPU compute node in one KFD topology node dir; None for CPU nodes and broken nodes."""
-    props = read_properties(node_dir / "properties")
+class _BadNode(Exception):
+    """A KFD node that cannot be believed; ``bdf`` names its GPU when its address is known."""
+
+    def __init__(self, message: str, bdf: str | None = None):
+        super().__init__(message)
+        self.bdf = bdf
+
+
+def _implausible(props: dict[str, int], bank: dict[str, int]) -> str | None:
+    """The first value of a GPU node outside physical bounds (vendors.plausible), or None."""
+    simd, per_cu = props["simd_count"], props["simd_per_cu"]
+    return first_problem(
+        outside("simd_count", simd, 1, MAX_SIMDS),
+        outside("simd_per_cu", per_cu, 1, MAX_SIMD_PER_CU),
+        outside("CU count (simd_count / simd_per_cu)", simd // per_cu, 1, MAX_CUS) if per_cu > 0 else None,
+        outside("device_id", props["device_id"], 1, MAX_DEVICE_ID),
+        outside("gfx_target_version", props.get("gfx_target_version", 0), 0, 999999),
+        outside("mem_banks/0 size_in_bytes", bank["size_in_bytes"], 0, MAX_MEMORY_BYTES) if "size_in_bytes" in bank else None,
+    )
+
+
+def _compute_node(node_dir: Path, index: int) -> tuple[AmdComputeNode, dict[str, int]] | None:
+    """The GPU compute node in one KFD topology node dir; None for a CPU node; ``_BadNode`` for a
+    node that cannot be read or whose values are outside physical bounds."""
+    try:
+        props = read_properties(node_dir / "properties")
+    except Untrusted as exc:
+        raise _BadNode(f"KFD node {index}: {exc}") from None
     if props is None:
-        problems.append(f"KFD node {index}: properties unreadable")
-        return None
+        raise _BadNode(f"KFD node {index}: no properties file")
     if "simd_count" not in props and "cpu_cores_count" not in props:
-        problems.append(f"KFD node {index}: properties has no recognisable content")
-        return None
+        raise _BadNode(f"KFD node {index}: properties has no recognisable content")
     if props.get("drm_render_minor", 0) <= 0:  # CPU node (AMD's rule too)
         return None
     missing = [key for key in REQUIRED_GPU_KEYS if key not in props]
     if missing:
-        problems.append(f"KFD node {index}: properties lacks {', '.join(missing)}")
-        return None
-    bank = read_properties(node_dir / "mem_banks/0/properties") or {}
+        raise _BadNode(f"KFD node {index}: properties lacks {', '.join(missing)}")
+    domain = props.get("domain", 0)
+    address = first_problem(outside("location_id", props["location_id"], 0, MAX_LOCATION_ID),
+                            outside("domain", domain, 0, MAX_DOMAIN))
+    if address:
+        raise _BadNode(f"KFD node {index}: {address}")
+    bdf = physical_function(pci_address(domain, props["location_id"]))
+    try:
+        bank = read_properties(node_dir / "mem_banks/0/properties") or {}
+        gpu_id = read_int(node_dir / "gpu_id", 10)
+        links = _links(node_dir)
+    except Untrusted as exc:
+        raise _BadNode(f"KFD node {index} ({bdf}): {exc}", bdf) from None
+    reason = _implausible(props, bank)
+    if reason:
+        raise _BadNode(f"KFD node {index} ({bdf}): {reason}, beyond any real GPU", bdf)
     node = AmdComputeNode(
         kfd_node=index,
-        gpu_id=read_int(node_dir / "gpu_id", 10),
+        gpu_id=gpu_id,
         render_minor=props["drm_render_minor"],
         card=None,
         simd_count=props["simd_count"],
@@ -270,8 +366,8 @@ def _compute_node(node_dir: Path, index: int, problems: list[str]) -> tuple[AmdC
         vram_bytes=bank.get("size_in_bytes"),
         gfx_target_version=props.get("gfx_target_version"),
         location_id=props["location_id"],
-        domain=props.get("domain", 0),
-        links=_links(node_dir),
+        domain=domain,
+        links=links,
     )
     return node, props
 
@@ -285,23 +381,18 @@ class _DrmCards:
 def _drm_cards(host_root: Path) -> _DrmCards:
     """From ``card<N>/device/drm/renderD<M>`` and ``card<N>/device/uevent`` (PCI_SLOT_NAME)."""
     cards = _DrmCards({}, {})
-    try:
-        found = [p for p in (host_root / DRM_CLASS).iterdir() if re.fullmatch(r"card\d+", p.name)]
-    except OSError:
-        return cards
-    for card in found:
-        number = int(card.name[4:])
-        uevent = read_text(card / "device/uevent") or ""
+    drm = host_root / DRM_CLASS
+    for name in list_dir(drm) or []:
+        if not re.fullmatch(r"card\d+", name):
+            continue
+        number = int(name[4:])
+        uevent = read_text(drm / name / "device/uevent") or ""
         slot = next((line[14:] for line in uevent.splitlines() if line.startswith("PCI_SLOT_NAME=")), None)
         if slot:
             cards.by_pci_address[slot.lower()] = number
-        try:
-            names = os.listdir(card / "device/drm")
-        except OSError:
-            continue
-        for name in names:
-            if name.startswith("renderD") and name[7:].isdigit():
-                cards.by_render_minor[int(name[7:])] = number
+        for entry in list_dir(drm / name / "device/drm") or []:
+            if entry.startswith("renderD") and entry[7:].isdigit():
+                cards.by_render_minor[int(entry[7:])] = number
     return cards
 
 
@@ -320,13 +411,17 @@ def _card_files(host_root: Path, card: int | None) -> _CardFiles:
     if card is None:
         return _CardFiles()
     device = host_root / DRM_CLASS / f"card{card}" / "device"
-    return _CardFiles(
+    files = _CardFiles(
         device_id=read_int(device / "device"),
         revision=read_int(device / "revision"),
         vendor_id=read_int(device / "vendor"),
         product_name=read_text(device / "product_name") or None,
         numa_node=numa_node(read_int(device / "numa_node")),
     )
+    for name, value, high in (("device", files.device_id, MAX_DEVICE_ID), ("revision", files.revision, 0xFF)):
+        if value is not None and not 0 <= value <= high:
+            raise Untrusted(device / name, f"{value:#x} is wider than PCI allows")
+    return files
 
 
 @dataclass(frozen=True)
@@ -349,11 +444,32 @@ def _partition_files(host_root: Path, bdf: str) -> _PartitionFiles:
     )
 
 
-def _firmware(host_root: Path, card: int | None) -> tuple[tuple[str, int, int], ...]:
+def _debugfs_unreadable(host_root: Path) -> str | None:
+    """Why debugfs's DRM directory cannot be read (None when it can): with firmware labels on,
+    the probe says so instead of quietly writing no firmware labels."""
+    path = host_root / DEBUGFS_DRI
+    try:
+        if list_dir(path) is not None:
+            return None
+        reason = f"{path} does not exist"
+    except Untrusted as exc:
+        reason = str(exc)
+    return f"firmware labels are on but {reason}: {FIRMWARE_HINT}"
+
+
+def _firmware(host_root: Path, bdf: str, card: int | None) -> tuple[tuple[tuple[str, int, int], ...], str | None]:
+    """(versions, problem) of one GPU from debugfs ``dri/<card>/amdgpu_firmware_info``."""
     if card is None:
-        return ()
-    text = read_text(host_root / DEBUGFS_DRI / str(card) / "amdgpu_firmware_info")
-    return parse_firmware_info(text) if text else ()
+        return (), f"{bdf}: no firmware versions: no DRM card found for this GPU"
+    path = host_root / DEBUGFS_DRI / str(card) / FIRMWARE_INFO
+    try:
+        text = read_text(path)
+    except Untrusted as exc:
+        return (), f"{bdf}: no firmware versions: {exc}"
+    firmware = parse_firmware_info(text or "")
+    if not firmware:
+        return (), f"{bdf}: no firmware versions: {path} {'holds none' if text else 'is missing or empty'}"
+    return firmware, None
 
 
 # --- assembling GPUs ----------------------------------------------------------------------------
@@ -379,36 +495,49 @@ def _group_nodes(found: Iterable[tuple[AmdComputeNode, dict[str, int]]]) -> list
     return sorted(groups.values(), key=lambda g: (g.bdf, g.unique_id))
 
 
-def _build_gpu(host_root: Path, group: _Group, cards: _DrmCards, pci: dict[str, PciGpu]) -> AmdGpu:
-    nodes = [replace(n, card=cards.by_render_minor.get(n.render_minor)) for n in group.nodes]
-    # The PCI device's own card holds device, revision and product_name; the first partition's card
-    # is that card only while partition 0 is visible.
-    primary_card = cards.by_pci_address.get(group.bdf, nodes[0].card)
-    primary = _card_files(host_root, primary_card)
-    pci_gpu = pci.get(group.bdf)
-    partitions = _partition_files(host_root, group.bdf)
+@dataclass(frozen=True)
+class _Built:
+    gpu: AmdGpu
+    firmware_problem: str | None  # firmware labels on, but this GPU's versions could not be read
+
+
+def _describe(host_root: Path, bdf: str, card: int | None, pci_gpu: PciGpu | None, nodes: list[AmdComputeNode],
+              kfd_device_id: int, firmware: bool) -> _Built:
+    """One physical GPU from its primary DRM card, PCI entry, partition files and KFD nodes (none
+    when KFD is missing). ``Untrusted`` when one of its files cannot be believed."""
+    primary = _card_files(host_root, card)
+    partitions = _partition_files(host_root, bdf)
     gpu_numa = primary.numa_node
     if gpu_numa is None:
         gpu_numa = pci_gpu.numa_node if pci_gpu else partitions.numa_node
-    device_id = primary.device_id or (pci_gpu.device_id if pci_gpu else 0) or group.device_id
+    device_id = primary.device_id or (pci_gpu.device_id if pci_gpu else 0) or kfd_device_id
     revision = primary.revision if primary.revision is not None else (pci_gpu.revision if pci_gpu else None)
-    product = primary.product_name or marketing_name(host_root, device_id, revision)
-    return AmdGpu(
-        bdf=group.bdf,
+    versions, firmware_problem = _firmware(host_root, bdf, card) if firmware else ((), None)
+    gpu = AmdGpu(
+        bdf=bdf,
         device_id=device_id,
         revision=revision,
-        product_name=product,
-        family=family_of(nodes[0].gfx_target_version, device_id),
+        product_name=primary.product_name or marketing_name(host_root, device_id, revision),
+        family=family_of(nodes[0].gfx_target_version if nodes else None, device_id),
         nodes=tuple(replace(n, numa_node=gpu_numa) for n in nodes),
         compute_partition=partitions.compute,
         memory_partition=partitions.memory,
         compute_partitioning_supported=partitions.compute_supported,
         memory_partitioning_supported=partitions.memory_supported,
         numa_node=gpu_numa,
-        unique_id=str(group.unique_id) if group.unique_id else None,
         expected_partitions=PARTITIONS_BY_MODE.get(partitions.compute or ""),
-        firmware=_firmware(host_root, primary_card),
+        firmware=versions,
     )
+    return _Built(gpu, firmware_problem)
+
+
+def _build_gpu(host_root: Path, group: _Group, cards: _DrmCards, pci: dict[str, PciGpu], firmware: bool) -> _Built:
+    nodes = [replace(n, card=cards.by_render_minor.get(n.render_minor)) for n in group.nodes]
+    # The PCI device's own card holds device, revision and product_name; the first partition's card
+    # is that card only while partition 0 is visible.
+    primary_card = cards.by_pci_address.get(group.bdf, nodes[0].card)
+    built = _describe(host_root, group.bdf, primary_card, pci.get(group.bdf), nodes, group.device_id, firmware)
+    return replace(built, gpu=replace(built.gpu, unique_id=str(group.unique_id) if group.unique_id else None))
 
 
 def _with_expected_partitions(gpus: list[AmdGpu]) -> list[AmdGpu]:
@@ -450,23 +579,12 @@ def _amd_pci(pci_gpus: tuple[PciGpu, ...]) -> dict[str, PciGpu]:
     return {g.bdf: g for g in pci_gpus if g.vendor_id == AMD_VENDOR_ID}
 
 
-def _no_kfd_report(host_root: Path, amd_pci: dict[str, PciGpu]) -> BackendReport:
-    if not amd_pci:
-        return BackendReport("amd", "absent", "no AMD GPU on the PCI bus and no KFD topology")
-    if not (host_root / AMDGPU_MODULE).is_dir():
-        reason = "the amdgpu module is not loaded"
-    else:
-        reason = "amdgpu is loaded but the KFD topology is missing (KFD disabled or still initialising)"
-    return BackendReport("amd", "unavailable", f"{len(amd_pci)} AMD GPU(s) on the PCI bus but {reason}")
-
-
 def _has_gaps(gpu: AmdGpu) -> bool:
     return gpu.product_name is None or any(n.vram_bytes is None for n in gpu.nodes)
 
 
-def _missing_from_kfd(amd_pci: dict[str, PciGpu], gpus: list[AmdGpu]) -> list[str]:
+def _missing_from_kfd(amd_pci: dict[str, PciGpu], seen: set[str]) -> list[str]:
     """amdgpu-bound (or unbound) GPUs on the bus that KFD does not show: likely a failed device init."""
-    seen = {g.bdf for g in gpus}
     return [f"{bdf}: AMD GPU on the PCI bus but not in the KFD topology"
             for bdf in sorted(set(amd_pci) - seen) if amd_pci[bdf].driver in (None, "amdgpu")]
 
@@ -477,47 +595,124 @@ def _partition_note(gpu: AmdGpu) -> str | None:
     return None
 
 
+@dataclass
+class _Found:
+    """What a probe collected: the GPUs, and the per-device problems that did not stop it."""
+
+    gpus: list[AmdGpu]
+    problems: list[str]
+    left_out: set[str]  # GPUs (PCI addresses) left out of the labels because of a problem
+    firmware: bool  # read each GPU's firmware versions (on, and debugfs is readable)
+    firmware_unreadable: str | None  # on, but debugfs is not readable: one problem for every GPU
+
+    @classmethod
+    def start(cls, host_root: Path, firmware: bool) -> _Found:
+        unreadable = _debugfs_unreadable(host_root) if firmware else None
+        return cls([], [], set(), firmware and unreadable is None, unreadable)
+
+    def all_problems(self) -> list[str]:
+        return self.problems + ([self.firmware_unreadable] if self.firmware_unreadable and self.gpus else [])
+
+    def add(self, built: _Built) -> None:
+        self.gpus.append(built.gpu)
+        if built.firmware_problem:
+            self.problems.append(built.firmware_problem)
+
+    def leave_out(self, bdf: str, exc: Exception) -> None:
+        self.problems.append(f"{bdf}: {exc}; GPU left out of the labels")
+        self.left_out.add(bdf)
+
+
 def probe(
-    host_root: Path, pci_gpus: tuple[PciGpu, ...], enricher: Enricher | None = pyamdgpuinfo_enricher
+    host_root: Path, pci_gpus: tuple[PciGpu, ...], enricher: Enricher | None = pyamdgpuinfo_enricher,
+    firmware: bool = False,
 ) -> tuple[AmdInventory | None, BackendReport]:
-    """AMD GPUs under ``host_root``. Never raises."""
+    """AMD GPUs under ``host_root``; ``firmware``: read each GPU's firmware versions from debugfs.
+    Never raises."""
     try:
-        return _probe(host_root, pci_gpus, enricher)
+        return _probe(host_root, pci_gpus, enricher, firmware)
+    except Untrusted as exc:
+        return None, BackendReport("amd", "error", f"AMD probe failed: {exc}")
     except Exception as exc:  # noqa: BLE001 - a backend bug must not take the other vendors down
         return None, BackendReport("amd", "error", f"AMD probe failed: {type(exc).__name__}: {exc}")
 
 
+def _driver(host_root: Path, gpus: list[AmdGpu]) -> AmdInventory:
+    return AmdInventory(
+        driver_version=read_text(host_root / AMDGPU_MODULE / "version") or "",
+        driver_src_version=read_text(host_root / AMDGPU_MODULE / "srcversion") or "",
+        gpus=tuple(gpus),
+    )
+
+
+def _no_kfd_reason(host_root: Path) -> str:
+    if not (host_root / AMDGPU_MODULE).is_dir():
+        return "the amdgpu module is not loaded"
+    return "amdgpu is loaded but the KFD topology is missing (KFD disabled or still initialising)"
+
+
+def _without_kfd(host_root: Path, amd_pci: dict[str, PciGpu], firmware: bool) -> tuple[AmdInventory | None, BackendReport]:
+    """AMD GPUs on the bus but no KFD topology: as AMD's labeller, describe each physical GPU from
+    its DRM card (device id, family, product name) and the module (driver version); nothing per
+    compute node. The report stays "unavailable", so the inventory is partial while KFD initialises."""
+    if not amd_pci:
+        return None, BackendReport("amd", "absent", "no AMD GPU on the PCI bus and no KFD topology")
+    detail = f"{len(amd_pci)} AMD GPU(s) on the PCI bus but {_no_kfd_reason(host_root)}"
+    found = _Found.start(host_root, firmware)
+    cards = _drm_cards(host_root)
+    for bdf, card in sorted(cards.by_pci_address.items()):
+        try:
+            if _card_files(host_root, card).vendor_id != AMD_VENDOR_ID:
+                continue
+            found.add(_describe(host_root, bdf, card, amd_pci.get(bdf), [], 0, found.firmware))
+        except Untrusted as exc:
+            found.leave_out(bdf, exc)
+    if not found.gpus:
+        return None, BackendReport("amd", "unavailable", detail, tuple(found.all_problems()))
+    detail += f"; {len(found.gpus)} GPU(s) described from their DRM cards (no CU, SIMD or VRAM labels)"
+    return _driver(host_root, found.gpus), BackendReport("amd", "unavailable", detail, tuple(found.all_problems()))
+
+
 def _probe(
-    host_root: Path, pci_gpus: tuple[PciGpu, ...], enricher: Enricher | None
+    host_root: Path, pci_gpus: tuple[PciGpu, ...], enricher: Enricher | None, firmware: bool
 ) -> tuple[AmdInventory | None, BackendReport]:
     amd_pci = _amd_pci(pci_gpus)
     topology = _topology_dir(host_root)
     if topology is None:
-        return None, _no_kfd_report(host_root, amd_pci)
-    try:
-        node_dirs = [(i, p) for p in topology.iterdir() if (i := _node_index(p)) is not None]
-    except OSError as exc:
-        return None, BackendReport("amd", "error", f"cannot list {topology}: {exc.strerror}")
-    problems: list[str] = []  # per-device trouble that does not stop the probe
-    found = [c for i, p in sorted(node_dirs) if (c := _compute_node(p, i, problems)) is not None]
+        return _without_kfd(host_root, amd_pci, firmware)
+    node_dirs = [(int(name), topology / name) for name in list_dir(topology) or [] if name.isdigit()]
+    found = _Found.start(host_root, firmware)
+    nodes: list[tuple[AmdComputeNode, dict[str, int]]] = []
+    for index, path in sorted(node_dirs):
+        try:
+            node = _compute_node(path, index)
+        except _BadNode as exc:
+            found.problems.append(f"{exc}; GPU left out of the labels" if exc.bdf else str(exc))
+            if exc.bdf:
+                found.left_out.add(exc.bdf)
+            continue
+        if node is not None:
+            nodes.append(node)
     cards = _drm_cards(host_root)
-    gpus = _with_expected_partitions([_build_gpu(host_root, g, cards, amd_pci) for g in _group_nodes(found)])
+    for group in _group_nodes(nodes):
+        if group.bdf in found.left_out:
+            continue
+        try:
+            found.add(_build_gpu(host_root, group, cards, amd_pci, found.firmware))
+        except Untrusted as exc:
+            found.leave_out(group.bdf, exc)
+    gpus = _with_expected_partitions(found.gpus)
     notes = [note for gpu in gpus if (note := _partition_note(gpu))]
     if enricher is not None and any(_has_gaps(g) for g in gpus):
         try:
             gpus = _enrich(gpus, enricher(host_root))
         except Exception as exc:  # noqa: BLE001 - optional enrichment must never cost the sysfs result
             notes.append(f"enrichment skipped: {type(exc).__name__}: {exc}")
-    problems.extend(_missing_from_kfd(amd_pci, gpus))
+    problems = found.all_problems() + _missing_from_kfd(amd_pci, {g.bdf for g in gpus} | found.left_out)
     if not gpus:
         status: BackendStatus = "error" if problems else ("unavailable" if amd_pci else "absent")
         detail = "KFD topology has no GPU node" + (f" ({len(amd_pci)} AMD GPU(s) on the PCI bus)" if amd_pci else "")
         return None, BackendReport("amd", status, detail, tuple(problems))
-    inventory = AmdInventory(
-        driver_version=read_text(host_root / AMDGPU_MODULE / "version") or "",
-        driver_src_version=read_text(host_root / AMDGPU_MODULE / "srcversion") or "",
-        gpus=tuple(gpus),
-    )
-    nodes = sum(len(g.nodes) for g in gpus)
-    detail = "; ".join([f"{len(gpus)} GPU(s), {nodes} compute node(s)", *notes])
-    return inventory, BackendReport("amd", "ok", detail, tuple(problems))
+    node_count = sum(len(g.nodes) for g in gpus)
+    detail = "; ".join([f"{len(gpus)} GPU(s), {node_count} compute node(s)", *notes])
+    return _driver(host_root, gpus), BackendReport("amd", "ok", detail, tuple(problems))

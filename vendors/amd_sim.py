@@ -2,13 +2,15 @@
 
 A profile's ``amd:`` section either names a captured sysfs tree (``sysfs:``), which is copied under
 the simulated root, or lists GPUs inline (``gpus:``), from which a realistic tree is generated:
-KFD topology (CPU nodes first), mem banks, io_links, DRM cards, amdgpu module and partition files.
+KFD topology (CPU nodes first), mem banks, io_links, DRM cards, amdgpu module and partition files,
+and debugfs ``amdgpu_firmware_info`` for GPUs given a captured one (``firmware_info``).
 Either way PCI device entries are written for each physical GPU, as real captures lack them.
 Schema in the README; every problem is a ValueError naming the key.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +21,9 @@ from typing import Any
 from labeller.inventory import AMD_VENDOR_ID
 from vendors.amd import (
     AMDGPU_MODULE,
+    DEBUGFS_DRI,
     DRM_CLASS,
+    FIRMWARE_INFO,
     KFD_TOPOLOGY_DIRS,
     LINK_PCIE,
     LINK_XGMI,
@@ -28,12 +32,13 @@ from vendors.amd import (
     pci_address,
     physical_function,
 )
-from vendors.sysfs import read_properties
+from vendors.sim_pci import write_device, write_host_bridge
+from vendors.sysfs import Untrusted, read_properties, read_text
 
 SECTION_KEYS = ("sysfs", "revision", "gpus", "driver_version", "driver_src_version")
 GPU_KEYS = (
     "device_id", "revision", "product_name", "gfx_target_version", "simd_count", "simd_per_cu", "vram_bytes",
-    "numa_node", "compute_partition", "memory_partition", "partitions", "xgmi", "repeat",
+    "numa_node", "compute_partition", "memory_partition", "partitions", "xgmi", "firmware_info", "repeat",
 )
 COMPUTE_MODES = ("spx", "dpx", "tpx", "qpx", "cpx")
 MEMORY_MODES = ("nps1", "nps2", "nps4", "nps8")
@@ -101,6 +106,7 @@ class SimGpu:
     memory_partition: str | None
     partitions: int
     xgmi: bool
+    firmware_info: str | None = None  # debugfs amdgpu_firmware_info text for the GPU's card
 
 
 def _partitions(entry: Mapping[str, Any], where: str, mode: str | None) -> int:
@@ -114,7 +120,32 @@ def _partitions(entry: Mapping[str, Any], where: str, mode: str | None) -> int:
     return PARTITIONS_BY_MODE.get(mode or "spx", 1)
 
 
-def parse_gpu(entry: Any, where: str) -> tuple[SimGpu, int]:
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _builtin_debugfs() -> Path:
+    return Path(str(resources.files("vendors") / "profiles" / "debugfs"))
+
+
+def _firmware_info(entry: Mapping[str, Any], where: str, base_dir: Path) -> str | None:
+    """``firmware_info``: a captured ``amdgpu_firmware_info`` file next to the profile, or a built-in one."""
+    name = _string(entry, "firmware_info", where)
+    if name is None:
+        return None
+    if not _FILE_NAME.fullmatch(name):
+        raise ValueError(f"{where}.firmware_info: a file name next to the profile, without '/', got {name!r}")
+    for candidate in (base_dir / name, _builtin_debugfs() / name / FIRMWARE_INFO):
+        try:
+            text = read_text(candidate)
+        except Untrusted as exc:
+            raise ValueError(f"{where}.firmware_info: {exc}") from None
+        if text is not None:
+            return text
+    known = ", ".join(sorted(p.name for p in _builtin_debugfs().iterdir() if p.is_dir()))
+    raise ValueError(f"{where}.firmware_info: {name!r} is neither a file next to the profile nor a built-in capture ({known})")
+
+
+def parse_gpu(entry: Any, where: str, base_dir: Path) -> tuple[SimGpu, int]:
     """A validated inline GPU and its repeat count."""
     entry = _check_keys(entry, GPU_KEYS, where)
     mode = _choice(entry, "compute_partition", where, COMPUTE_MODES)
@@ -139,16 +170,17 @@ def parse_gpu(entry: Any, where: str) -> tuple[SimGpu, int]:
         memory_partition=_choice(entry, "memory_partition", where, MEMORY_MODES),
         partitions=partitions,
         xgmi=xgmi,
+        firmware_info=_firmware_info(entry, where, base_dir),
     )
     return gpu, _int(entry, "repeat", where, default=1)
 
 
-def parse_gpus(value: Any) -> list[SimGpu]:
+def parse_gpus(value: Any, base_dir: Path) -> list[SimGpu]:
     if not isinstance(value, list) or not value:
         raise ValueError("amd.gpus: must be a non-empty list")
     gpus: list[SimGpu] = []
     for i, entry in enumerate(value):
-        gpu, repeat = parse_gpu(entry, f"amd.gpus[{i}]")
+        gpu, repeat = parse_gpu(entry, f"amd.gpus[{i}]", base_dir)
         gpus.extend([gpu] * repeat)
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"amd.gpus: at most {MAX_GPUS} GPUs in all, got {len(gpus)}")
@@ -168,12 +200,7 @@ def _properties(values: Mapping[str, int]) -> str:
 
 
 def write_pci_device(root: Path, bdf: str, device_id: int, revision: int, numa_node: int) -> None:
-    device = root / "sys/bus/pci/devices" / bdf
-    _write(device / "vendor", f"0x{AMD_VENDOR_ID:04x}")
-    _write(device / "device", f"0x{device_id:04x}")
-    _write(device / "class", f"0x{PCI_CLASS_DISPLAY_OTHER:06x}")
-    _write(device / "revision", f"0x{revision:02x}")
-    _write(device / "numa_node", str(numa_node))
+    write_device(root, bdf, AMD_VENDOR_ID, device_id, PCI_CLASS_DISPLAY_OTHER, revision=revision, numa_node=numa_node)
 
 
 def _write_module(root: Path, driver_version: str | None, driver_src_version: str | None) -> None:
@@ -260,6 +287,8 @@ def _drm_card(root: Path, item: _Placed, card: int, render_minor: int, bdf: str)
     _write(device / "numa_node", str(gpu.numa_node))
     _write(device / "product_name", gpu.product_name or "")
     _write(device / "uevent", f"DRIVER=amdgpu\nPCI_ID=1002:{gpu.device_id:04X}\nPCI_SLOT_NAME={bdf}")
+    if gpu.firmware_info is not None:
+        _write(root / DEBUGFS_DRI / str(card) / FIRMWARE_INFO, gpu.firmware_info)
 
 
 def _partition_files(root: Path, gpu: SimGpu, bdf: str) -> None:
@@ -326,6 +355,7 @@ def copy_tree(name: str, root: Path, base_dir: Path, revision: int) -> None:
 def build(section: Any, root: Path, base_dir: Path) -> None:
     """Write the AMD part of a simulated node under ``root``; ValueError naming the key on bad input."""
     section = _check_keys(section, SECTION_KEYS, "amd")
+    write_host_bridge(root)
     sysfs = _string(section, "sysfs", "amd")
     driver_version = _string(section, "driver_version", "amd")
     driver_src_version = _string(section, "driver_src_version", "amd")
@@ -338,4 +368,4 @@ def build(section: Any, root: Path, base_dir: Path) -> None:
         return
     if "revision" in section:
         raise ValueError("amd.revision: only for sysfs trees; inline GPUs set gpus[*].revision")
-    generate(parse_gpus(section["gpus"]), root, driver_version, driver_src_version)
+    generate(parse_gpus(section["gpus"], base_dir), root, driver_version, driver_src_version)

@@ -10,5 +10,6 @@ PRODUCT_NAME = "sys/class/dmi/id/product_name"
 
 
 def read_machine(host_root: Path) -> str | None:
-    """The product name; "" when the file is empty, None when it cannot be read."""
+    """The product name; "" when the file is empty, None when it does not exist. ``Untrusted``
+    (vendors.sysfs) when it exists but cannot be believed."""
     return read_text(host_root / PRODUCT_NAME)

@@ -27,6 +27,7 @@ import pynvml as real
 
 from vendors.nvidia import mig_memory_gb, mig_profile_name
 from vendors.pci import normalise_bdf
+from vendors.sim_pci import write_device, write_host_bridge
 
 NVIDIA_VENDOR = 0x10DE
 COMPUTE_CLASS = 0x030200
@@ -412,17 +413,11 @@ def _config_space(gpu: FakeGpu) -> bytes:
 
 
 def write_sysfs(gpus: list[FakeGpu], root: Path, driver_loaded: bool) -> None:
+    """The GPUs' PCI entries (bound to ``nvidia`` when the driver is loaded), and the host bridge."""
+    write_host_bridge(root)
     for gpu in gpus:
-        device = root / "sys/bus/pci/devices" / gpu.bus_id
-        device.mkdir(parents=True, exist_ok=True)
-        (device / "vendor").write_text(f"0x{NVIDIA_VENDOR:04x}\n")
-        (device / "device").write_text(f"0x{gpu.pci_device_id:04x}\n")
-        (device / "class").write_text(f"0x{gpu.pci_class:06x}\n")
-        (device / "revision").write_text("0xa1\n")
-        (device / "numa_node").write_text(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
-        (device / "config").write_bytes(_config_space(gpu))
-        if driver_loaded:
-            (device / "driver").symlink_to("../../../../bus/pci/drivers/nvidia")
+        write_device(root, gpu.bus_id, NVIDIA_VENDOR, gpu.pci_device_id, gpu.pci_class, revision=0xA1,
+                     numa_node=gpu.numa_node, driver="nvidia" if driver_loaded else None, config=_config_space(gpu))
 
 
 # --- the module ----------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ import structlog
 
 from labeller.inventory import NVIDIA_VENDOR_ID, BackendReport, BackendStatus, MigDevice, NvidiaGpu, NvidiaInventory, PciGpu
 from vendors.pci import devices_dir, normalise_bdf
+from vendors.plausible import MAX_COMPUTE_MAJOR, MAX_COMPUTE_MINOR, MAX_MEMORY_BYTES, first_problem, outside
+from vendors.sysfs import CONFIG_SPACE_LIMIT, Untrusted, read_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -120,20 +122,22 @@ def host_driver(capability: bytes) -> tuple[str, str] | None:
     return version.strip(b"\0").decode("ascii", "replace"), branch.strip(b"\0").decode("ascii", "replace")
 
 
-def vgpu_state(host_root: Path, nvidia_pci: tuple[PciGpu, ...], nvml_says: Mapping[str, bool | None]
-               ) -> tuple[bool | None, tuple[str, str] | None]:
+def vgpu_state(host_root: Path, nvidia_pci: tuple[PciGpu, ...], nvml_says: Mapping[str, bool | None],
+               problems: list[str]) -> tuple[bool | None, tuple[str, str] | None]:
     """(any GPU is a vGPU, host driver) as GFD finds them in PCI config space.
 
     Where the config space cannot be read whole (an unprivileged reader sees 64 bytes), NVML's
     virtualization mode for that GPU (``nvml_says``, by bus id) answers instead; where neither can
-    say, and no other GPU is a vGPU, the answer is None: unknown.
+    say, and no other GPU is a vGPU, the answer is None: unknown. A config file that cannot be
+    trusted (not a regular file, over 4 KiB) is added to ``problems`` and counts as unreadable.
     """
     present: bool | None = False
     host: tuple[str, str] | None = None
     for gpu in nvidia_pci:
         try:
-            config = (devices_dir(host_root) / gpu.bdf / "config").read_bytes()
-        except OSError:
+            config = read_bytes(devices_dir(host_root) / gpu.bdf / "config", CONFIG_SPACE_LIMIT) or b""
+        except Untrusted as exc:
+            problems.append(f"{gpu.bdf}: {exc}")
             config = b""
         if len(config) >= _PCI_CONFIG_SIZE:
             capability = vgpu_capability(config)
@@ -314,23 +318,47 @@ def _clique(nvml: ModuleType, handle: Any) -> str | None:
     return f"{uuidlib.UUID(bytes=cluster)}.{info.cliqueId}"
 
 
+class Implausible(Exception):
+    """NVML reported a value outside physical bounds (vendors.plausible) for a GPU."""
+
+
+def _implausible(memory_bytes: int, compute_capability: tuple[int, int] | None,
+                 mig_devices: tuple[MigDevice, ...]) -> str | None:
+    """The first value outside physical bounds, or None. Compute capability 0.x stays legal: GFD
+    writes no family for it."""
+    major, minor = compute_capability or (0, 0)
+    biggest_mig = max(mig_devices, key=lambda mig: mig.memory_mib, default=None)
+    return first_problem(
+        outside("memory bytes", memory_bytes, 0, MAX_MEMORY_BYTES),
+        outside("compute capability major", major, 0, MAX_COMPUTE_MAJOR),
+        outside("compute capability minor", minor, 0, MAX_COMPUTE_MINOR),
+        f"MIG device {biggest_mig.uuid} has {biggest_mig.memory_mib} MiB, more than its GPU's {memory_bytes // MIB} MiB"
+        if biggest_mig is not None and biggest_mig.memory_mib * MIB > memory_bytes else None,
+    )
+
+
 def _read_gpu(nvml: ModuleType, index: int, pci_by_bdf: dict[str, PciGpu]) -> NvidiaGpu:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     bus_id = normalise_bdf(text(nvml.nvmlDeviceGetPciInfo(handle).busId))
     memory_bytes = _memory_bytes(nvml, handle, index)
     mig_capable, mig_enabled = _mig_mode(nvml, handle)
+    compute_capability = _compute_capability(nvml, handle)
+    mig_devices = _mig_devices(nvml, handle, memory_bytes) if mig_enabled and memory_bytes else ()
+    reason = _implausible(memory_bytes, compute_capability, mig_devices)
+    if reason:
+        raise Implausible(f"{reason}, beyond any real GPU")
     pci = pci_by_bdf.get(bus_id)
     return NvidiaGpu(
         index=index,
         name=text(nvml.nvmlDeviceGetName(handle)),
         uuid=text(nvml.nvmlDeviceGetUUID(handle)),
         memory_bytes=memory_bytes,
-        compute_capability=_compute_capability(nvml, handle),
+        compute_capability=compute_capability,
         pci_bus_id=bus_id,
         minor_number=_minor_number(nvml, handle),
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
-        mig_devices=_mig_devices(nvml, handle, memory_bytes) if mig_enabled and memory_bytes else (),
+        mig_devices=mig_devices,
         nvlink_peers=_nvlink_peers(nvml, handle),
         numa_node=pci.numa_node if pci else None,
         pci_class=pci.class_code if pci else None,
@@ -349,6 +377,9 @@ def _read_gpus(nvml: ModuleType, pci_by_bdf: dict[str, PciGpu]) -> tuple[list[Nv
         except nvml.NVMLError as exc:
             log.warning("GPU skipped: NVML error", vendor="nvidia", device=index, error=str(exc))
             problems.append(f"GPU {index}: NVML error: {exc}; GPU left out of the labels")
+        except Implausible as exc:
+            log.warning("GPU skipped: implausible value", vendor="nvidia", device=index, reason=str(exc))
+            problems.append(f"GPU {index}: {exc}; GPU left out of the labels")
     return gpus, problems
 
 
@@ -380,7 +411,7 @@ def _inventory(nvml: ModuleType, host_root: Path, nvidia_pci: tuple[PciGpu, ...]
     driver_version = text(nvml.nvmlSystemGetDriverVersion())
     cuda_driver_version = int(nvml.nvmlSystemGetCudaDriverVersion())
     gpus, problems = _read_gpus(nvml, {gpu.bdf: gpu for gpu in nvidia_pci})
-    is_vgpu, host = vgpu_state(host_root, nvidia_pci, {gpu.pci_bus_id: gpu.vgpu_guest for gpu in gpus})
+    is_vgpu, host = vgpu_state(host_root, nvidia_pci, {gpu.pci_bus_id: gpu.vgpu_guest for gpu in gpus}, problems)
     if not gpus and not problems:
         status: BackendStatus = "unavailable" if nvidia_pci else "absent"
         return None, BackendReport("nvidia", status, f"NVML sees no GPU; {len(nvidia_pci)} NVIDIA GPU(s) on the PCI bus")

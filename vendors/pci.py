@@ -1,20 +1,29 @@
-"""PCI bus scan: which NVIDIA and AMD GPUs are physically present, driver or not."""
+"""PCI bus scan: which NVIDIA and AMD GPUs are physically present, driver or not.
+
+A readable ``sys/bus/pci/devices`` is what makes the whole probe trustworthy: without it (a wrong
+``--host-root``, ``/sys`` not mounted, or the empty directory a ``DirectoryOrCreate`` hostPath
+leaves) the scan raises ``ProbeError`` instead of reporting a node without GPUs.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-from labeller.inventory import AMD_VENDOR_ID, NVIDIA_VENDOR_ID, BackendReport, PciGpu
-from vendors.sysfs import numa_node, read_int
+from labeller.inventory import AMD_VENDOR_ID, NVIDIA_VENDOR_ID, BackendReport, PciGpu, ProbeError
+from vendors.sysfs import Untrusted, list_dir, numa_node, read_int
 
 DISPLAY_CLASS = 0x03  # PCI base class "display controller" (VGA 0x0300, 3D 0x0302, other 0x0380)
 ACCELERATOR_CLASS = 0x12  # "processing accelerator": amdgpu also binds these (Instinct MI300 and later)
 GPU_CLASSES = {NVIDIA_VENDOR_ID: (DISPLAY_CLASS,), AMD_VENDOR_ID: (DISPLAY_CLASS, ACCELERATOR_CLASS)}
+DEVICES = "sys/bus/pci/devices"
+_BDF = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_HINT = "is the host's /sys mounted at --host-root (HOST_ROOT)?"
 
 
 def devices_dir(host_root: Path) -> Path:
-    return host_root / "sys/bus/pci/devices"
+    return host_root / DEVICES
 
 
 def normalise_bdf(bus_id: str) -> str:
@@ -26,31 +35,68 @@ def normalise_bdf(bus_id: str) -> str:
 
 
 def read_device(path: Path) -> PciGpu | None:
-    """A GPU from one ``/sys/bus/pci/devices/<bdf>`` directory; None if it is not a GPU we know."""
+    """A GPU from one ``/sys/bus/pci/devices/<bdf>`` directory; None if it is not a GPU we know.
+
+    ``Untrusted`` when its files cannot tell: no readable vendor, or one of our vendors without a
+    readable class, or ids wider than PCI allows.
+    """
     vendor = read_int(path / "vendor")
-    class_code = read_int(path / "class")
-    if vendor not in GPU_CLASSES or class_code is None or class_code >> 16 not in GPU_CLASSES[vendor]:
+    if vendor is None or not 0 <= vendor <= 0xFFFF:
+        raise Untrusted(path / "vendor", "no PCI vendor id in it")
+    if vendor not in GPU_CLASSES:
         return None
+    class_code = read_int(path / "class")
+    if class_code is None or not 0 <= class_code <= 0xFFFFFF:
+        raise Untrusted(path / "class", "no PCI class code in it")
+    if class_code >> 16 not in GPU_CLASSES[vendor]:
+        return None
+    device_id = read_int(path / "device") or 0
+    revision = read_int(path / "revision")
+    if not 0 <= device_id <= 0xFFFF or (revision is not None and not 0 <= revision <= 0xFF):
+        raise Untrusted(path, f"device id {device_id:#x} or revision {revision} wider than PCI allows")
     driver_link = path / "driver"
     driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None
     return PciGpu(
         bdf=normalise_bdf(path.name),
         vendor_id=vendor,
-        device_id=read_int(path / "device") or 0,
+        device_id=device_id,
         class_code=class_code,
-        revision=read_int(path / "revision"),
+        revision=revision,
         numa_node=numa_node(read_int(path / "numa_node")),
         driver=driver,
     )
 
 
-def scan(host_root: Path) -> tuple[tuple[PciGpu, ...], BackendReport]:
+def device_names(host_root: Path) -> list[str]:
+    """The PCI addresses listed under ``sys/bus/pci/devices``; ``ProbeError`` when there is no
+    trustworthy list (a real /sys always lists at least the host bridge)."""
     root = devices_dir(host_root)
     try:
-        entries = sorted(root.iterdir())
-    except FileNotFoundError:
-        return (), BackendReport("pci", "absent", f"{root} does not exist")
-    except OSError as exc:
-        return (), BackendReport("pci", "error", f"cannot list {root}: {exc.strerror}")
-    gpus = tuple(gpu for entry in entries if (gpu := read_device(entry)) is not None)
-    return gpus, BackendReport("pci", "ok" if gpus else "absent", f"{len(gpus)} GPU(s) on the PCI bus")
+        names = list_dir(root)
+    except Untrusted as exc:
+        raise ProbeError(f"{exc.path}: {exc.reason}: {_HINT}") from None
+    if names is None:
+        raise ProbeError(f"{root} does not exist: {_HINT}")
+    devices = [name for name in names if _BDF.fullmatch(name)]
+    if not devices:
+        raise ProbeError(f"{root} lists no PCI device, and a real /sys always lists some: {_HINT}")
+    return devices
+
+
+def scan(host_root: Path) -> tuple[tuple[PciGpu, ...], BackendReport]:
+    """Every NVIDIA and AMD GPU on the bus. A device whose files cannot be trusted is a problem in
+    the report (it might be a GPU), and the other devices are still scanned."""
+    root = devices_dir(host_root)
+    names = device_names(host_root)
+    gpus: list[PciGpu] = []
+    problems: list[str] = []
+    for name in names:
+        try:
+            gpu = read_device(root / name)
+        except Untrusted as exc:
+            problems.append(f"{name}: {exc}; cannot tell whether it is a GPU")
+            continue
+        if gpu is not None:
+            gpus.append(gpu)
+    detail = f"{len(gpus)} GPU(s) among {len(names)} PCI device(s)"
+    return tuple(gpus), BackendReport("pci", "ok" if gpus else "absent", detail, tuple(problems))

@@ -29,6 +29,7 @@ import yaml
 
 from vendors import amd_sim, fake_nvml
 from vendors.dmi import PRODUCT_NAME
+from vendors.sim_pci import write_host_bridge
 
 PROFILE_KEYS = ("name", "description", "machine", "config", "nvidia", "amd")
 ROOT_PREFIX = "gpu-labeller-sim-"
@@ -129,6 +130,7 @@ def remove_dead_roots(directory: Path) -> list[Path]:
 
 def _build(path: Path, data: Mapping[str, Any], root: Path) -> SimulatedNode:
     """Write the node described by ``data`` (the profile at ``path``) under ``root``."""
+    write_host_bridge(root)  # a real /sys always lists PCI devices, GPUs or not
     if "machine" in data:
         dmi = root / PRODUCT_NAME
         dmi.parent.mkdir(parents=True)

@@ -30,14 +30,19 @@ def no_enrichment(host_root: Path) -> list[amd.EnrichedGpu]:
     return []
 
 
-def probe(root: Path) -> tuple[AmdInventory | None, BackendReport]:
-    pci_gpus, _ = pci.scan(root)
-    return amd.probe(root, pci_gpus, enricher=no_enrichment)
+def pci_gpus_of(root: Path) -> tuple[PciGpu, ...]:
+    """The PCI scan of a simulated root; the raw captures have no PCI tree, and their AMD backend
+    is tested on its own."""
+    return pci.scan(root)[0] if pci.devices_dir(root).is_dir() else ()
+
+
+def probe(root: Path, firmware: bool = False) -> tuple[AmdInventory | None, BackendReport]:
+    return amd.probe(root, pci_gpus_of(root), enricher=no_enrichment, firmware=firmware)
 
 
 def labels_for(root: Path, config: Config | None = None) -> dict[str, str]:
-    pci_gpus, _ = pci.scan(root)
-    inventory, report = amd.probe(root, pci_gpus, enricher=no_enrichment)
+    pci_gpus = pci_gpus_of(root)
+    inventory, report = amd.probe(root, pci_gpus, enricher=no_enrichment, firmware=(config or Config()).labels.firmware)
     return node_labels(Inventory(pci_gpus=pci_gpus, amd=inventory, reports=(report,)), config or Config()).labels
 
 

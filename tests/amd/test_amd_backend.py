@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from labeller.config import Config
+from labeller.discovery import discover
 from labeller.inventory import BackendReport
+from labeller.rules import node_labels
+from tests.core.sysfs_tree import add_pci_device, empty_node, promptly
 
 from tests.amd.amd_tree import (
     FIRMWARE_INFO, MI210, MI300X_CPX, RX7900XTX, TOPOLOGY, VEGA10, amd_pci, copy_capture, labels_for, no_enrichment,
@@ -102,7 +110,7 @@ def test_unreadable_properties_skips_only_that_partition(tmp_path: Path) -> None
     properties.mkdir()  # reading a directory fails even as root
     inventory, report = probe(root)
     assert inventory is not None and len(inventory.gpus) == 7
-    assert report.status == "ok" and report.problems == ("KFD node 4: properties unreadable",)
+    assert report.status == "ok" and report.problems == (f"KFD node 4: {properties}: a directory, not a regular file",)
 
 
 def test_garbage_properties_is_a_problem(tmp_path: Path) -> None:
@@ -147,7 +155,7 @@ def test_drm_module_and_partition_files_are_read(tmp_path: Path) -> None:
     debugfs = root / "sys/kernel/debug/dri/1"
     debugfs.mkdir(parents=True)
     shutil.copy(FIRMWARE_INFO, debugfs / "amdgpu_firmware_info")
-    inventory, _ = probe(root)
+    inventory, _ = probe(root, firmware=True)
     assert inventory is not None
     (gpu,) = inventory.gpus
     assert (inventory.driver_version, inventory.driver_src_version) == ("6.12.12", "FD3182C7C6782667C6A4F68")
@@ -281,3 +289,197 @@ def test_pci_files_come_from_the_gpus_own_card_when_partition_0_is_missing(tmp_p
         found = labels_for(node.host_root)
     assert found["amd.com/gpu.product-name"] == "AMD_Instinct_MI300X_OAM"
     assert found["beta.amd.com/gpu.device-id.74a1"] == "2"
+
+
+# --- a probe that cannot be trusted changes nothing -------------------------------------------------
+
+def set_property(properties: Path, key: str, value: int) -> None:
+    lines = [line for line in properties.read_text().splitlines() if not line.startswith(f"{key} ")]
+    properties.write_text("\n".join([*lines, f"{key} {value}"]) + "\n")
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("simd_count", -416, "simd_count -416 is outside 1..4096"),
+    ("simd_count", 5000, "simd_count 5000 is outside 1..4096"),
+    ("simd_per_cu", 0, "simd_per_cu 0 is outside 1..16"),
+    ("simd_per_cu", 64, "simd_per_cu 64 is outside 1..16"),
+    ("device_id", 0x1740F, "device_id 95247 is outside 1..65535"),
+    ("device_id", -1, "device_id -1 is outside 1..65535"),
+    ("gfx_target_version", -90010, "gfx_target_version -90010 is outside 0..999999"),
+])
+def test_values_beyond_any_real_gpu_make_that_gpu_a_problem_not_a_label(tmp_path: Path, key: str, value: int,
+                                                                         why: str) -> None:
+    root = copy_capture(MI210, tmp_path)
+    set_property(root / TOPOLOGY / "2/properties", key, value)  # the GPU at 0000:63:00.0
+    inventory, report = probe(root)
+    assert inventory is not None and len(inventory.gpus) == 7 and "0000:63:00.0" not in {g.bdf for g in inventory.gpus}
+    assert report.problems == (f"KFD node 2 (0000:63:00.0): {why}, beyond any real GPU; GPU left out of the labels",)
+    labels = labels_for(root)
+    assert labels["beta.amd.com/gpu.simd-count.416"] == "7" and labels["amd.com/gpu.simd-count"] == "416"
+    for kind, kept in (("simd-count", "416"), ("cu-count", "104"), ("device-id", "740f")):  # the bad value nowhere
+        assert [label for label in labels if label.startswith(f"beta.amd.com/gpu.{kind}.")] == [
+            f"beta.amd.com/gpu.{kind}.{kept}"]
+
+
+def test_a_cu_count_beyond_any_real_gpu_is_a_problem(tmp_path: Path) -> None:
+    root = copy_capture(MI210, tmp_path)
+    set_property(root / TOPOLOGY / "2/properties", "simd_count", 4096)
+    set_property(root / TOPOLOGY / "2/properties", "simd_per_cu", 1)
+    _, report = probe(root)
+    assert "CU count (simd_count / simd_per_cu) 4096 is outside 1..1024" in report.problems[0]
+
+
+def test_vram_beyond_4_tib_is_a_problem(tmp_path: Path) -> None:
+    profile = tmp_path / "two.yaml"
+    profile.write_text("amd:\n  gpus:\n    - {device_id: 0x6860, gfx_target_version: 90000, simd_count: 256, "
+                       "vram_bytes: 17163091968, repeat: 2}\n")
+    with simulated_node(str(profile)) as node:
+        set_property(node.host_root / TOPOLOGY / "1/mem_banks/0/properties", "size_in_bytes", 5 << 40)
+        inventory, report = probe(node.host_root)
+        labels = labels_for(node.host_root)
+    assert inventory is not None and [g.bdf for g in inventory.gpus] == ["0000:25:00.0"]
+    assert report.problems == ("KFD node 1 (0000:05:00.0): mem_banks/0 size_in_bytes 5497558138880 is outside "
+                               "0..4398046511104, beyond any real GPU; GPU left out of the labels",)
+    assert [key for key in labels if key.startswith("beta.amd.com/gpu.vram.")] == ["beta.amd.com/gpu.vram.16G"]
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("location_id", 0x10000, "location_id 65536 is outside 0..65535"),
+    ("location_id", -256, "location_id -256 is outside 0..65535"),
+    ("domain", -1, "domain -1 is outside 0..4294967295"),
+])
+def test_an_address_out_of_range_is_a_problem_for_a_node_we_cannot_place(tmp_path: Path, key: str, value: int,
+                                                                         why: str) -> None:
+    root = copy_capture(MI210, tmp_path)
+    set_property(root / TOPOLOGY / "2/properties", key, value)
+    inventory, report = amd.probe(root, (amd_pci("0000:63:00.0", 0x740F),), enricher=no_enrichment)
+    assert inventory is not None and len(inventory.gpus) == 7
+    assert report.problems == (f"KFD node 2: {why}",
+                               "0000:63:00.0: AMD GPU on the PCI bus but not in the KFD topology")
+
+
+def test_one_bad_partition_leaves_out_its_whole_gpu(tmp_path: Path) -> None:
+    root = copy_capture(MI300X_CPX, tmp_path)
+    set_property(root / TOPOLOGY / "3/properties", "simd_per_cu", 0)  # partition 1 of the GPU at 0000:05:00.0
+    inventory, report = probe(root)
+    assert inventory is not None and "0000:05:00.0" not in {g.bdf for g in inventory.gpus}
+    assert len(inventory.gpus) == 7 and report.problems[0].startswith("KFD node 3 (0000:05:00.0): simd_per_cu 0")
+    labels = labels_for(root)
+    assert labels["beta.amd.com/gpu.device-id.74a1"] == "7" and labels["beta.amd.com/gpu.cu-count.38"] == "55"
+
+
+def test_a_fifo_for_kfd_properties_is_reported_promptly(tmp_path: Path) -> None:
+    root = copy_capture(MI210, tmp_path)
+    properties = root / TOPOLOGY / "3/properties"
+    properties.unlink()
+    os.mkfifo(properties)
+    inventory, report = promptly(lambda: probe(root))
+    assert inventory is not None and len(inventory.gpus) == 7
+    assert report.problems == (f"KFD node 3: {properties}: a FIFO, not a regular file",)
+
+
+def test_an_oversized_card_file_leaves_out_that_gpu(tmp_path: Path) -> None:
+    profile = tmp_path / "two.yaml"
+    profile.write_text("amd:\n  gpus:\n    - {device_id: 0x740f, revision: 2, gfx_target_version: 90010, "
+                       "simd_count: 416, vram_bytes: 68702699520, repeat: 2}\n")
+    with simulated_node(str(profile)) as node:
+        product_name = node.host_root / "sys/class/drm/card0/device/product_name"
+        product_name.write_text("MI210 " * 20000)
+        inventory, report = promptly(lambda: probe(node.host_root))
+    assert inventory is not None and [g.bdf for g in inventory.gpus] == ["0000:25:00.0"]
+    assert report.problems == (f"0000:05:00.0: {product_name}: larger than 65536 bytes, more than any real one; "
+                               "GPU left out of the labels",)
+
+
+def test_a_fifo_for_the_module_version_fails_the_backend_not_the_probe(tmp_path: Path) -> None:
+    root = copy_capture(MI210, tmp_path)
+    (root / "sys/module/amdgpu").mkdir(parents=True)
+    os.mkfifo(root / "sys/module/amdgpu/version")
+    inventory, report = promptly(lambda: probe(root))
+    assert inventory is None and report.status == "error"
+    assert report.detail == f"AMD probe failed: {root / 'sys/module/amdgpu/version'}: a FIFO, not a regular file"
+
+
+# --- family without gfx_target_version ------------------------------------------------------------
+
+def amdgpu_ids_device_ids() -> list[int]:
+    text = (Path(amd.__file__).parent / "data/amdgpu.ids").read_text()
+    return sorted({int(line.split(",")[0], 16) for line in text.splitlines() if re.match(r"[0-9A-F]{4},", line)})
+
+
+def test_every_device_id_in_amds_table_has_a_family() -> None:
+    ids = amdgpu_ids_device_ids()
+    assert len(ids) > 200  # the whole table, not a stub
+    assert [f"{device_id:04X}" for device_id in ids if amd.family_by_device_id(device_id) is None] == []
+
+
+@pytest.mark.parametrize(("device_id", "family"), [
+    (0x6798, "SI"), (0x684C, "SI"), (0x6640, "CI"), (0x67B0, "CI"), (0x1309, "KV"), (0x9830, "KV"), (0x9850, "KV"),
+    (0x6939, "VI"), (0x7300, "VI"), (0x67DF, "VI"), (0x6FDF, "VI"), (0x694C, "VI"), (0x9874, "CZ"), (0x98E4, "CZ"),
+    (0x687F, "AI"), (0x66AF, "AI"), (0x738C, "AI"), (0x740F, "AI"), (0x74A1, "AI"), (0x75A3, "AI"),
+    (0x15DD, "RV"), (0x1636, "RV"), (0x731F, "NV"), (0x7362, "NV"), (0x73BF, "NV"), (0x73DF, "NV"), (0x73FF, "NV"),
+    (0x743F, "NV"), (0x163F, "VGH"), (0x1681, "YC"), (0x164E, "GC_10_3_6"), (0x1506, "GC_10_3_7"),
+    (0x744C, "GC_11_0_0"), (0x747E, "GC_11_0_0"), (0x7480, "GC_11_0_0"), (0x15BF, "GC_11_0_1"), (0x1900, "GC_11_0_1"),
+    (0x150E, "GC_11_5_0"), (0x1586, "GC_11_5_0"), (0x7550, "GC_12_0_0"), (0x7590, "GC_12_0_0"),
+    (0x6700, None), (0x0000, None),
+])
+def test_family_from_the_device_id(device_id: int, family: str | None) -> None:
+    assert amd.family_of(None, device_id) == family
+
+
+def test_an_old_kernel_navi21_gets_its_family_from_the_device_id(tmp_path: Path) -> None:
+    root = copy_capture(RX7900XTX, tmp_path)
+    properties = root / TOPOLOGY / "1/properties"
+    properties.write_text("".join(line + "\n" for line in properties.read_text().splitlines()
+                                  if not line.startswith("gfx_target_version")))
+    set_property(properties, "device_id", 0x73BF)
+    assert labels_for(root)["amd.com/gpu.family"] == "NV"
+
+
+# --- AMD GPUs without KFD -------------------------------------------------------------------------
+
+def no_kfd_node(root: Path, version: str | None = "6.12.12") -> Path:
+    """Two AMD GPUs bound to amdgpu (one with an XCP partition card), no KFD topology."""
+    empty_node(root)
+    module = root / "sys/module/amdgpu"
+    (module / "drivers").mkdir(parents=True)
+    if version:
+        (module / "version").write_text(version + "\n")
+    for card, (bdf, device, revision, name) in enumerate([("0000:03:00.0", 0x740F, 0x02, ""),
+                                                          ("0000:83:00.0", 0x740F, 0x02, "AMD Instinct MI210")]):
+        add_pci_device(root, bdf, 0x1002, device, 0x038000, revision=revision, driver="amdgpu")
+        files = root / f"sys/class/drm/card{card}/device"
+        (files / f"drm/renderD{128 + card}").mkdir(parents=True)
+        for file, text in {"vendor": "0x1002", "device": f"0x{device:04x}", "revision": f"0x{revision:02x}",
+                           "product_name": name, "uevent": f"DRIVER=amdgpu\nPCI_SLOT_NAME={bdf}"}.items():
+            (files / file).write_text(text + "\n")
+    (root / "sys/class/drm/card2/device/drm/renderD130").mkdir(parents=True)  # a partition card: no PCI files
+    return root
+
+
+def test_without_kfd_the_drm_cards_still_give_device_family_product_and_driver(tmp_path: Path) -> None:
+    root = no_kfd_node(tmp_path)
+    inventory, report = probe(root)
+    assert report.status == "unavailable" and "KFD topology is missing" in report.detail
+    assert inventory is not None and [(g.bdf, g.family, g.nodes) for g in inventory.gpus] == [
+        ("0000:03:00.0", "AI", ()), ("0000:83:00.0", "AI", ())]
+    labels = node_labels(discover(root), Config()).labels
+    assert {k: v for k, v in labels.items() if k.startswith("amd.com/")} == {
+        "amd.com/gpu.present": "true", "amd.com/gpu.device-id": "740f", "amd.com/gpu.family": "AI",
+        "amd.com/gpu.product-name": "AMD_Instinct_MI210",  # FRU name of one, amdgpu.ids for the other
+        "amd.com/gpu.driver-version": "6.12.12", "amd.com/gpu.driver-src-version": "",
+        "amd.com/gpu.compute-partitioning-supported": "false", "amd.com/gpu.memory-partitioning-supported": "false",
+    }
+    assert labels["beta.amd.com/gpu.device-id.740f"] == "2" and labels["beta.amd.com/gpu.family.AI"] == "2"
+    assert not any(kind in key for key in labels for kind in ("cu-count", "simd-count", "vram"))
+    assert discover(root).partial  # KFD may still be initialising: nothing is removed
+
+
+def test_cli_labels_a_node_without_kfd_from_its_drm_cards(tmp_path: Path) -> None:
+    root = no_kfd_node(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--host-root", str(root)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = set(result.stdout.splitlines())
+    assert {"amd.com/gpu.device-id=740f", "amd.com/gpu.family=AI", "amd.com/gpu.product-name=AMD_Instinct_MI210",
+            "amd.com/gpu.driver-version=6.12.12", "beta.amd.com/gpu.family.AI=2"} <= lines

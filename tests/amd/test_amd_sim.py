@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +14,8 @@ import pytest
 
 from labeller.config import Config
 from tests.amd.amd_tree import MI210, labels_for, probe
-from vendors import amd_sim
+from tests.core.sysfs_tree import promptly
+from vendors import amd_sim, pci
 from vendors.simulate import builtin_profiles, load_profile, resolve, simulated_node
 
 MI300X = {
@@ -45,8 +48,6 @@ def test_inline_cpx_goes_through_the_backend(tmp_path: Path) -> None:
 
 
 def test_inline_writes_pci_devices_the_pci_scan_reads(tmp_path: Path) -> None:
-    from vendors import pci
-
     root = build_inline(tmp_path, {**MI300X, "numa_node": 1, "revision": "0x01"})
     gpus, _ = pci.scan(root)
     assert [(g.bdf, g.device_id, g.revision, g.numa_node) for g in gpus] == [("0000:05:00.0", 0x74A1, 1, 1)]
@@ -66,7 +67,8 @@ def test_captured_tree_next_to_the_profile(tmp_path: Path) -> None:
     root = tmp_path / "root"
     amd_sim.build({"sysfs": "my-capture", "revision": 2}, root, tmp_path)
     assert labels_for(root)["amd.com/gpu.product-name"] == "AMD_Instinct_MI210"
-    assert len(list((root / "sys/bus/pci/devices").iterdir())) == 8
+    gpus, report = pci.scan(root)
+    assert len(gpus) == 8 and report.detail == "8 GPU(s) among 9 PCI device(s)"  # and the host bridge
 
 
 @pytest.mark.parametrize(("section", "message"), [
@@ -95,7 +97,7 @@ def test_bad_sections_name_the_key(tmp_path: Path, section: Any, message: str) -
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["mi300x-x8-spx", "mi210-x8", "mi300x-x8-cpx", "rx7900xtx"])
+@pytest.mark.parametrize("name", ["mi300x-x8-spx", "mi210-x8", "mi300x-x8-cpx", "rx7900xtx", "mi25-firmware"])
 def test_builtin_profiles_load_and_label(name: str) -> None:
     assert name in builtin_profiles()
     assert set(load_profile(resolve(name))) <= {"name", "description", "config", "machine", "amd"}
@@ -126,3 +128,77 @@ def test_cli_labels_simulate_mi300x_cpx_end_to_end() -> None:
         "beta.amd.com/gpu.cu-count.38=63", "beta.amd.com/gpu.device-id.74a1=8",
     } <= lines
     assert not any(line.startswith("amd.com/gpu.vram") for line in lines)  # the capture has no mem_banks
+
+
+# --- firmware labels ------------------------------------------------------------------------------
+
+FIRMWARE_ON = "version: v1\nlabeller:\n  labels:\n    firmware: true\n"
+
+
+def gpu_labeller(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_builtin_firmware_profile_replays_the_real_debugfs_capture() -> None:
+    result = gpu_labeller("labels", "--simulate", "mi25-firmware")
+    assert result.returncode == 0, result.stderr
+    firmware = {line for line in result.stdout.splitlines() if ".firmware." in line}
+    # The capture (tests/fixtures/amd/debugfs-firmware-info) in AMD's decimal form, e.g. MEC 0x160 -> 352.
+    assert len(firmware) == 20 and {
+        "beta.amd.com/gpu.firmware.MEC.feat.33=1", "beta.amd.com/gpu.firmware.MEC.fw.352=1",
+        "beta.amd.com/gpu.firmware.SDMA0.fw.407=1", "beta.amd.com/gpu.firmware.VCE.fw.892142592=1",
+        "beta.amd.com/gpu.firmware.SMC.fw.1845248=1",
+    } <= firmware
+    assert "amd.com/gpu.product-name=AMD_Radeon_Instinct_MI25" in result.stdout.splitlines()
+    with simulated_node("mi25-firmware") as node:
+        written = (node.host_root / "sys/kernel/debug/dri/0/amdgpu_firmware_info").read_text()
+    assert written == (Path(__file__).parents[1] / "fixtures/amd/debugfs-firmware-info/amdgpu_firmware_info").read_text()
+
+
+def test_probe_says_why_there_is_no_firmware_data(tmp_path: Path) -> None:
+    config = tmp_path / "firmware.yaml"
+    config.write_text(FIRMWARE_ON)
+    result = gpu_labeller("probe", "--simulate", "mi300x-x8-spx", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    (problem,) = next(r for r in document["reports"] if r["backend"] == "amd")["problems"]
+    assert problem.startswith("firmware labels are on but /") and problem.endswith(
+        "/sys/kernel/debug/dri does not exist: debugfs must be mounted there and read as uid 0 "
+        "(the Helm chart does both when config.labeller.labels.firmware is true)")
+    assert document["partial"] is True  # firmware labels written earlier are kept, not removed
+    labels = gpu_labeller("labels", "--simulate", "mi300x-x8-spx", "--config", str(config)).stdout
+    assert "amd.com/gpu.cu-count=304" in labels and ".firmware." not in labels
+
+
+def test_unreadable_debugfs_and_firmware_files_are_named(tmp_path: Path) -> None:
+    root = build_inline(tmp_path, {**MI300X, "firmware_info": "vega10", "repeat": 2})
+    info = root / "sys/kernel/debug/dri/1/amdgpu_firmware_info"
+    info.unlink()
+    os.mkfifo(info)
+    inventory, report = promptly(lambda: probe(root, firmware=True))
+    assert inventory is not None and [len(g.firmware) for g in inventory.gpus] == [10, 0]
+    assert report.problems == (f"0000:25:00.0: no firmware versions: {info}: a FIFO, not a regular file",)
+    assert promptly(lambda: probe(root))[1].problems == ()  # firmware off: debugfs is never read
+    shutil.rmtree(root / "sys/kernel/debug/dri")
+    (root / "sys/kernel/debug/dri").symlink_to("dri")
+    _, report = probe(root, firmware=True)
+    assert report.problems == (f"firmware labels are on but {root / 'sys/kernel/debug/dri'}: cannot list: "
+                               "Too many levels of symbolic links: debugfs must be mounted there and read as uid 0 "
+                               "(the Helm chart does both when config.labeller.labels.firmware is true)",)
+
+
+def test_firmware_info_next_to_the_profile(tmp_path: Path) -> None:
+    (tmp_path / "my-firmware").write_text("MEC feature version: 1, firmware version: 0x00000010\n")
+    root = build_inline(tmp_path, {**MI300X, "firmware_info": "my-firmware"})
+    inventory, _ = probe(root, firmware=True)
+    assert inventory is not None and inventory.gpus[0].firmware == (("MEC", 1, 16),)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("../vega10", "amd.gpus[0].firmware_info: a file name next to the profile, without '/', got '../vega10'"),
+    ("nothing", "amd.gpus[0].firmware_info: 'nothing' is neither a file next to the profile nor a built-in capture (vega10)"),
+])
+def test_bad_firmware_info_names_the_key(tmp_path: Path, name: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        build_inline(tmp_path, {**MI300X, "firmware_info": name})
+    assert str(info.value) == message

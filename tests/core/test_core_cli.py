@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from labeller import __version__
-from tests.core.sysfs_tree import add_pci_device
+from tests.core.sysfs_tree import add_pci_device, empty_node
 
 
 def gpu_labeller(*args: str) -> subprocess.CompletedProcess[str]:
@@ -30,7 +30,7 @@ def test_labels_for_a_mounted_host_root(tmp_path: Path) -> None:
 
 
 def test_a_node_without_gpus_gets_no_labels(tmp_path: Path) -> None:
-    result = gpu_labeller("labels", "--host-root", str(tmp_path), "--format", "json")
+    result = gpu_labeller("labels", "--host-root", str(empty_node(tmp_path)), "--format", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {}
 
@@ -62,11 +62,12 @@ def test_output_file_is_written_atomically(tmp_path: Path) -> None:
 
 
 def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
-    result = gpu_labeller("probe", "--host-root", str(tmp_path))
+    result = gpu_labeller("probe", "--host-root", str(empty_node(tmp_path)))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    pci = next(r for r in document["reports"] if r["backend"] == "pci")
-    assert pci["status"] == "absent" and "does not exist" in pci["detail"]
+    reports = {r["backend"]: r for r in document["reports"]}
+    assert (reports["pci"]["status"], reports["pci"]["detail"]) == ("absent", "0 GPU(s) among 1 PCI device(s)")
+    assert reports["amd"]["detail"] == "no AMD GPU on the PCI bus and no KFD topology"
     assert document["partial"] is False
 
 
@@ -75,7 +76,7 @@ def test_dry_run_never_imports_the_kubernetes_client_or_grpc(tmp_path: Path) -> 
         "import sys\n"
         "from labeller.cli import main\n"
         "try:\n"
-        f"    main(['labels', '--host-root', {str(tmp_path)!r}])\n"
+        f"    main(['labels', '--host-root', {str(empty_node(tmp_path))!r}])\n"
         "except SystemExit:\n"
         "    pass\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc')))\n"

@@ -1,12 +1,33 @@
-"""PCI presence scan over a sysfs tree."""
+"""PCI presence scan over a sysfs tree, and the bounded readers every probe goes through."""
 
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from labeller.config import Config
 from labeller.discovery import discover
+from labeller.inventory import ProbeError
 from labeller.rules import node_labels
-from tests.core.sysfs_tree import add_pci_device
+from tests.core.sysfs_tree import add_pci_device, empty_node, promptly
+from vendors import sysfs
 from vendors.pci import normalise_bdf, scan
+
+DEVICES = "sys/bus/pci/devices"
+HINT = "is the host's /sys mounted at --host-root (HOST_ROOT)?"
+
+
+def gpu_labeller(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=env)
 
 
 def test_finds_nvidia_and_amd_gpus_and_ignores_other_devices(tmp_path: Path) -> None:
@@ -22,7 +43,7 @@ def test_finds_nvidia_and_amd_gpus_and_ignores_other_devices(tmp_path: Path) -> 
         ("0000:18:00.0", 0x10DE, 0, "nvidia"),
         ("0000:c1:00.0", 0x1002, 1, None),
     ]
-    assert report.status == "ok"
+    assert report.status == "ok" and report.problems == ()
 
 
 def test_amd_processing_accelerators_count_as_gpus(tmp_path: Path) -> None:
@@ -34,17 +55,140 @@ def test_amd_processing_accelerators_count_as_gpus(tmp_path: Path) -> None:
     assert node_labels(discover(tmp_path), Config()).labels["amd.com/gpu.present"] == "true"
 
 
-def test_missing_bus_is_absent_not_an_error(tmp_path: Path) -> None:
-    gpus, report = scan(tmp_path)
-    assert gpus == () and report.status == "absent"
+def test_a_readable_bus_without_gpus_is_a_genuine_empty_node(tmp_path: Path) -> None:
+    gpus, report = scan(empty_node(tmp_path))
+    assert gpus == () and (report.status, report.problems) == ("absent", ())
+    inventory = discover(tmp_path)
+    assert not inventory.partial and node_labels(inventory, Config()).labels == {}
 
 
-def test_garbage_files_skip_only_that_device(tmp_path: Path) -> None:
+def _missing(root: Path) -> None:
+    pass
+
+
+def _a_file(root: Path) -> None:
+    (root / "sys/bus/pci").mkdir(parents=True)
+    (root / DEVICES).write_text("")
+
+
+def _empty(root: Path) -> None:  # what a DirectoryOrCreate hostPath gives
+    (root / DEVICES).mkdir(parents=True)
+
+
+def _loop(root: Path) -> None:
+    (root / "sys/bus/pci").mkdir(parents=True)
+    (root / DEVICES).symlink_to("devices")
+
+
+def _only_junk(root: Path) -> None:
+    (root / DEVICES / "not-a-pci-address").mkdir(parents=True)
+
+
+@pytest.mark.parametrize(("make", "why"), [
+    (_missing, "does not exist"), (_a_file, "not a directory"), (_empty, "lists no PCI device"),
+    (_loop, "cannot list: Too many levels of symbolic links"), (_only_junk, "lists no PCI device"),
+])
+def test_a_host_root_without_a_pci_device_list_is_a_failed_probe(tmp_path: Path, make: Callable[[Path], None],
+                                                                 why: str) -> None:
+    make(tmp_path)
+    with pytest.raises(ProbeError) as info:
+        discover(tmp_path)
+    message = str(info.value)
+    assert message.startswith(str(tmp_path / DEVICES)) and why in message and message.endswith(HINT)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("command", ["labels", "probe"])
+def test_cli_on_a_wrong_host_root_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
+    result = gpu_labeller(command, "--host-root", str(tmp_path / "nonexistent"))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"Error: {tmp_path / 'nonexistent' / DEVICES} does not exist: {HINT}\n"
+
+
+def test_cli_reads_the_host_root_from_host_root_env(tmp_path: Path) -> None:
+    (tmp_path / DEVICES).mkdir(parents=True)  # an empty hostPath mount, as DirectoryOrCreate leaves it
+    result = gpu_labeller("labels", env={**os.environ, "HOST_ROOT": str(tmp_path)})
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert f"{tmp_path / DEVICES} lists no PCI device" in result.stderr
+
+
+def test_garbage_files_skip_only_that_device_and_are_a_problem(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
     broken = add_pci_device(tmp_path, "0000:19:00.0", 0x10DE, 0x2330, 0x030200)
     (broken / "class").write_text("not-a-number\n")
-    gpus, _ = scan(tmp_path)
+    gpus, report = scan(tmp_path)
     assert [g.bdf for g in gpus] == ["0000:18:00.0"]
+    assert report.problems == (f"0000:19:00.0: {broken / 'class'}: no PCI class code in it; "
+                               "cannot tell whether it is a GPU",)
+
+
+def test_ids_wider_than_pci_allows_are_a_problem(tmp_path: Path) -> None:
+    add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x12330, 0x030200)
+    gpus, report = scan(tmp_path)
+    assert gpus == () and "device id 0x12330" in report.problems[0]
+    assert discover(tmp_path).partial  # so nothing is removed on its account
+
+
+def test_a_fifo_where_the_scan_reads_is_reported_not_read(tmp_path: Path) -> None:
+    device = add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
+    add_pci_device(tmp_path, "0000:19:00.0", 0x10DE, 0x2330, 0x030200)
+    (device / "class").unlink()
+    os.mkfifo(device / "class")  # opening it for reading would block until a writer comes
+    gpus, report = promptly(lambda: scan(tmp_path))
+    assert [g.bdf for g in gpus] == ["0000:19:00.0"]
+    assert report.problems == (f"0000:18:00.0: {device / 'class'}: a FIFO, not a regular file; "
+                               "cannot tell whether it is a GPU",)
+
+
+def test_an_oversized_file_where_the_scan_reads_is_reported(tmp_path: Path) -> None:
+    device = add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
+    (device / "vendor").write_text("0x10de\n" + " " * sysfs.ATTRIBUTE_LIMIT)
+    gpus, report = promptly(lambda: scan(tmp_path))
+    assert gpus == () and report.problems == (
+        f"0000:18:00.0: {device / 'vendor'}: larger than 65536 bytes, more than any real one; "
+        "cannot tell whether it is a GPU",)
+
+
+def test_cli_probe_with_a_fifo_in_sysfs_answers_promptly_and_reports_it(tmp_path: Path) -> None:
+    device = add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
+    (device / "vendor").unlink()
+    os.mkfifo(device / "vendor")
+    started = time.monotonic()
+    result = gpu_labeller("probe", "--host-root", str(tmp_path))  # the 60 s subprocess timeout is the guard
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 30
+    document = json.loads(result.stdout)
+    pci = next(r for r in document["reports"] if r["backend"] == "pci")
+    assert "a FIFO, not a regular file" in pci["problems"][0] and document["partial"] is True
+
+
+def test_readers_refuse_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "device").symlink_to("/dev/null")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "dir").mkdir()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "socket"))
+        for name, kind in (("fifo", "a FIFO"), ("device", "a character device"), ("socket", "a socket"),
+                           ("dir", "a directory")):
+            with pytest.raises(sysfs.Untrusted, match=f"{kind}, not a regular file"):
+                promptly(lambda: sysfs.read_text(tmp_path / name))
+    with pytest.raises(sysfs.Untrusted, match="Too many levels of symbolic links"):
+        sysfs.read_text(tmp_path / "loop")
+    assert sysfs.read_text(tmp_path / "missing") is None
+    assert sysfs.read_text(tmp_path / "fifo" / "below") is None  # a path through a non-directory is missing
+
+
+def test_reads_and_listings_are_bounded(tmp_path: Path) -> None:
+    (tmp_path / "exact").write_bytes(b"x" * 4096)
+    (tmp_path / "over").write_bytes(b"x" * 4097)
+    assert sysfs.read_bytes(tmp_path / "exact", sysfs.CONFIG_SPACE_LIMIT) == b"x" * 4096
+    with pytest.raises(sysfs.Untrusted, match="larger than 4096 bytes"):
+        sysfs.read_bytes(tmp_path / "over", sysfs.CONFIG_SPACE_LIMIT)
+    assert sysfs.list_dir(tmp_path, limit=2) == ["exact", "over"]
+    (tmp_path / "third").write_text("")
+    with pytest.raises(sysfs.Untrusted, match="more than 2 entries"):
+        sysfs.list_dir(tmp_path, limit=2)
 
 
 def test_presence_labels_come_from_pci_even_without_a_driver(tmp_path: Path) -> None:
@@ -59,3 +203,26 @@ def test_bus_ids_from_nvml_and_sysfs_compare_equal() -> None:
     assert normalise_bdf("00000000:18:00.0") == "0000:18:00.0"
     assert normalise_bdf("00000001:AB:00.1") == "0001:ab:00.1"
     assert normalise_bdf("0000:18:00.0") == "0000:18:00.0"
+
+
+def test_a_fifo_for_the_dmi_product_name_is_reported_not_read(tmp_path: Path) -> None:
+    add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
+    product_name = tmp_path / "sys/class/dmi/id/product_name"
+    product_name.parent.mkdir(parents=True)
+    os.mkfifo(product_name)
+    inventory = promptly(lambda: discover(tmp_path))
+    assert inventory.machine is None and inventory.partial  # the machine label is kept, not rewritten
+    dmi = next(r for r in inventory.reports if r.backend == "dmi")
+    assert (dmi.status, dmi.detail) == ("error", f"machine name unreadable: {product_name}: a FIFO, not a regular file")
+
+
+def test_a_simulated_node_without_gpus_is_a_genuine_empty_node(tmp_path: Path) -> None:
+    profile = tmp_path / "no-gpu.yaml"
+    profile.write_text("name: no-gpu\nmachine: PowerEdge R650\n")
+    result = gpu_labeller("probe", "--simulate", str(profile))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    pci = next(r for r in document["reports"] if r["backend"] == "pci")
+    assert (pci["status"], pci["detail"]) == ("absent", "0 GPU(s) among 1 PCI device(s)") and not document["partial"]
+    labels = gpu_labeller("labels", "--simulate", str(profile), "--format", "json")
+    assert labels.returncode == 0 and json.loads(labels.stdout) == {}

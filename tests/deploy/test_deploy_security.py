@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 import pytest
+import yaml
 
 from tests.deploy import COMBINATIONS, find, labeller_ds, one, plugin_ds, render
 
@@ -86,6 +87,22 @@ def test_vgpu_detection_adds_only_sys_admin_and_root_to_the_labeller() -> None:
     assert pod(ds)["securityContext"]["runAsUser"] == 0
     assert all(m.get("readOnly") for _, m in host_mounts(ds).values())
     assert "add" not in container(plugin_ds(objects))["securityContext"]["capabilities"]
+
+
+def test_firmware_labels_mount_debugfs_read_only_and_run_as_root_with_no_capability() -> None:
+    # debugfs's root is mode 0700 and owned by root: uid 0 reads it as its owner, no capability needed.
+    objects = render({"config": {"labeller": {"labels": {"firmware": True}}}})
+    ds = labeller_ds(objects)
+    path, mount = host_mounts(ds)["/sys/kernel/debug"]
+    assert path == "/host/sys/kernel/debug" and mount["readOnly"] is True
+    assert pod(ds)["securityContext"]["runAsUser"] == 0
+    assert container(ds)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert all(m.get("readOnly") for _, m in host_mounts(ds).values())
+    config = yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"])
+    assert config["labeller"]["labels"]["firmware"] is True and config["flags"] == {"migStrategy": "none"}
+    # Off (the default): no debugfs, and the labeller stays non-root.
+    default = labeller_ds(render())
+    assert "/sys/kernel/debug" not in host_mounts(default) and pod(default)["securityContext"]["runAsUser"] == 65532
 
 
 def test_device_plugin_runs_as_root_but_unprivileged() -> None:

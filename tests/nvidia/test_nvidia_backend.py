@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,6 +16,7 @@ from labeller.rules import node_labels
 from tests.nvidia.nvidia_node import (
     A100_40GB_BYTES, A100_80GB_BYTES, H100_BYTES, a100, build, h100, inventory_of, labels_of, mig_1g5gb, section,
 )
+from tests.core.sysfs_tree import promptly
 from vendors import nvidia, pci
 
 H200_BYTES = 143771 * 1024 * 1024  # nvidia-smi on an H200: 143771MiB
@@ -253,3 +255,45 @@ def test_the_fabric_clique_comes_from_the_first_fabric_call_when_the_versioned_o
     missing_symbol(nvml, "nvmlDeviceGetGpuFabricInfoV")
     inventory, _ = nvidia.probe(root, pci.scan(root)[0], nvml)
     assert inventory is not None and inventory.gpus[0].clique == "7b968a6d-c8aa-45e1-9e07-e1e51be99c31.3"
+
+
+# --- a probe that cannot be trusted changes nothing -------------------------------------------------
+
+@pytest.mark.parametrize(("gpu", "why"), [
+    (h100(memory_bytes=5 << 40), "memory bytes 5497558138880 is outside 0..4398046511104"),
+    (h100(compute_capability=[9, 12]), "compute capability minor 12 is outside 0..9"),
+    (h100(compute_capability=[99, 0]), "compute capability major 99 is outside 0..30"),
+])
+def test_values_beyond_any_real_gpu_leave_that_gpu_out(tmp_path: Path, gpu: dict[str, Any], why: str) -> None:
+    inventory = inventory_of(tmp_path, section(h100(), gpu, h100()))
+    assert inventory.nvidia is not None and [g.index for g in inventory.nvidia.gpus] == [0, 2]
+    report = next(r for r in inventory.reports if r.backend == "nvidia")
+    assert report.problems == (f"GPU 1: {why}, beyond any real GPU; GPU left out of the labels",)
+    assert inventory.partial  # so the daemon removes nothing on its account
+    assert labels_of(tmp_path / "labels", section(h100(), gpu, h100()))["nvidia.com/gpu.count"] == "2"
+
+
+def test_a_mig_device_larger_than_its_gpu_leaves_the_gpu_out(tmp_path: Path) -> None:
+    huge = {"profile": "7g.85gb", "uuid": "MIG-huge", "memory_mib": 81920}  # on a 40 GB A100
+    inventory = inventory_of(tmp_path, section(a100(mig_mode="enabled", mig_devices=[huge]), a100()))
+    assert inventory.nvidia is not None and [g.index for g in inventory.nvidia.gpus] == [1]
+    report = next(r for r in inventory.reports if r.backend == "nvidia")
+    assert report.problems == ("GPU 0: MIG device MIG-huge has 81920 MiB, more than its GPU's 40536 MiB, "
+                               "beyond any real GPU; GPU left out of the labels",)
+
+
+@pytest.mark.parametrize("make", ["fifo", "oversized"])
+def test_a_config_space_that_cannot_be_trusted_is_reported_and_never_read_whole(tmp_path: Path, make: str) -> None:
+    root, nvml = build(tmp_path, section(h100(vgpu=HOST_DRIVER), h100()))
+    config = root / "sys/bus/pci/devices/0000:01:00.0/config"
+    config.unlink()
+    if make == "fifo":
+        os.mkfifo(config)
+        why = "a FIFO, not a regular file"
+    else:
+        config.write_bytes(bytes(8192))
+        why = "larger than 4096 bytes, more than any real one"
+    inventory, report = promptly(lambda: nvidia.probe(root, pci.scan(root)[0], nvml))
+    assert inventory is not None and len(inventory.gpus) == 2
+    assert report.problems == (f"0000:01:00.0: {config}: {why}",)
+    assert inventory.vgpu_present is True  # GPU 0's full config space still says so

@@ -121,3 +121,16 @@ def test_nvml_missing_profile_labels_presence_only(tmp_path: Path) -> None:
     assert result.exit_code == 0
     assert "nvidia.com/gpu.present=true" in result.output and "nvidia.com/gpu.product" not in result.output
     assert "NVML library not found" in result.output  # the warning log on stderr (mixed in by CliRunner)
+
+
+def test_mig_media_extension_profile_keeps_its_plus_as_a_dot_in_the_product(tmp_path: Path) -> None:
+    me = {"profile": "1g.10gb+me", "uuid": "MIG-{gpu}-{i}", "memory_mib": 9856, "engines_jpeg": 1, "engines_ofa": 1}
+    profile = yaml.safe_load(write_profile(tmp_path, section(h100(mig_mode="enabled", mig_devices=[me]))).read_text())
+    profile["config"] = {"version": "v1", "flags": {"migStrategy": "mixed"}}
+    path = tmp_path / "h100-me.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    found = parse(result.stdout)
+    assert found["nvidia.com/mig-1g.10gb.me.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me"
+    assert found["nvidia.com/mig-1g.10gb.me.count"] == "1"

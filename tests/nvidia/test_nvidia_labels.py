@@ -57,7 +57,8 @@ def test_sanitise_like_gfd(raw: str, clean: str) -> None:
 
 @pytest.mark.parametrize(("major", "minor", "name"), [
     (1, 3, "tesla"), (2, 1, "fermi"), (3, 7, "kepler"), (5, 2, "maxwell"), (6, 1, "pascal"), (7, 0, "volta"),
-    (7, 2, "volta"), (7, 5, "turing"), (8, 0, "ampere"), (8, 6, "ampere"), (8, 7, "ampere"), (8, 9, "ada-lovelace"),
+    (7, 2, "volta"), (7, 5, "turing"), (8, 0, "ampere"), (8, 6, "ampere"), (8, 7, "ampere"), (8, 8, "ampere"),
+    (8, 9, "ada-lovelace"), (8, 10, "ada-lovelace"),  # GFD: ampere only while the minor is below 9
     (9, 0, "hopper"), (10, 0, "blackwell"), (12, 0, "blackwell"), (13, 0, "rubin"), (4, 0, "undefined"),
     (11, 0, "undefined"),
 ])
@@ -220,7 +221,20 @@ def test_mig_mixed() -> None:
 def test_mig_mixed_media_extension_profile_key() -> None:
     me = replace(MIG_1G5GB, profile="1g.5gb+me", engines_jpeg=1, engines_ofa=1)
     found = labels(with_mig(A100, me), config={"flags": {"migStrategy": "mixed"}})
-    subset(found, {"nvidia.com/mig-1g.5gb.me.count": "1", "nvidia.com/mig-1g.5gb.me.engines.jpeg": "1"})
+    subset(found, {"nvidia.com/mig-1g.5gb.me.count": "1", "nvidia.com/mig-1g.5gb.me.engines.jpeg": "1",
+                   "nvidia.com/mig-1g.5gb.me.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me"})
+
+
+# H100-80GB 1g.10gb+me: 9856 MiB, 16 SMs, one JPEG and one OFA engine (nvidia-smi mig -lgip).
+MIG_1G10GB_ME = MigDevice(0, "MIG-h", "1g.10gb+me", 9856, multiprocessors=16, slices_gi=1, slices_ci=1,
+                          engines_copy=1, engines_jpeg=1, engines_ofa=1)
+
+
+@pytest.mark.parametrize(("strategy", "key"), [("mixed", "nvidia.com/mig-1g.10gb.me.product"),
+                                               ("single", "nvidia.com/gpu.product")])
+def test_a_plus_in_the_mig_profile_is_a_dot_in_the_product_as_gfd_writes_it(strategy: str, key: str) -> None:
+    found = labels(with_mig(H100, MIG_1G10GB_ME), config={"flags": {"migStrategy": strategy}})
+    assert found[key] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me"  # not ...-1g.10gbme
 
 
 def test_gpu_mode() -> None:
