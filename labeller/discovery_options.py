@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from labeller.config import Config, ConfigError, load_config, parse_config
+from labeller.config import Config, ConfigError, load_config, parse_document
 from labeller.discovery import discover
 from labeller.inventory import Inventory
 
@@ -68,7 +68,7 @@ def open_node(host_root: Path, simulate: str | None, config_path: Path | None) -
         with simulated_node(simulate) as node:
             if config_path is None and node.config is not None:
                 try:
-                    config = parse_config(node.config)
+                    config = parse_document(node.config)
                 except ConfigError as exc:
                     raise BadInput(f"{simulate}: config: {exc}") from None
             yield Node(node.host_root, config, node.nvml)
