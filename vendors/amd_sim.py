@@ -9,6 +9,7 @@ Schema in the README; every problem is a ValueError naming the key.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -296,9 +297,34 @@ def _builtin_trees() -> Path:
     return Path(str(resources.files("vendors") / "profiles" / "sysfs"))
 
 
+def _escapes(tree: Path, parent: Path) -> Path | None:
+    """The first path in ``tree`` (itself or a symlink inside it) that leads outside ``parent``."""
+    home = parent.resolve()
+    if not tree.resolve().is_relative_to(home):
+        return tree
+    for directory, subdirectories, files in os.walk(tree):
+        for name in [*subdirectories, *files]:
+            entry = Path(directory, name)
+            if entry.is_symlink() and not entry.resolve().is_relative_to(home):
+                return entry
+    return None
+
+
 def _tree(name: str, base_dir: Path) -> Path:
-    for candidate in (base_dir / name, _builtin_trees() / name):
+    """The captured tree ``name``: a directory inside the profile's directory, else a built-in one.
+
+    The tree is copied into the simulated root, so a profile must not reach the rest of the
+    machine: an absolute path, ``..``, or a symlink that leads outside the profile's directory (or
+    the built-in set) is refused."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ValueError(f"amd.sysfs: {name!r} must name a directory inside the profile's directory or a "
+                         "built-in tree, not an absolute path or one with '..'")
+    for parent in (base_dir, _builtin_trees()):
+        candidate = parent / name
         if candidate.is_dir():
+            outside = _escapes(candidate, parent)
+            if outside is not None:
+                raise ValueError(f"amd.sysfs: {name!r} leads outside {parent} (through {outside})")
             return candidate
     known = ", ".join(sorted(p.name for p in _builtin_trees().iterdir() if p.is_dir()))
     raise ValueError(f"amd.sysfs: {name!r} is neither a directory next to the profile nor a built-in tree ({known})")
