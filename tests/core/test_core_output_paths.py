@@ -23,17 +23,30 @@ def labels_to(path: Path | str, **popen: object) -> subprocess.CompletedProcess[
     return gpu_labeller("labels", "--simulate", PROFILE, "-o", str(path), **popen)
 
 
+# As root, a regression that replaced the output file instead of writing through would replace
+# the machine's /dev/null, /dev/full or /dev/stdout (it happened once while these tests were
+# written). So the tests write to stand-ins of the same kind in tmp_path, and to /dev itself only
+# where /dev is not ours to replace.
+
+
 def char_device(tmp_path: Path, name: str, major: int, minor: int) -> Path:
-    """/dev/<name>, or as root an own node for the same device: as root a regression that replaced
-    the file instead of writing through would replace the machine's /dev/<name>."""
+    """A node for the character device /dev/<name> in tmp_path, else /dev/<name> if it is safe."""
     node = tmp_path / name
     try:
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(major, minor))
         with open(node, "a"):
             return node
-    except OSError:  # not root, or a nodev filesystem: /dev is not ours to replace anyway
+    except OSError:  # not root, or a nodev filesystem
         node.unlink(missing_ok=True)
-        return Path("/dev", name)
+    assert not os.access("/dev", os.W_OK), f"no safe stand-in for /dev/{name}: cannot use a device node in {tmp_path}"
+    return Path("/dev", name)
+
+
+def stdout_link(tmp_path: Path) -> Path:
+    """What /dev/stdout is: a symlink to /proc/self/fd/1, the process's own standard output."""
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    return link
 
 
 def expected_text() -> str:
@@ -108,15 +121,18 @@ def test_a_fifo_is_written_through_to_its_reader(tmp_path: Path) -> None:
 
 
 def test_dev_stdout_goes_where_the_shell_sent_it(tmp_path: Path) -> None:
-    piped = labels_to("/dev/stdout")
-    assert piped.returncode == 0 and piped.stdout == expected_text()
-    # `>> log`: the shell opened the file for appending; replacing it would lose what was there.
-    log = tmp_path / "log"
-    log.write_text("earlier line\n")
-    with log.open("a") as append:
-        appended = labels_to("/dev/stdout", stdout=append)
-    assert appended.returncode == 0, appended.stderr
-    assert log.read_text() == "earlier line\n" + expected_text()
+    expected = expected_text()
+    for name in (stdout_link(tmp_path), "/dev/fd/1", "/proc/self/fd/1"):
+        piped = labels_to(name)
+        assert piped.returncode == 0 and piped.stdout == expected, name
+        # `>> log`: the shell opened the file for appending; replacing it would lose what was there.
+        log = tmp_path / "log"
+        log.write_text("earlier line\n")
+        with log.open("a") as append:
+            appended = labels_to(name, stdout=append)
+        assert appended.returncode == 0, appended.stderr
+        assert log.read_text() == "earlier line\n" + expected, name
+    assert os.readlink(tmp_path / "stdout") == "/proc/self/fd/1"
 
 
 def test_a_full_disk_is_one_line_and_exit_code_1(tmp_path: Path) -> None:
