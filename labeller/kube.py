@@ -8,7 +8,9 @@ imports nor knows the client. Each request reports ``(verb, code)`` to an option
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
@@ -100,6 +102,9 @@ def load_configuration(kubeconfig: str | None) -> kubernetes.client.Configuratio
     loader: Any = kubernetes.config  # the loaders carry no annotations
     try:
         if kubeconfig:
+            # KUBECONFIG may list several files; when none exists the client only says "No configuration found".
+            if not any(os.path.exists(os.path.expanduser(path)) for path in kubeconfig.split(os.pathsep) if path):
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), kubeconfig)
             loader.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         else:
             loader.load_incluster_config(client_configuration=configuration)
@@ -117,8 +122,10 @@ def _config_problem(exc: Exception) -> str:
     if isinstance(exc, yaml.YAMLError):
         mark = getattr(exc, "problem_mark", None)
         return "not a kubeconfig: not valid YAML" + (f" at line {mark.line + 1}" if mark is not None else "")
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"cannot read kubeconfig: {exc.strerror}"
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if isinstance(exc, (kubernetes.config.ConfigException, OSError)):
+    if isinstance(exc, kubernetes.config.ConfigException):
         return first_line
     return f"malformed kubeconfig ({type(exc).__name__}: {first_line})"
 

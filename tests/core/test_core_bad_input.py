@@ -189,6 +189,13 @@ def test_a_malformed_kubeconfig_for_run_and_cleanup(tmp_path: Path, content: byt
         assert line.startswith(f"Error: {kubeconfig}: {problem}"), line
 
 
+def test_a_missing_kubeconfig_file(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    for command in (["run", "--node-name", "n1", "--simulate", "dgx-h100"], ["cleanup", "--node", "n1"]):
+        line = refused(*command, "--kubeconfig", str(kubeconfig), env=clean_env)
+        assert line == f"Error: {kubeconfig}: cannot read kubeconfig: No such file or directory"
+
+
 def features_file_run(tmp_path: Path, *extra: str) -> list[str]:
     return ["run", "--node-name", "n1", "--simulate", "dgx-h100", "--output", "features-file",
             "--features-file", str(tmp_path / "gpu-labeller"), *extra]
