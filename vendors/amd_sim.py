@@ -297,16 +297,23 @@ def _builtin_trees() -> Path:
     return Path(str(resources.files("vendors") / "profiles" / "sysfs"))
 
 
-def _escapes(tree: Path, parent: Path) -> Path | None:
-    """The first path in ``tree`` (itself or a symlink inside it) that leads outside ``parent``."""
+def _link_problem(tree: Path, parent: Path) -> str | None:
+    """What is wrong with the symlinks of ``tree`` (itself or inside it), or None.
+
+    A link may lead anywhere inside ``parent``, but not outside it, and not nowhere (copying the
+    tree would fail on a broken link)."""
     home = parent.resolve()
     if not tree.resolve().is_relative_to(home):
-        return tree
+        return f"leads outside {parent} (through {tree})"
     for directory, subdirectories, files in os.walk(tree):
         for name in [*subdirectories, *files]:
             entry = Path(directory, name)
-            if entry.is_symlink() and not entry.resolve().is_relative_to(home):
-                return entry
+            if not entry.is_symlink():
+                continue
+            if not entry.resolve().is_relative_to(home):
+                return f"leads outside {parent} (through {entry})"
+            if not entry.exists():
+                return f"has a broken symlink: {entry}"
     return None
 
 
@@ -322,9 +329,9 @@ def _tree(name: str, base_dir: Path) -> Path:
     for parent in (base_dir, _builtin_trees()):
         candidate = parent / name
         if candidate.is_dir():
-            outside = _escapes(candidate, parent)
-            if outside is not None:
-                raise ValueError(f"amd.sysfs: {name!r} leads outside {parent} (through {outside})")
+            problem = _link_problem(candidate, parent)
+            if problem is not None:
+                raise ValueError(f"amd.sysfs: {name!r} {problem}")
             return candidate
     known = ", ".join(sorted(p.name for p in _builtin_trees().iterdir() if p.is_dir()))
     raise ValueError(f"amd.sysfs: {name!r} is neither a directory next to the profile nor a built-in tree ({known})")

@@ -125,6 +125,14 @@ def test_a_sysfs_tree_with_a_symlink_out_inside_it(tmp_path: Path) -> None:
     assert line == f"Error: {profile}: amd.sysfs: 'tree' leads outside {profile.parent} (through {nodes / '0'})"
 
 
+def test_a_sysfs_tree_with_a_broken_symlink(tmp_path: Path) -> None:
+    profile = amd_profile(tmp_path, "tree")
+    (profile.parent / "tree").mkdir()
+    (profile.parent / "tree" / "class").symlink_to("missing")
+    line = refused("labels", "--simulate", str(profile))
+    assert line == f"Error: {profile}: amd.sysfs: 'tree' has a broken symlink: {profile.parent / 'tree' / 'class'}"
+
+
 @pytest.mark.parametrize("uuid", ["GPU-{i.__class__}", "GPU-{i[0]}", "GPU-{i.__init__.__globals__}", "GPU-{i!r}",
                                   "GPU-{0}", "GPU-{}", "GPU-{i:{i}}", "GPU-{gpu}"])
 def test_a_template_reaches_only_its_fields(tmp_path: Path, uuid: str) -> None:
