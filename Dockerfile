@@ -14,7 +14,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/gpu-labeller
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY labeller ./labeller
 COPY vendors ./vendors
 # Build the wheel, then install it (and only it) into the venv that the runtime stage copies.

@@ -7,8 +7,10 @@ Commands that talk to a cluster or serve gRPC are imported only when invoked, so
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,41 @@ from labeller.outputs import FORMATS, render, write_atomic
 from labeller.rules import node_labels
 
 log = structlog.get_logger(__name__)
+
+# Failures of the write itself (not of the path): a full disk, a closed pipe, an I/O error.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EPIPE, errno.EIO})
+
+
+class WriteFailed(click.ClickException):
+    """The output could not be written (full disk, closed pipe): one line on stderr, exit code 1."""
+
+    exit_code = 1
+
+
+def emit(text: str) -> None:
+    """Print ``text`` on standard output; a closed stdout or a full disk raises WriteFailed."""
+    try:
+        if sys.stdout is None:  # started with stdout closed (`>&-`)
+            raise OSError(errno.EBADF, "standard output is closed")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        _discard_stdout()
+        raise WriteFailed(f"cannot write to standard output: {exc.strerror or exc}") from None
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit cannot fail again (and print
+    "Exception ignored ... BrokenPipeError" after our one line)."""
+    try:
+        stdout = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # closed, or not a real file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stdout)
+    finally:
+        os.close(devnull)
 
 # name -> ("module:attribute" of a click command loaded on first use, short help for --help)
 LAZY_COMMANDS = {
@@ -80,7 +117,8 @@ def _probe(node: Node) -> Inventory:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
               help="text: key=value lines; nfd: NFD features.d file.")
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write to this file atomically instead of standard output.")
+              help="Write to this file instead of standard output: a regular file is replaced atomically, "
+                   "a symlink's target is written, a device or FIFO is written through.")
 def labels(host_root: Path, simulate: str | None, config_path: Path | None, fmt: str, output: Path | None) -> None:
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
     with open_node(host_root, simulate, config_path) as node:
@@ -88,12 +126,13 @@ def labels(host_root: Path, simulate: str | None, config_path: Path | None, fmt:
     label_set.log_problems(log)
     text = render(label_set.labels, fmt)
     if output is None:
-        click.echo(text, nl=False)
-    else:
-        try:
-            write_atomic(output, text)
-        except OSError as exc:
-            raise BadInput(f"{output}: cannot write: {exc.strerror or exc}") from None
+        emit(text)
+        return
+    try:
+        write_atomic(output, text, make_parents=False)
+    except OSError as exc:
+        message = f"{output}: cannot write: {exc.strerror or exc}"
+        raise (WriteFailed(message) if exc.errno in WRITE_ERRNOS else BadInput(message)) from None
 
 
 def _jsonable(value: Any) -> Any:
@@ -112,7 +151,7 @@ def probe(host_root: Path, simulate: str | None, config_path: Path | None) -> No
         inventory = _probe(node)
     document = _jsonable(inventory)
     document["partial"] = inventory.partial
-    click.echo(json.dumps(document, indent=2))
+    emit(json.dumps(document, indent=2) + "\n")
 
 
 @main.command()
@@ -120,8 +159,7 @@ def profiles() -> None:
     """List the built-in simulated node profiles."""
     from vendors.simulate import builtin_profiles
 
-    for name, description in builtin_profiles().items():
-        click.echo(f"{name:<24} {description}")
+    emit("".join(f"{name:<24} {description}\n" for name, description in builtin_profiles().items()))
 
 
 @main.command()
@@ -132,7 +170,7 @@ def completion(shell: str) -> None:
 
     cls = get_completion_class(shell)
     assert cls is not None
-    click.echo(cls(main, {}, "gpu-labeller", "_GPU_LABELLER_COMPLETE").source())
+    emit(cls(main, {}, "gpu-labeller", "_GPU_LABELLER_COMPLETE").source() + "\n")
 
 
 if __name__ == "__main__":  # pragma: no cover

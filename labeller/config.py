@@ -2,8 +2,9 @@
 
 One ConfigMap serves the labels and the device plugin, and users coming from NVIDIA's plugin can
 bring theirs unchanged: ``flags`` and ``sharing`` are read in NVIDIA's format (keys NVIDIA accepts
-but that do not matter here are accepted and ignored). gpu-labeller's own settings live under
-``labeller``. Every problem is reported as one line naming the key.
+but that do not matter here are accepted and ignored; ``sharing.mps`` is refused until MPS is
+served). gpu-labeller's own settings live under ``labeller``. Every problem is reported as one line
+naming the key.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-import yaml
+from labeller.documents import DocumentError, read_document
 
 MigStrategy = Literal["none", "single", "mixed"]
 SharingStrategy = Literal["none", "time-slicing", "mps"]
@@ -218,19 +219,19 @@ def _shared_resources(block: Mapping[str, Any], path: str) -> tuple[SharedResour
 
 
 def _sharing(raw: Mapping[str, Any]) -> Sharing:
-    mps = raw.get("mps")
-    time_slicing = raw.get("timeSlicing")
-    # NVIDIA: the MPS block wins whenever it is present at all.
-    block, path, strategy = (mps, "sharing.mps", "mps") if mps is not None else (time_slicing, "sharing.timeSlicing", "time-slicing")
+    if raw.get("mps") is not None:
+        # The labels must never claim what the plugin does not serve, and the plugin runs no MPS
+        # control daemon yet: refuse rather than label MPS and hand out time-sliced replicas.
+        raise ConfigError("sharing.mps: MPS is not served yet (the device plugin runs no MPS control daemon); "
+                          "use sharing.timeSlicing to share GPUs")
+    block = raw.get("timeSlicing")
     if block is None:
         return Sharing()
-    resources = _shared_resources(block, path)
-    default_fail = strategy == "mps"
     return Sharing(
-        strategy=cast(SharingStrategy, strategy),
+        strategy="time-slicing",
         rename_by_default=bool(block.get("renameByDefault", False)),
-        fail_requests_greater_than_one=bool(block.get("failRequestsGreaterThanOne", default_fail)),
-        resources=resources,
+        fail_requests_greater_than_one=bool(block.get("failRequestsGreaterThanOne", False)),
+        resources=_shared_resources(block, "sharing.timeSlicing"),
     )
 
 
@@ -268,21 +269,29 @@ def _label_groups(raw: Mapping[str, Any]) -> LabelGroups:
 
 
 def parse_config(raw: Any) -> Config:
-    """Build a Config from parsed YAML; raise ConfigError naming the first bad key."""
+    """Build a Config from the parsed settings; raise ConfigError naming the first bad key.
+
+    ``raw`` may be a fragment (no ``version``): parse_document checks a whole document."""
     if raw is None:
         return Config()
     _check(raw, _TOP_SPEC, "")
     flags = raw.get("flags", {})
-    sharing = _sharing(raw.get("sharing", {}))
-    mig_strategy = flags.get("migStrategy", "none")
-    if sharing.strategy == "mps" and mig_strategy == "mixed":
-        raise ConfigError("sharing.mps: MPS sharing cannot be combined with flags.migStrategy=mixed")
     return Config(
-        mig_strategy=mig_strategy,
-        sharing=sharing,
+        mig_strategy=flags.get("migStrategy", "none"),
+        sharing=_sharing(raw.get("sharing", {})),
         plugin=_plugin_flags(flags),
         labels=_label_groups(raw.get("labeller", {})),
     )
+
+
+def parse_document(raw: Any) -> Config:
+    """A whole config document (a file, a profile's ``config`` section): ``version: v1`` is required."""
+    if not isinstance(raw, Mapping):
+        got = "an empty document" if raw is None else f"a {type(raw).__name__}"
+        raise ConfigError(f"must be a mapping that starts with 'version: v1', got {got}")
+    if "version" not in raw:
+        raise ConfigError("version: required; add 'version: v1' (the only version)")
+    return parse_config(raw)
 
 
 def load_config(path: Path | None) -> Config:
@@ -290,16 +299,10 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+        raw = read_document(path, "config file")
+    except DocumentError as exc:
+        raise ConfigError(str(exc)) from None
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    try:
-        return parse_config(raw)
+        return parse_document(raw)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

@@ -18,9 +18,10 @@ from labeller.config import load_config
 from labeller.daemon import Daemon, Options
 from labeller.reconcile import ProbeResult, owned
 from labeller.sinks import FeaturesFileSink, NodeCache, NodeFeatureSink, NodeSink, NodeWatcher, Sink
-from labeller.discovery_options import Node, discovery_options, open_node
-from labeller.kube import Forbidden, Kube, KubeError
-from labeller.metrics import Metrics, start_http_server
+from labeller.discovery_options import BadInput, Node, discovery_options, open_node
+from labeller.kube import Forbidden, Kube, KubeError, Observer
+from labeller.metrics import Metrics, PortUnavailable, start_http_server
+from labeller.params import Duration
 from labeller.rules import node_labels
 
 log = structlog.get_logger("gpu_labeller.daemon")
@@ -42,6 +43,18 @@ def probe_labels(node: Node) -> ProbeResult:
     if inventory.partial:
         log.warning("inventory is partial", reason="partial-probe", problems=problems)
     return ProbeResult(owned(label_set.labels), partial=inventory.partial)
+
+
+def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | None = None) -> Kube:
+    """A client with the kubeconfig's credentials, else the pod's; BadInput (exit 2) when there are none."""
+    try:
+        return Kube(kubeconfig, observer=observer)
+    except KubeError as exc:
+        if kubeconfig:
+            raise BadInput(exc.message) from None  # names the file and what is wrong with it
+        suggestion = "give --kubeconfig FILE (env KUBECONFIG)" + (f", or {alternative}" if alternative else "")
+        raise BadInput(f"no Kubernetes credentials: no kubeconfig given and no in-cluster service account "
+                       f"({exc.message.rstrip('.')}); {suggestion}") from None
 
 
 def _reloader(node: Node, config_path: Path | None) -> None:
@@ -76,12 +89,12 @@ def _install_signals(daemon: Daemon) -> None:
 
 
 @click.command()
-@click.option("--node-name", envvar="NODE_NAME", required=True, help="This Node's name (downward API). [env: NODE_NAME]")
+@click.option("--node-name", envvar="NODE_NAME", help="This Node's name (downward API); required. [env: NODE_NAME]")
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
 @discovery_options
-@click.option("--interval", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
-              envvar="GPU_LABELLER_INTERVAL", help="Seconds between hardware probes. [env: GPU_LABELLER_INTERVAL]")
+@click.option("--interval", type=Duration(minimum=0.01), default="60s", show_default=True, envvar="GPU_LABELLER_INTERVAL",
+              help="Time between hardware probes: 60, 60s, 500ms, 2m. [env: GPU_LABELLER_INTERVAL]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="Port for /healthz, /readyz and /metrics (0: any free port).")
 @click.option("--metrics-bind", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
@@ -94,21 +107,20 @@ def _install_signals(daemon: Daemon) -> None:
 @click.option("--namespace", envvar="NAMESPACE", default="default", show_default=True,
               help="Namespace of the NodeFeature object (--output nodefeature). [env: NAMESPACE]")
 @click.option("--events/--no-events", default=False, show_default=True, help="Record a Kubernetes Event when labels change.")
-@click.option("--start-jitter", type=click.FloatRange(min=0), default=2.0, show_default=True,
-              help="Wait a random 0..N seconds before the first reconcile, so a fleet does not stampede.")
-def run(node_name: str, kubeconfig: str | None, host_root: Path, simulate: str | None, config_path: Path | None,
+@click.option("--start-jitter", type=Duration(), default="2s", show_default=True,
+              help="Wait a random time up to this (2s, 500ms) before the first reconcile, so a fleet does not stampede.")
+def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate: str | None, config_path: Path | None,
         interval: float, metrics_port: int, metrics_bind: str, once: bool, dry_run: bool, output: str,
         features_file: Path, namespace: str, events: bool, start_jitter: float) -> None:
     """Keep this node's labels true on the cluster."""
+    if not node_name:
+        raise BadInput("no node name: give --node-name NAME or set NODE_NAME (a DaemonSet sets it from spec.nodeName)")
     structlog.contextvars.bind_contextvars(node=node_name)
     metrics = Metrics()
     kube = None
     if output != "features-file" or events:  # NFD's features.d file is written with no credentials at all
-        try:
-            kube = Kube(kubeconfig, observer=metrics.observe_request)
-        except KubeError as exc:
-            log.error("cannot load Kubernetes credentials", reason="no-credentials", error=exc.message)
-            sys.exit(1)
+        kube = connect(kubeconfig, "use --output features-file without --events, which needs none",
+                       observer=metrics.observe_request)
     with open_node(host_root, simulate, config_path) as node:
         sink, watcher = _sink(output, kube, node_name, features_file, namespace, interval, once)
         options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run, events=events)
@@ -130,7 +142,10 @@ def _run_once(daemon: Daemon) -> int:
 
 def _serve(daemon: Daemon, metrics: Metrics, port: int, bind: str) -> None:
     _install_signals(daemon)
-    start_http_server(port, bind, ready=lambda: daemon.ready, healthy=daemon.healthy, registry=metrics.registry)
+    try:
+        start_http_server(port, bind, ready=lambda: daemon.ready, healthy=daemon.healthy, registry=metrics.registry)
+    except PortUnavailable as exc:
+        raise BadInput(str(exc)) from None
     log.info("started", reason="start", output=daemon.sink.name, interval_s=daemon.options.interval_s,
              dry_run=daemon.options.dry_run)
     daemon.run()
@@ -146,8 +161,8 @@ def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None) -> 
     """Remove every label gpu-labeller owns (for uninstall)."""
     if bool(nodes) == all_nodes:
         raise click.UsageError("give --node NAME (repeatable) or --all-nodes")
+    kube = connect(kubeconfig)
     try:
-        kube = Kube(kubeconfig)
         names = kube.list_node_names() if all_nodes else list(nodes)
     except KubeError as exc:
         log.error("cannot reach the cluster", reason="api-error", error=str(exc))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import structlog
 
-from labeller.config import Config, ConfigError, load_config, parse_config
+from labeller.config import Config, ConfigError, load_config, parse_document
 from labeller.discovery import discover
 from labeller.inventory import Inventory
 
@@ -94,7 +94,7 @@ def _profile_config(node: SimulatedNode, where: str) -> Config:
     if node.config is None:
         return Config()
     try:
-        return parse_config(node.config)
+        return parse_document(node.config)
     except ConfigError as exc:
         raise ProfileError(f"{where}: config: {exc}") from None
 

@@ -8,7 +8,9 @@ imports nor knows the client. Each request reports ``(verb, code)`` to an option
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
@@ -17,6 +19,7 @@ from urllib.parse import quote
 import kubernetes.client
 import kubernetes.config
 import urllib3
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 Obj = dict[str, Any]
@@ -91,19 +94,40 @@ def _status_error(status: int, data: bytes, verb: str, resource: str) -> KubeErr
 
 
 def load_configuration(kubeconfig: str | None) -> kubernetes.client.Configuration:
-    """Credentials from ``kubeconfig``, else the pod's service account."""
+    """Credentials from ``kubeconfig``, else the pod's service account.
+
+    Any problem is a KubeError whose message is one line: a malformed kubeconfig makes the client
+    raise anything from ConfigException to TypeError or UnicodeDecodeError."""
     configuration = kubernetes.client.Configuration()
     loader: Any = kubernetes.config  # the loaders carry no annotations
     try:
         if kubeconfig:
+            # KUBECONFIG may list several files; when none exists the client only says "No configuration found".
+            if not any(os.path.exists(os.path.expanduser(path)) for path in kubeconfig.split(os.pathsep) if path):
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), kubeconfig)
             loader.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         else:
             loader.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException as exc:
-        raise KubeError(0, "ConfigError", str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        problem = _config_problem(exc)
+        raise KubeError(0, "ConfigError", f"{kubeconfig}: {problem}" if kubeconfig else problem) from None
     # One quick retry of a connect error (a stale pooled connection); the daemon owns real retries.
     configuration.retries = urllib3.Retry(total=1, connect=1, read=0, redirect=0, status=0, other=0)
     return configuration
+
+
+def _config_problem(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "not a kubeconfig: not UTF-8 text"
+    if isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        return "not a kubeconfig: not valid YAML" + (f" at line {mark.line + 1}" if mark is not None else "")
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"cannot read kubeconfig: {exc.strerror}"
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, kubernetes.config.ConfigException):
+        return first_line
+    return f"malformed kubeconfig ({type(exc).__name__}: {first_line})"
 
 
 class Kube:

@@ -10,6 +10,7 @@ Schema in the README; every problem is a ValueError naming the key.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -325,9 +326,41 @@ def _builtin_trees() -> Path:
     return Path(str(resources.files("vendors") / "profiles" / "sysfs"))
 
 
+def _link_problem(tree: Path, parent: Path) -> str | None:
+    """What is wrong with the symlinks of ``tree`` (itself or inside it), or None.
+
+    A link may lead anywhere inside ``parent``, but not outside it, and not nowhere (copying the
+    tree would fail on a broken link)."""
+    home = parent.resolve()
+    if not tree.resolve().is_relative_to(home):
+        return f"leads outside {parent} (through {tree})"
+    for directory, subdirectories, files in os.walk(tree):
+        for name in [*subdirectories, *files]:
+            entry = Path(directory, name)
+            if not entry.is_symlink():
+                continue
+            if not entry.resolve().is_relative_to(home):
+                return f"leads outside {parent} (through {entry})"
+            if not entry.exists():
+                return f"has a broken symlink: {entry}"
+    return None
+
+
 def _tree(name: str, base_dir: Path) -> Path:
-    for candidate in (base_dir / name, _builtin_trees() / name):
+    """The captured tree ``name``: a directory inside the profile's directory, else a built-in one.
+
+    The tree is copied into the simulated root, so a profile must not reach the rest of the
+    machine: an absolute path, ``..``, or a symlink that leads outside the profile's directory (or
+    the built-in set) is refused."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ValueError(f"amd.sysfs: {name!r} must name a directory inside the profile's directory or a "
+                         "built-in tree, not an absolute path or one with '..'")
+    for parent in (base_dir, _builtin_trees()):
+        candidate = parent / name
         if candidate.is_dir():
+            problem = _link_problem(candidate, parent)
+            if problem is not None:
+                raise ValueError(f"amd.sysfs: {name!r} {problem}")
             return candidate
     known = ", ".join(sorted(p.name for p in _builtin_trees().iterdir() if p.is_dir()))
     raise ValueError(f"amd.sysfs: {name!r} is neither a directory next to the profile nor a built-in tree ({known})")

@@ -14,6 +14,7 @@ makes every call on that GPU raise ``NVMLError_GpuIsLost`` (False restores it).
 from __future__ import annotations
 
 import re
+import string
 import threading
 import time
 from collections import deque
@@ -185,12 +186,31 @@ def _error_code(value: Any, where: str) -> int:
 
 
 def _template(value: Any, where: str, **fields: int) -> str:
-    """A string with "{i}" style fields (format specs allowed: "{i:02x}")."""
+    """A string with "{i}" style fields, format specs allowed ("{i:02x}").
+
+    Only the plain field names are expanded: str.format would also reach attributes and items
+    ("{i.__class__}", "{i[0]}"), so the template is expanded field by field, never by str.format.
+    """
     text = _string(value, where)
+    allowed = ", ".join("{" + name + "}" for name in fields)
     try:
-        return text.format(**fields)
-    except (KeyError, ValueError, IndexError) as exc:
-        raise _fail(where, f"bad template {text!r} (fields: {', '.join(fields)}): {exc}") from None
+        parts = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise _fail(where, f"bad template {text!r}: {exc}") from None
+    out: list[str] = []
+    for literal, name, spec, conversion in parts:
+        out.append(literal)
+        if name is None:
+            continue
+        spec = spec or ""
+        if name not in fields or conversion is not None or "{" in spec:
+            raise _fail(where, f"bad template {text!r}: only {allowed} with an optional format spec "
+                               "(such as {i:02x}) may be used")
+        try:
+            out.append(format(fields[name], spec))
+        except ValueError as exc:
+            raise _fail(where, f"bad template {text!r}: {exc}") from None
+    return "".join(out)
 
 
 def _repeat(entry: Mapping[str, Any], where: str) -> int:

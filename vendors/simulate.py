@@ -12,7 +12,6 @@ SIGKILL leaves its root behind until then).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ from typing import Any, Self
 
 import yaml
 
+from labeller.documents import DocumentError, read_document
 from vendors import amd_sim, fake_nvml
 from vendors.dmi import PRODUCT_NAME
 from vendors.sim_pci import write_host_bridge
@@ -75,12 +75,9 @@ def resolve(profile: str) -> Path:
 
 def load_profile(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}".splitlines()[0]) from None
+        data = read_document(path, "profile")
+    except DocumentError as exc:
+        raise ProfileError(str(exc)) from None
     if not isinstance(data, Mapping):
         raise ProfileError(f"{path}: a profile must be a mapping with keys {', '.join(PROFILE_KEYS)}")
     unknown = sorted(set(data) - set(PROFILE_KEYS))

@@ -10,11 +10,8 @@ import sys
 from pathlib import Path
 
 from labeller import __version__
+from tests.core.cli import gpu_labeller
 from tests.core.sysfs_tree import add_pci_device, empty_node
-
-
-def gpu_labeller(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_version() -> None:
@@ -37,7 +34,7 @@ def test_a_node_without_gpus_gets_no_labels(tmp_path: Path) -> None:
 
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text("flags:\n  migStrategy: sometimes\n")
+    config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
     result = gpu_labeller("labels", "--host-root", str(tmp_path), "--config", str(config))
     assert result.returncode == 2
     assert result.stdout == ""
@@ -54,6 +51,7 @@ def test_unknown_profile_names_the_built_in_ones() -> None:
 
 def test_output_file_is_written_atomically(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:c1:00.0", 0x1002, 0x74A1, 0x038000)
+    (tmp_path / "out").mkdir()
     out = tmp_path / "out" / "labels.txt"
     result = gpu_labeller("labels", "--host-root", str(tmp_path), "--format", "nfd", "--output", str(out))
     assert result.returncode == 0, result.stderr

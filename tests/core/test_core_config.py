@@ -1,10 +1,11 @@
 """The config file: NVIDIA device-plugin config v1 plus gpu-labeller's section."""
 
+import re
 from pathlib import Path
 
 import pytest
 
-from labeller.config import ConfigError, load_config, parse_config
+from labeller.config import ConfigError, load_config, parse_config, parse_document
 
 NVIDIA_EXAMPLE = """
 version: v1
@@ -51,10 +52,11 @@ def test_short_resource_names_get_the_nvidia_prefix_and_amd_is_allowed() -> None
     assert config.sharing.replicas_for("amd.com/gpu") == 4
 
 
-def test_mps_block_wins_and_defaults_fail_requests_greater_than_one() -> None:
-    config = parse_config({"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}})
-    assert config.sharing.strategy == "mps"
-    assert config.sharing.fail_requests_greater_than_one is True
+def test_mps_is_refused_until_the_plugin_serves_it() -> None:
+    # Labels saying sharing-strategy=mps over replicas that are really time-sliced would lie.
+    for extra in ({}, {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}):
+        with pytest.raises(ConfigError, match=r"^sharing\.mps: MPS is not served yet .* use sharing\.timeSlicing"):
+            parse_config({"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}, **extra}})
 
 
 def test_label_groups() -> None:
@@ -76,8 +78,6 @@ def test_label_groups() -> None:
          "sharing.timeSlicing.resources[0].replicas: required integer"),
         ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "colour": 1}]}}},
          "sharing.timeSlicing.resources[0].colour: unknown key"),
-        ({"flags": {"migStrategy": "mixed"}, "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
-         "MPS sharing cannot be combined"),
         ({"labeller": {"labels": {"intel": True}}}, "labeller.labels.intel: unknown key"),
         ([1, 2], "must be a mapping"),
     ],
@@ -96,3 +96,47 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     broken.write_text("flags: [unclosed\n")
     with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML at line"):
         load_config(broken)
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"flags": {"migStrategy": "single"}}, "version: required; add 'version: v1'"),
+    (None, "must be a mapping that starts with 'version: v1', got an empty document"),
+    ("v1", "got a str"),
+    ({"version": "v2"}, "version: must be one of v1"),
+])
+def test_a_whole_document_needs_version_v1(raw: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_document(raw)
+    assert parse_document({"version": "v1"}) == parse_config(None)
+
+
+def test_a_file_without_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("flags:\n  migStrategy: mixed\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: version: required"):
+        load_config(path)
+
+
+def test_a_key_given_twice_is_an_error_naming_key_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\nflags:\n  migStrategy: mixed\n  failOnInitError: false\n  migStrategy: none\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: not valid YAML at line 5: duplicate key 'migStrategy'"
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    # the anchor sits under `imex`, a key that is accepted and ignored
+    path.write_text("version: v1\nimex: &groups {nvidia: false, amd: false}\n"
+                    "labeller:\n  labels:\n    <<: *groups\n    amd: true\n")
+    config = load_config(path)
+    assert config.labels.nvidia is False and config.labels.amd is True
+
+
+def test_a_binary_file_is_named_not_decoded(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"version: v1\n\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: not a config file: not UTF-8 text (byte 0xff at offset 12)"

@@ -4,6 +4,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
 import yaml
 
 from labeller.outputs import render, write_atomic
@@ -36,3 +37,23 @@ def test_atomic_write_replaces_and_leaves_no_temporary_files(tmp_path: Path) -> 
     assert target.read_text() == "a=2\n"
     assert sorted(p.name for p in target.parent.iterdir()) == ["gpu-labeller"]
     assert target.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_features_file_sink_keeps_its_symlink_and_may_create_its_directory(tmp_path: Path) -> None:
+    # The daemon writes NFD's features.d file with the defaults: a symlinked file is followed, not
+    # replaced, and a missing features.d directory is created (NFD may not have made it yet).
+    real = tmp_path / "shared" / "gpu-labeller"
+    link = tmp_path / "features.d" / "gpu-labeller"
+    write_atomic(real, "a=1\n")
+    link.parent.mkdir()
+    link.symlink_to(real)
+    write_atomic(link, "a=2\n")
+    assert link.is_symlink() and real.read_text() == "a=2\n"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["gpu-labeller"]
+
+
+def test_a_missing_directory_is_refused_when_the_caller_says_so(tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "labels.txt"
+    with pytest.raises(FileNotFoundError, match="directory .*missing does not exist"):
+        write_atomic(target, "a=1\n", make_parents=False)
+    assert not target.parent.exists()

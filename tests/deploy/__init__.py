@@ -32,6 +32,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     "nodefeature": {"labeller": {"output": "nodefeature"}},
     "features-file": {"labeller": {"output": "features-file"}},
     "events-on": {"labeller": {"events": {"enabled": True}}},
+    "features-file-events": {"labeller": {"output": "features-file", "events": {"enabled": True}}},
     "everything": {
         "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
         "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],

@@ -56,11 +56,22 @@ def test_default_render_has_exactly_the_expected_objects() -> None:
     ])
 
 
-def test_create_namespace_renders_the_namespace() -> None:
+def test_create_namespace_renders_the_namespace_with_the_pod_security_level_the_pods_need() -> None:
     ns = one(render({"createNamespace": True}), "Namespace", "gpu-labeller")
     # hostPath volumes are forbidden by the baseline level; the namespace must admit them.
-    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert {key: value for key, value in ns["metadata"]["labels"].items() if key.startswith("pod-security.")} == {
+        "pod-security.kubernetes.io/enforce": "privileged",
+        "pod-security.kubernetes.io/audit": "privileged",
+        "pod-security.kubernetes.io/warn": "privileged",
+    }
     assert find(render(), "Namespace") == []
+
+
+def test_both_daemonsets_need_the_privileged_level_for_their_host_paths() -> None:
+    # Pod Security "baseline" forbids every hostPath volume: this is why the namespace is privileged.
+    for ds in find(render({"createNamespace": True}), "DaemonSet"):
+        volumes = ds["spec"]["template"]["spec"]["volumes"]
+        assert [v for v in volumes if "hostPath" in v], ds["metadata"]["name"]
 
 
 def test_plugin_off_renders_no_plugin_objects() -> None:
@@ -78,12 +89,12 @@ def test_policy_is_off_by_default_and_on_when_enabled() -> None:
 
 
 def test_config_map_holds_the_default_config_and_the_labeller_accepts_it() -> None:
-    from labeller.config import parse_config
+    from labeller.config import parse_document
 
     cm = one(render(), "ConfigMap", "gpu-labeller-config")
     config = yaml.safe_load(cm["data"]["config.yaml"])
     assert config == {"version": "v1", "flags": {"migStrategy": "none"}}
-    parse_config(config)
+    parse_document(config)
 
 
 def test_custom_config_reaches_the_config_map() -> None:
@@ -110,6 +121,10 @@ def test_config_change_rolls_both_daemonsets() -> None:
     {"devicePlugin": {"socketDir": "relative/dir"}},
     {"admissionPolicy": {"ownedPrefixes": ["it's"]}},
     {"unknownKey": True},
+    {"config": {"version": None, "flags": {"migStrategy": "none"}}},
+    {"config": {"version": "v2"}},
+    {"labeller": {"interval": "soon"}},
+    {"labeller": {"interval": 0}},
 ], ids=lambda v: json.dumps(v))
 def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
     chart = helm_python.Chart.load(CHART)

@@ -59,8 +59,10 @@ def test_no_container_is_privileged_and_all_are_hardened(name: str, values: dict
         assert "initContainers" not in spec
 
 
-@pytest.mark.parametrize(("name", "values"), [c for c in COMBOS if c[0] != "features-file"],
-                         ids=[i for i in IDS if i != "features-file"])
+NON_ROOT = [(name, values) for name, values in COMBOS if values.get("labeller", {}).get("output") != "features-file"]
+
+
+@pytest.mark.parametrize(("name", "values"), NON_ROOT, ids=[name for name, _ in NON_ROOT])
 def test_labeller_runs_as_non_root(name: str, values: dict[str, Any]) -> None:
     ctx = pod(labeller_ds(render(values)))["securityContext"]
     assert ctx["runAsNonRoot"] is True
@@ -134,8 +136,9 @@ def test_host_mounts_are_the_documented_ones() -> None:
 
 
 def rules(objects: list[Obj]) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
-    role = one(objects, "ClusterRole", "gpu-labeller")
-    return [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]]
+    """The labeller's ClusterRole rules; [] when the chart grants it no role at all."""
+    roles = find(objects, "ClusterRole", "gpu-labeller")
+    return [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for role in roles for r in role["rules"]]
 
 
 NODES = (("",), ("nodes",), ("get", "list", "watch", "patch"))
@@ -148,15 +151,33 @@ NODEFEATURES = (("nfd.k8s-sigs.io",), ("nodefeatures",), ("get", "list", "watch"
     ({"labeller": {"events": {"enabled": True}}}, [NODES, EVENTS]),
     ({"labeller": {"output": "nodefeature"}}, [NODES, NODEFEATURES]),
     ({"labeller": {"output": "nodefeature", "events": {"enabled": True}}}, [NODES, EVENTS, NODEFEATURES]),
-    ({"labeller": {"output": "features-file"}}, [NODES]),
-], ids=["default", "events", "nodefeature", "nodefeature+events", "features-file"])
+    ({"labeller": {"output": "features-file"}}, []),
+    ({"labeller": {"output": "features-file", "events": {"enabled": True}}}, [EVENTS]),
+], ids=["default", "events", "nodefeature", "nodefeature+events", "features-file", "features-file+events"])
 def test_cluster_role_is_least_privilege(values: dict[str, Any], expected: list[Any]) -> None:
     objects = render(values)
     assert rules(objects) == expected
     assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
+    if not expected:
+        assert find(objects, "ClusterRole") == [] and find(objects, "ClusterRoleBinding") == []
+        return
     binding = one(objects, "ClusterRoleBinding", "gpu-labeller")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-labeller"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-labeller", "namespace": "gpu-labeller"}]
+
+
+@pytest.mark.parametrize(("values", "token"), [
+    ({}, True),
+    ({"labeller": {"output": "nodefeature"}}, True),
+    ({"labeller": {"output": "features-file"}}, False),
+    ({"labeller": {"output": "features-file", "events": {"enabled": True}}}, True),
+], ids=["node", "nodefeature", "features-file", "features-file+events"])
+def test_labeller_gets_a_token_only_when_it_calls_the_api(values: dict[str, Any], token: bool) -> None:
+    objects = render(values)
+    ds = labeller_ds(objects)
+    assert pod(ds)["automountServiceAccountToken"] is token
+    account = one(objects, "ServiceAccount", pod(ds)["serviceAccountName"])
+    assert account.get("automountServiceAccountToken", True) is token
 
 
 def test_device_plugin_has_no_api_access() -> None:
@@ -256,3 +277,13 @@ def test_device_plugin_args_parse_with_the_real_cli() -> None:
     assert args[0] == "device-plugin"
     params = _parse(device_plugin, args[1:])
     assert params["socket_dir"] is not None and params["metrics_port"] == 8081
+
+
+@pytest.mark.parametrize(("interval", "seconds"), [(60, 60.0), (0.5, 0.5), ("2m", 120.0), ("500ms", 0.5)])
+def test_labeller_interval_takes_seconds_or_a_duration(interval: Any, seconds: float,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from labeller.daemon_cli import run
+
+    monkeypatch.setenv("NODE_NAME", "node-1")
+    args = container(labeller_ds(render({"labeller": {"interval": interval}})))["args"]
+    assert _parse(run, args[1:])["interval"] == seconds

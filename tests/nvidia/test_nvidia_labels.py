@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import structlog
 
-from labeller.config import Config, parse_config
+from labeller.config import Config, SharedResource, Sharing, parse_config
 from labeller.inventory import NVIDIA_VENDOR_ID, Inventory, MigDevice, NvidiaGpu, NvidiaInventory, PciGpu
 from labeller.nvidia_labels import family, sanitise
 from labeller.rules import node_labels
@@ -33,10 +33,10 @@ def with_mig(gpu: NvidiaGpu, *migs: MigDevice) -> NvidiaGpu:
     return replace(gpu, mig_enabled=True, mig_devices=migs)
 
 
-def labels(*members: NvidiaGpu, config: dict[str, Any] | None = None, driver: str = "550.54.15",
+def labels(*members: NvidiaGpu, config: dict[str, Any] | Config | None = None, driver: str = "550.54.15",
            cuda: int = 12040, machine: str | None = "DGXH100", vgpu: bool = False) -> dict[str, str]:
     inventory = Inventory(nvidia=NvidiaInventory(driver, cuda, tuple(members), vgpu_present=vgpu), machine=machine)
-    result = node_labels(inventory, parse_config(config) if config else Config())
+    result = node_labels(inventory, parse_config(config) if isinstance(config, dict) else config or Config())
     assert result.conflicts == []
     return result.labels
 
@@ -130,16 +130,18 @@ def test_rename_by_default_keeps_the_plain_product() -> None:
                                         "nvidia.com/gpu.sharing-strategy": "time-slicing"})
 
 
+# The config file refuses sharing.mps until the plugin serves MPS; the label rule is kept for then.
+MPS = Config(sharing=Sharing("mps", fail_requests_greater_than_one=True, resources=(SharedResource("nvidia.com/gpu", 2),)))
+
+
 def test_mps() -> None:
-    sharing = {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
-    subset(labels(H100, config=sharing), {"nvidia.com/mps.capable": "true", "nvidia.com/gpu.sharing-strategy": "mps",
+    subset(labels(H100, config=MPS), {"nvidia.com/mps.capable": "true", "nvidia.com/gpu.sharing-strategy": "mps",
                                           "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED"})
 
 
 def test_mps_with_mig_enabled_is_not_capable_instead_of_failing() -> None:
-    sharing = {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
     with structlog.testing.capture_logs() as logs:
-        found = labels(with_mig(A100, MIG_1G5GB), replace(A100, index=1, uuid="GPU-a1"), config=sharing)
+        found = labels(with_mig(A100, MIG_1G5GB), replace(A100, index=1, uuid="GPU-a1"), config=MPS)
     assert found["nvidia.com/mps.capable"] == "false"
     assert any(entry["log_level"] == "error" and entry.get("vendor") == "nvidia" for entry in logs)
 

@@ -50,6 +50,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-device-plugin" (include "gpu-labeller.fullname" .)) .Values.devicePlugin.serviceAccount.name }}
 {{- end }}
 
+{{/* "true" when the labeller talks to the API server: every output but the features.d file, and
+     Events. Without it the labeller gets no RBAC and no ServiceAccount token. */}}
+{{- define "gpu-labeller.labellerNeedsApi" -}}
+{{- or (ne .Values.labeller.output "features-file") .Values.labeller.events.enabled }}
+{{- end }}
+
 {{/* The user name the API server gives the labeller's ServiceAccount tokens. */}}
 {{- define "gpu-labeller.labellerUsername" -}}
 {{- printf "system:serviceaccount:%s:%s" (include "gpu-labeller.namespace" .) (include "gpu-labeller.labellerServiceAccount" .) }}
