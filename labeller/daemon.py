@@ -153,6 +153,7 @@ class Daemon:
             self.log.error("cannot write output", reason="io-error", error=str(exc))
         self.metrics.reconciles.labels(outcome=outcome).inc()
         if outcome in SUCCESS:
+            self.permissions.granted("get", "patch", "create", "update")
             self.ready = self.probe_error is None
             self._reported_not_ours = None
             self.backoff.reset()
@@ -194,7 +195,7 @@ class Daemon:
                 self.metrics.fights.inc()
                 self.log.warning("another writer keeps undoing an owned label; repairing it at a slowing pace",
                                  reason="label-fight", label=key, other_managers=managers_text(live.names(key)),
-                                 pace_s=round(self.fights.interval_s(key, now), 2))
+                                 pace_s=round(self.fights.interval_s(key), 2))
         if not repairs or repairs != change.keys:
             return 0.0
         return max(self.fights.wait_s(key, now) for key in repairs)

@@ -48,7 +48,8 @@ class Unavailable(KubeError):
 
 
 class Forbidden(KubeError):
-    """403: RBAC is missing ``verb`` on ``resource``."""
+    """403. RBAC refused ``verb`` on ``resource`` to ``identity``; or, when ``identity`` is None, something
+    else refused the request (an admission policy, a create that patch cannot do): the message says what."""
 
     def __init__(self, status: int, reason: str, message: str, verb: str, resource: str) -> None:
         super().__init__(status, reason, message)
@@ -58,12 +59,12 @@ class Forbidden(KubeError):
         self.identity = identity(message)
 
 
-def identity(message: str) -> str:
-    """Who was refused, as an admin would grant it: "ServiceAccount <ns>/<name>" or "user <name>",
+def identity(message: str) -> str | None:
+    """Who RBAC refused, as an admin would grant it: "ServiceAccount <ns>/<name>" or "user <name>",
     from the API server's 403 message (``User "system:serviceaccount:ns:name" cannot ...``)."""
     match = _USER.search(message)
     if match is None:
-        return "the identity gpu-labeller runs as"
+        return None
     user = match.group("user")
     namespace, _, name = user.removeprefix(_SERVICE_ACCOUNT).partition(":")
     if user.startswith(_SERVICE_ACCOUNT) and name:

@@ -50,24 +50,30 @@ class Sink(Protocol):
 
 
 class PermissionLog:
-    """One error line per missing permission (a 403 on a verb and resource), then quiet until it works again."""
+    """One error line per 403 (per missing permission, or per refusal of another kind), then quiet
+    until the request works again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reported: set[tuple[str, str]] = set()
 
     def report(self, exc: Forbidden, **context: Any) -> None:
+        key = (exc.verb, exc.resource if exc.identity else exc.message)
         with self._lock:
-            if (exc.verb, exc.resource) in self._reported:
+            if key in self._reported:
                 return
-            self._reported.add((exc.verb, exc.resource))
+            self._reported.add(key)
+        if exc.identity is None:  # not RBAC: an admission policy, say; its message is the news
+            log.error(f"the API server refused to {exc.verb} {exc.resource}", reason="forbidden", verb=exc.verb,
+                      resource=exc.resource, detail=exc.message, **context)
+            return
         log.error(f"permission missing: grant verb '{exc.verb}' on resource '{exc.resource}' to {exc.identity}",
                   reason="forbidden", verb=exc.verb, resource=exc.resource, detail=exc.message, **context)
 
-    def granted(self, verb: str, resource: str) -> None:
-        """It worked: a later 403 is news again."""
+    def granted(self, *verbs: str) -> None:
+        """Requests with these verbs worked: a later 403 on them is news again."""
         with self._lock:
-            self._reported.discard((verb, resource))
+            self._reported = {key for key in self._reported if key[0] not in verbs}
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
@@ -170,7 +176,7 @@ class NodeWatcher:
 
     def _list_then_watch(self) -> None:
         obj, rv = self.kube.list_node(self.node)
-        self.permissions.granted("list", "nodes")
+        self.permissions.granted("list")
         if self._failing_since is not None:
             log.info("watch works again", node=self.node, reason="api-recovered",
                      down_s=round(time.monotonic() - self._failing_since, 1))
@@ -181,6 +187,7 @@ class NodeWatcher:
         while not self.stop.is_set():
             timeout = int(self.watch_timeout_s * random.uniform(1.0, 1.2))
             for kind, obj in self.kube.watch_node(self.node, rv, timeout):
+                self.permissions.granted("watch")
                 rv = str(obj.get("metadata", {}).get("resourceVersion") or rv)
                 if kind == "BOOKMARK":
                     continue

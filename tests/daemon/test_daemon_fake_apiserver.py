@@ -164,6 +164,10 @@ def test_the_403_message_names_the_configured_user(api: FakeApiServer, kube: Kub
     api.forbid("list")
     with pytest.raises(Forbidden) as forbidden:
         kube.list_node(NODE)
-    assert forbidden.value.message == ('nodes is forbidden: User "system:serviceaccount:gpu-labeller:gpu-labeller" '
+    assert forbidden.value.message == (f'nodes "{NODE}" is forbidden: User "system:serviceaccount:gpu-labeller:gpu-labeller" '
                                        'cannot list resource "nodes" in API group "" at the cluster scope')
     assert forbidden.value.identity == "ServiceAccount gpu-labeller/gpu-labeller"
+    api.forbid("list")
+    with pytest.raises(Forbidden) as forbidden:
+        kube.list_node_names()
+    assert forbidden.value.message.startswith('nodes is forbidden: User "system:serviceaccount:')

@@ -133,6 +133,19 @@ def test_forbidden_list_and_watch_give_one_line_naming_the_service_account(api: 
         "permission missing: grant verb 'watch' on resource 'nodes' to ServiceAccount gpu-labeller/gpu-labeller"]
 
 
+def test_a_403_from_an_admission_policy_is_reported_as_it_is(api: FakeApiServer, start: Start) -> None:
+    """Not RBAC, so no 'grant verb' advice: the API server's own words, once."""
+    denial = ("ValidatingAdmissionPolicy 'gpu-labeller-own-node-labels' with binding 'gpu-labeller-own-node-labels' "
+              "denied request: gpu-labeller may change only its own Node (token node other-node), not gpu-node-1")
+    api.create_node(NODE, OTHERS)
+    api.faults.add(Fault(verb="patch", status=403, message=denial))
+    with structlog.testing.capture_logs() as logs:
+        start()
+        wait_for(lambda: api.log.count("patch") >= 3, timeout=10)
+    lines = [entry for entry in logs if entry.get("reason") == "forbidden"]
+    assert [(entry["event"], entry["detail"]) for entry in lines] == [("the API server refused to patch nodes", denial)]
+
+
 def fast_guard() -> FightGuard:
     """The daemon's fight pacing, scaled down 25 times: a token every max(20 ms, 10 % of the fight)."""
     return FightGuard(burst=3, base_s=0.02, share=0.1, max_s=5.0, peace_s=5.0)

@@ -262,6 +262,7 @@ class Fault:
     delay_s: float = 0.0
     drop: bool = False
     times: int | None = None  # None: until cleared
+    message: str | None = None  # the Status message with ``status`` (default: "injected fault <status>")
 
     def matches(self, verb: str, resource: str) -> bool:
         return self.verb in (None, verb) and self.resource in (None, resource) and self.times != 0
@@ -400,7 +401,8 @@ class Handler(BaseHTTPRequestHandler):
         api.log.add(request)
         try:
             if (verb, resource) in api.faults.forbidden:
-                raise ApiError(403, "Forbidden", forbidden_message(api.user, verb, resource, name, namespace))
+                named = name if verb not in ("list", "watch") else name_from_selector(query.get("fieldSelector"))
+                raise ApiError(403, "Forbidden", forbidden_message(api.user, verb, resource, named, namespace))
             fault = api.faults.take(verb, resource)
             if fault is not None:
                 if fault.delay_s:
@@ -412,7 +414,7 @@ class Handler(BaseHTTPRequestHandler):
                     return
                 if fault.status is not None:
                     raise ApiError(fault.status, "InternalError" if fault.status >= 500 else "Injected",
-                                   f"injected fault {fault.status}")
+                                   fault.message or f"injected fault {fault.status}")
             if verb == "watch":
                 request.code = 200
                 self._watch(name_from_selector(query.get("fieldSelector")), query)
@@ -559,7 +561,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def forbidden_message(user: str, verb: str, resource: str, name: str | None, namespace: str | None) -> str:
-    """The real API server's RBAC refusal (real-kubernetes-behaviour.md); a list or watch names no object."""
+    """The real API server's RBAC refusal (real-kubernetes-behaviour.md). A list or watch names the
+    object of its metadata.name field selector, as a real v1.24 server does, and no object without one."""
     group = "nfd.k8s-sigs.io" if resource == "nodefeatures" else ""
     subject = f'{resource} "{name}"' if name else resource
     scope = f'the namespace "{namespace}"' if namespace else "the cluster scope"
