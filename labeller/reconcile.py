@@ -222,9 +222,10 @@ class Backoff:
 class _Streak:
     """One key's run of losses: our writes of it that another writer undid."""
 
-    started: float
+    last_loss: float
     tokens: float
     topped_up: float
+    losing_s: float = 0.0  # time spent losing: the gaps between this streak's losses
     losses: int = 0
 
 
@@ -234,11 +235,13 @@ class FightGuard:
 
     A *loss* is a successful write of ours that someone else undid. Per key, each repair spends a
     token from a bucket of ``burst``; a token comes back every ``max(base_s, share × time spent
-    losing)``, at most ``max_s``. Against a controller that undoes every write at once, the write
-    rate therefore falls off (about ``1/share`` writes per doubling of the fight's length); when a
-    person's ``kubectl label`` loop stops, our value is back within ``share`` of the time the fight
-    lasted (0.5 s after a 10 s fight). A key whose value stayed ours for ``peace_s`` before it was
-    undone starts a new streak. Failed writes are not losses and spend nothing.
+    losing)``, at most ``max_s``. Time spent losing adds up the gaps between losses, each counted at
+    most twice the pace then in force, so an outage or a quiet spell between two losses adds little.
+    Against a controller that undoes every write at once, the write rate therefore falls off (about
+    ``1/share`` writes per doubling of the fight's length); when a person's ``kubectl label`` loop
+    stops, our value is back within ``share`` of the time the fight lasted (0.5 s after a 10 s
+    fight). A key whose value stayed ours for ``peace_s`` before it was undone starts a new streak.
+    Failed writes are not losses and spend nothing.
     """
 
     def __init__(self, burst: int = 3, base_s: float = 0.5, share: float = 0.04, max_s: float = 300.0,
@@ -257,14 +260,17 @@ class FightGuard:
         self._loss_counted[key] = wrote
         streak = self.streaks.get(key)
         if streak is None or now - wrote >= self.peace_s:
-            streak = self.streaks[key] = _Streak(started=now, tokens=float(self.burst), topped_up=now)
+            streak = self.streaks[key] = _Streak(last_loss=now, tokens=float(self.burst), topped_up=now)
+        else:
+            streak.losing_s += min(now - streak.last_loss, 2 * self.interval_s(key))
+            streak.last_loss = now
         streak.losses += 1
         return streak.losses == self.report_after
 
-    def interval_s(self, key: str, now: float) -> float:
+    def interval_s(self, key: str) -> float:
         """Seconds per token for ``key`` now."""
         streak = self.streaks.get(key)
-        losing_s = now - streak.started if streak else 0.0
+        losing_s = streak.losing_s if streak else 0.0
         return min(self.max_s, max(self.base_s, self.share * losing_s))
 
     def wait_s(self, key: str, now: float) -> float:
@@ -272,7 +278,7 @@ class FightGuard:
         streak = self.streaks.get(key)
         if streak is None:
             return 0.0
-        interval = self.interval_s(key, now)
+        interval = self.interval_s(key)
         streak.tokens = min(float(self.burst), streak.tokens + (now - streak.topped_up) / interval)
         streak.topped_up = now
         return 0.0 if streak.tokens >= 1.0 else (1.0 - streak.tokens) * interval

@@ -187,9 +187,18 @@ def test_fight_guard_forgets_a_key_that_stayed_ours() -> None:
     for t in range(1, 20):
         guard.lost("k", float(t))
         guard.wrote({"k"}, float(t))
-    assert guard.interval_s("k", 20.0) > 5.0
+    assert guard.interval_s("k") > 5.0
     guard.lost("k", 60.0)  # our value stood for 41 s: a new disturbance, not the same fight
-    assert guard.interval_s("k", 60.0) == 1.0 and guard.wait_s("k", 60.0) == 0.0
+    assert guard.interval_s("k") == 1.0 and guard.wait_s("k", 60.0) == 0.0
+
+
+def test_an_outage_between_two_losses_adds_little_to_the_pace() -> None:
+    guard = FightGuard(burst=3, base_s=0.5, share=0.04, peace_s=30.0)
+    guard.wrote({"k"}, 0.0)
+    guard.lost("k", 1.0)  # deleted; our writes then fail for 20 s (no wrote())
+    guard.wrote({"k"}, 21.0)
+    guard.lost("k", 22.0)  # deleted again a second later: the same streak, but 21 s were no fight
+    assert guard.interval_s("k") == 0.5 and guard.wait_s("k", 22.0) == 0.0
 
 
 def simulate(guard: FightGuard, other_writes_at: Any, until: float, step: float = 0.001) -> list[float]:
