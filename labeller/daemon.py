@@ -23,7 +23,7 @@ from labeller.reconcile import Backoff, Change, FightGuard, Labels, Live, ProbeR
 from labeller.sinks import NodeMissing, NodeWatcher, NotOurs, PermissionLog, Sink
 
 if TYPE_CHECKING:
-    from labeller.kube import Kube
+    from labeller.kube import Kube, KubeError
     from labeller.metrics import Metrics
 
 log = structlog.get_logger("gpu_labeller.daemon")
@@ -66,6 +66,7 @@ class Daemon:
         self.permissions = PermissionLog()
         self._reload_requested = False
         self._not_before = 0.0
+        self._api_failing = False
         self._kicks = self._kicks_seen = 0
         self._reported_foreign: set[tuple[str, tuple[str, ...]]] = set()
         self._reported_adopted: set[str] = set()
@@ -148,11 +149,14 @@ class Daemon:
         except Forbidden as exc:
             self.permissions.report(exc, node=self.node)
         except KubeError as exc:
-            self.log.warning("API request failed", reason="api-error", status=exc.status, error=exc.message)
+            self._report_api_error(exc)
         except OSError as exc:
             self.log.error("cannot write output", reason="io-error", error=str(exc))
         self.metrics.reconciles.labels(outcome=outcome).inc()
         if outcome in SUCCESS:
+            if self._api_failing:
+                self._api_failing = False
+                self.log.info("API requests work again", reason="api-recovered")
             self.permissions.granted("get", "patch", "create", "update")
             self.ready = self.probe_error is None
             self._reported_not_ours = None
@@ -227,6 +231,12 @@ class Daemon:
             self._reported_foreign.update(foreign.items())
             self.log.info("labels under gpu-labeller's prefixes that other managers set are left alone",
                           reason="foreign-labels", labels=new)
+
+    def _report_api_error(self, exc: KubeError) -> None:
+        """A warning when failures begin; quiet (debug) while they last: retries come every second."""
+        level = self.log.debug if self._api_failing else self.log.warning
+        self._api_failing = True
+        level("API request failed", reason="api-error", status=exc.status, error=exc.message)
 
     def _report_not_ours(self, message: str) -> None:
         if message != self._reported_not_ours:

@@ -79,6 +79,10 @@ def test_failed_writes_are_no_fight_and_the_label_returns_once_writes_work(
     assert back_in < 1.5
     assert daemon.metric("gpu_labeller_label_fights_total") == 0
     assert not [entry for entry in logs if entry.get("reason") == "label-fight"]
+    if fault != "forbidden":  # one warning when the failures begin, one line when they end
+        warnings = [entry for entry in logs if entry["event"] == "API request failed" and entry["log_level"] == "warning"]
+        assert len(warnings) == 1
+        wait_for(lambda: [entry for entry in logs if entry.get("reason") == "api-recovered"])
 
 
 def test_a_recreated_node_is_labelled_at_once_whatever_the_backoff(api: FakeApiServer, start: Start) -> None:
@@ -101,7 +105,9 @@ def test_labels_are_repaired_within_a_second_of_the_api_answering_again(api: Fak
     daemon.daemon.backoff = Backoff(base_s=30.0, cap_s=30.0)
     api.faults.add(Fault(drop=True))  # the API server stops answering
     api.drop_watches.set()
-    wait_for(lambda: api.open_watches == 0)
+    watcher = daemon.daemon.watcher
+    assert watcher is not None
+    wait_for(lambda: not watcher.cache.snapshot()[0])  # the watch noticed: its cache is no longer trusted
     api.set_labels(NODE, {KEY: None})  # changed during the outage (straight in the store)
     daemon.daemon.kick()
     wait_for(lambda: daemon.metric("gpu_labeller_reconciles_total", outcome="failed") >= 1, timeout=5)
