@@ -179,11 +179,12 @@ def clean_node(kube: Kube, name: str, permissions: PermissionLog, include_foreig
     try:
         for attempt in range(3):  # a Node changed under the merge patch (409): look again
             sink = NodeSink(kube, name)
-            live = sink.live()
-            change = plan(live, {}, probe_ok=True, include_foreign=include_foreign)
+            before = after = sink.live()
+            change = plan(before, {}, probe_ok=True, include_foreign=include_foreign)
             try:
                 if change.needed and not dry_run:
                     sink.write(change)
+                    after = sink.cache.snapshot()[2]  # the Node as the last write's answer shows it
                 break
             except Conflict:
                 if attempt == 2:
@@ -197,21 +198,23 @@ def clean_node(kube: Kube, name: str, permissions: PermissionLog, include_foreig
     except KubeError as exc:
         log.error("cleanup failed", node=name, reason="api-error", error=str(exc))
         return False
-    for line in cleanup_report(name, live, change, dry_run):
+    for line in cleanup_report(name, before, after, change, dry_run):
         click.echo(line)
     return True
 
 
-def cleanup_report(node: str, live: Live, change: Change, dry_run: bool) -> list[str]:
-    """One line per key removed, released or left, then a count."""
+def cleanup_report(node: str, before: Live, after: Live, change: Change, dry_run: bool) -> list[str]:
+    """One line per key removed, released or left, then a count. A key planned for removal that is
+    still there after the write (another manager set it meanwhile) is reported as left."""
+    removed = [key for key in change.removed if dry_run or key not in after.labels]
+    left = {**change.foreign, **{key: after.names(key) for key in change.removed if key not in removed}}
     verb = "would remove" if dry_run else "removed"
-    lines = [f"{node}: {verb} {key} (set by {managers_text(live.names(key))})" for key in change.removed]
+    lines = [f"{node}: {verb} {key} (set by {managers_text(before.names(key))})" for key in removed]
     lines += [f"{node}: {'would release' if dry_run else 'released'} {key} (also set by "
-              f"{managers_text(tuple(n for n in live.names(key) if n != FIELD_MANAGER))}, so it stays)"
+              f"{managers_text(tuple(n for n in before.names(key) if n != FIELD_MANAGER))}, so it stays)"
               for key in change.relinquished]
     lines += [f"{node}: left {key} (set by {managers_text(names)}; --include-foreign removes it)"
-              for key, names in change.foreign.items()]
+              for key, names in sorted(left.items())]
     counts = ("to remove", "to release") if dry_run else ("removed", "released")
-    lines.append(f"{node}: {len(change.removed)} {counts[0]}, {len(change.relinquished)} {counts[1]}, "
-                 f"{len(change.foreign)} left")
+    lines.append(f"{node}: {len(removed)} {counts[0]}, {len(change.relinquished)} {counts[1]}, {len(left)} left")
     return lines

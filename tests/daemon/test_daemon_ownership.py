@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
 import structlog.testing
 
+from labeller.kube import Conflict, Kube
 from labeller.labels import FIELD_MANAGER
+from labeller.reconcile import Live, plan
+from labeller.sinks import NodeSink
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
 from tests.fakes.apiserver import FakeApiServer
 
@@ -113,3 +118,42 @@ def test_a_failed_probe_keeps_foreign_and_own_labels(api: FakeApiServer, start: 
     calls = probe.calls
     wait_for(lambda: probe.calls > calls + 2, timeout=10)
     assert ours(api) == GPU_LABELS and api.labels(NODE)["nvidia.com/gpu.imex-domain"] == "x"
+
+
+def test_a_key_set_by_someone_else_after_the_plan_is_never_patched_out(api: FakeApiServer, kubeconfig: Path) -> None:
+    """Between reading the Node and the merge patch, another manager sets the key: it stays."""
+    api.create_node(NODE, OTHERS)
+    api.set_labels(NODE, {"nvidia.com/gpu.family": "hopper"}, manager=FIELD_MANAGER)  # only ours, legacy
+    api.apply_as(NODE, FIELD_MANAGER, {"nvidia.com/gpu.count": "8"})
+    kube = Kube(str(kubeconfig))
+    sink = NodeSink(kube, NODE)
+    change = plan(sink.live(), {}, probe_ok=True)
+    assert set(change.patch_out) == {"nvidia.com/gpu.family"} and change.apply
+    api.set_labels(NODE, {"nvidia.com/gpu.family": "ampere"}, manager="kubectl-label")
+    sink.write(change)  # the apply's answer shows the new manager: no merge patch is sent
+    assert api.labels(NODE)["nvidia.com/gpu.family"] == "ampere" and "nvidia.com/gpu.count" not in api.labels(NODE)
+    assert not [w for w in api.log.writes() if w.content_type.startswith("application/merge-patch")]
+
+    stale = NodeSink(kube, NODE)
+    api.set_labels(NODE, {"nvidia.com/gpu.memory": "1"}, manager=FIELD_MANAGER)
+    change = plan(stale.live(), {}, probe_ok=True)
+    api.set_labels(NODE, {"nvidia.com/gpu.imex-domain": "x"}, manager="kubectl-label")  # the Node changes
+    with pytest.raises(Conflict):  # the merge patch carries the resourceVersion it was planned on
+        stale.write(change)
+    assert api.labels(NODE)["nvidia.com/gpu.memory"] == "1"
+
+
+def test_cleanup_reports_a_key_another_manager_set_meanwhile_as_left() -> None:
+    from labeller.daemon_cli import cleanup_report
+
+    def node(manager: str) -> Live:
+        return Live.of_node({"metadata": {"labels": {"nvidia.com/gpu.count": "8"}, "managedFields": [
+            {"manager": manager, "operation": "Update", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:metadata": {"f:labels": {"f:nvidia.com/gpu.count": {}}}}}]}})
+
+    before, after = node(FIELD_MANAGER), node("kubectl-label")
+    change = plan(before, {}, probe_ok=True)
+    assert cleanup_report("n", before, before, change, dry_run=True) == [
+        "n: would remove nvidia.com/gpu.count (set by gpu-labeller)", "n: 1 to remove, 0 to release, 0 left"]
+    assert cleanup_report("n", before, after, change, dry_run=False) == [
+        "n: left nvidia.com/gpu.count (set by kubectl-label; --include-foreign removes it)", "n: 0 removed, 0 released, 1 left"]
