@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from labeller.reconcile import Backoff, Change, FightDetector, Labels, ProbeResult, desired_after, plan
-from labeller.sinks import NodeMissing, NodeWatcher, Sink
+from labeller.inventory import ProbeError
+from labeller.reconcile import Backoff, Change, FightGuard, Labels, Live, ProbeResult, desired_after, managers_text, plan
+from labeller.sinks import NodeMissing, NodeWatcher, NotOurs, PermissionLog, Sink
 
 if TYPE_CHECKING:
-    from labeller.kube import Kube
+    from labeller.kube import Kube, KubeError
     from labeller.metrics import Metrics
 
 log = structlog.get_logger("gpu_labeller.daemon")
+
+SUCCESS = ("unchanged", "applied", "dry-run")
 
 
 @dataclass
@@ -42,7 +45,8 @@ class Daemon:
 
     def __init__(self, node: str, probe: Callable[[], ProbeResult], sink: Sink, metrics: Metrics,
                  options: Options | None = None, reload: Callable[[], None] | None = None,
-                 kube: Kube | None = None, watcher: NodeWatcher | None = None) -> None:
+                 kube: Kube | None = None, watcher: NodeWatcher | None = None,
+                 fights: FightGuard | None = None) -> None:
         self.node, self.probe_fn, self.sink, self.metrics = node, probe, sink, metrics
         self.options = options or Options()
         self.reload_fn, self.kube, self.watcher = reload, kube, watcher
@@ -50,18 +54,26 @@ class Daemon:
         self.wake, self.stopped = threading.Event(), threading.Event()
         self.desired: Labels = {}
         self.probe_ok = False
+        self.probe_error: str | None = None
         self.last_good: Labels | None = None
         self.last_applied: Labels | None = None
         self.ready = False
         self.heartbeat = time.monotonic()
-        self.backoff = Backoff(0.2, 30.0)
-        self.fights = FightDetector()
+        # Failed API calls: retried at most 1 s apart for the first minute, then up to 30 s apart.
+        self.backoff = Backoff(base_s=0.2, cap_s=30.0, quick_cap_s=1.0, quick_for_s=60.0)
+        self.probe_backoff = Backoff(base_s=1.0, cap_s=max(1.0, self.options.interval_s))
+        self.fights = fights or FightGuard()
+        self.permissions = PermissionLog()
         self._reload_requested = False
         self._not_before = 0.0
-        self._reported_forbidden: set[tuple[str, str]] = set()
+        self._api_failing = False
+        self._kicks = self._kicks_seen = 0
+        self._reported_foreign: set[tuple[str, tuple[str, ...]]] = set()
+        self._reported_adopted: set[str] = set()
+        self._reported_not_ours: str | None = None
         self._last_dry_run: Change | None = None
         if watcher is not None:
-            watcher.attach(self.wake.set, self.stopped)
+            watcher.attach(self.kick, self.stopped, self.permissions)
 
     # -- control, safe from signal handlers and other threads
     def stop(self) -> None:
@@ -72,6 +84,11 @@ class Daemon:
         self._reload_requested = True
         self.wake.set()
 
+    def kick(self) -> None:
+        """The live labels changed (or the API answers again): reconcile now, whatever the backoff says."""
+        self._kicks += 1
+        self.wake.set()
+
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < max(3 * self.options.interval_s, 300.0)
 
@@ -80,6 +97,8 @@ class Daemon:
         start = time.monotonic()
         try:
             result = self.probe_fn()
+        except ProbeError as exc:  # the whole probe cannot be trusted; the message says why
+            result = ProbeResult({}, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a probe must never take the daemon down
             result = ProbeResult({}, error=f"{type(exc).__name__}: {exc}")
         result = ProbeResult(result.labels, result.partial, result.error, time.monotonic() - start)
@@ -88,13 +107,34 @@ class Daemon:
         self.probe_ok = result.ok
         if result.ok:
             self.last_good = dict(self.desired)
-        else:
-            self.log.warning("probe incomplete, keeping the last good labels", reason="partial-probe" if result.error is None
-                             else "probe-failed", error=result.error, kept=len(self.desired))
+        self._report_probe(result)
+
+    def _report_probe(self, result: ProbeResult) -> None:
+        """A failed probe: one error line (again only if the error changes), not ready until one works."""
+        if result.error is not None:
+            if result.error != self.probe_error:
+                self.log.error("probe failed; every label stays as it is until a probe works again",
+                               reason="probe-failed", error=result.error)
+            self.probe_error = result.error
+            self.ready = False
+            return
+        if self.probe_error is not None:
+            self.log.info("probe works again", reason="probe-recovered")
+            self.probe_error = None
+        if result.partial:
+            self.log.warning("probe incomplete, keeping the last good labels", reason="partial-probe",
+                             kept=len(self.desired))
+
+    def _next_probe_in(self) -> float:
+        """The interval; sooner (1 s, doubling) after a failed probe."""
+        if self.probe_error is None:
+            self.probe_backoff.reset()
+            return self.options.interval_s
+        return min(self.options.interval_s, self.probe_backoff.next())
 
     # -- reconciling
     def reconcile_once(self) -> str:
-        """Compare live and desired owned labels and write when they differ. Returns the outcome."""
+        """Compare live and desired labels and write when they differ. Returns the outcome."""
         from labeller.kube import Forbidden, KubeError
 
         outcome = "failed"
@@ -103,23 +143,34 @@ class Daemon:
         except NodeMissing:
             outcome = "node-missing"
             self.log.warning("node not found, waiting for it", reason="node-not-found")
+        except NotOurs as exc:
+            outcome = "not-ours"
+            self._report_not_ours(str(exc))
         except Forbidden as exc:
-            self._report_forbidden(exc.verb, exc.resource, exc.message)
+            self.permissions.report(exc, node=self.node)
         except KubeError as exc:
-            self.log.warning("API request failed", reason="api-error", status=exc.status, error=exc.message)
+            self._report_api_error(exc)
         except OSError as exc:
             self.log.error("cannot write output", reason="io-error", error=str(exc))
         self.metrics.reconciles.labels(outcome=outcome).inc()
-        if outcome in ("unchanged", "applied", "dry-run"):
-            self.ready = True
+        if outcome in SUCCESS:
+            if self._api_failing:
+                self._api_failing = False
+                self.log.info("API requests work again", reason="api-recovered")
+            self.permissions.granted("get", "patch", "create", "update")
+            self.ready = self.probe_error is None
+            self._reported_not_ours = None
             self.backoff.reset()
             self.metrics.last_success.set(time.time())
+        elif outcome == "not-ours":
+            self.ready = False
         return outcome
 
     def _reconcile(self) -> str:
         live = self.sink.live()
         change = plan(live, self.desired, self.probe_ok)
-        self.metrics.labels_owned.set(len(live))
+        self._report_foreign(change.foreign)
+        self.metrics.labels_owned.set(sum(1 for key in live.labels if live.ours(key)))
         if not change.needed:
             self.last_applied = dict(change.labels)
             return "unchanged"
@@ -128,36 +179,69 @@ class Daemon:
                 self.log.info("dry run: would apply", reason="dry-run", **change.summary())
                 self._last_dry_run = change
             return "dry-run"
-        if self.last_applied == change.labels and self._fighting(change):
+        now = time.monotonic()
+        hold_s = self._hold_s(change, live, now)
+        if hold_s > 0:
+            self._not_before = now + hold_s
             return "held"
-        self._write(change)
+        self._write(change, now)
         return "applied"
 
-    def _fighting(self, change: Change) -> bool:
-        """Record a drift repair; True when a fight was just detected (the write is held off)."""
-        now = time.monotonic()
-        fought = self.fights.record(change.keys, now)
-        if not fought:
-            return False
-        self.metrics.fights.inc()
-        hold = self.fights.hold_until - now
-        self._not_before = max(self._not_before, self.fights.hold_until)
-        self.log.warning("another writer keeps changing owned labels; backing off", reason="label-fight",
-                         labels=fought, hold_s=round(hold, 1))
-        return True
+    def _hold_s(self, change: Change, live: Live, now: float) -> float:
+        """How long to hold off a change that only repairs labels another writer keeps undoing (0: write now).
 
-    def _write(self, change: Change) -> None:
+        A repair is a key we set to this very value before; changes of our own (first apply, new
+        hardware) are never held."""
+        applied = self.last_applied or {}
+        repairs = {key for key in change.keys if key in change.labels and applied.get(key) == change.labels[key]}
+        for key in sorted(repairs):
+            if self.fights.lost(key, now):
+                self.metrics.fights.inc()
+                self.log.warning("another writer keeps undoing an owned label; repairing it at a slowing pace",
+                                 reason="label-fight", label=key, other_managers=managers_text(live.names(key)),
+                                 pace_s=round(self.fights.interval_s(key), 2))
+        if not repairs or repairs != change.keys:
+            return 0.0
+        return max(self.fights.wait_s(key, now) for key in repairs)
+
+    def _write(self, change: Change, now: float) -> None:
         try:
             self.sink.write(change)
         except Exception:
             self.metrics.writes.labels(outcome="error").inc()
             raise
         self.metrics.writes.labels(outcome="success").inc()
+        self.fights.wrote(set(change.added) | set(change.changed) | set(change.adopted), now)
         self.metrics.labels_owned.set(len(change.labels))
         self.last_applied = dict(change.labels)
+        for key, names in sorted(change.adopted.items()):
+            if key not in self._reported_adopted:
+                self._reported_adopted.add(key)
+                self.log.info("label taken over: gpu-labeller applies it from now on", reason="adopted", label=key,
+                              previous_managers=managers_text(names))
         self.log.info("labels updated", reason="labels-changed", output=self.sink.name, **change.summary())
         if self.options.events:
             self._emit_event(change)
+
+    def _report_foreign(self, foreign: dict[str, tuple[str, ...]]) -> None:
+        """Count the keys under our prefixes that other managers set; log each once, with its managers."""
+        self.metrics.foreign_labels.set(len(foreign))
+        new = {key: managers_text(names) for key, names in foreign.items() if (key, names) not in self._reported_foreign}
+        if new:
+            self._reported_foreign.update(foreign.items())
+            self.log.info("labels under gpu-labeller's prefixes that other managers set are left alone",
+                          reason="foreign-labels", labels=new)
+
+    def _report_api_error(self, exc: KubeError) -> None:
+        """A warning when failures begin; quiet (debug) while they last: retries come every second."""
+        level = self.log.debug if self._api_failing else self.log.warning
+        self._api_failing = True
+        level("API request failed", reason="api-error", status=exc.status, error=exc.message)
+
+    def _report_not_ours(self, message: str) -> None:
+        if message != self._reported_not_ours:
+            self._reported_not_ours = message
+            self.log.error(message, reason="not-ours", output=self.sink.name)
 
     def _emit_event(self, change: Change) -> None:
         from labeller.kube import KubeError
@@ -177,13 +261,6 @@ class Daemon:
         except KubeError as exc:
             self.log.warning("could not record an event", reason="event-failed", error=exc.message)
 
-    def _report_forbidden(self, verb: str, resource: str, message: str) -> None:
-        if (verb, resource) in self._reported_forbidden:
-            return
-        self._reported_forbidden.add((verb, resource))
-        self.log.error(f"permission missing: grant verb '{verb}' on resource '{resource}' to gpu-labeller's "
-                       "ServiceAccount", reason="forbidden", verb=verb, resource=resource, detail=message)
-
     # -- the loop
     def run(self) -> None:
         if self.options.start_jitter_s > 0 and self.stopped.wait(random.uniform(0, self.options.start_jitter_s)):
@@ -194,20 +271,26 @@ class Daemon:
         while not self.stopped.is_set():
             self.wake.clear()
             now = self.heartbeat = time.monotonic()
+            kicks = self._kicks
+            due = kicks != self._kicks_seen or now >= self._not_before
+            self._kicks_seen = kicks
             if self._reload_requested:
                 self._reload()
                 next_probe = now
             if now >= next_probe:
                 self.probe()
-                next_probe = now + self.options.interval_s
-            if now >= self._not_before:
+                next_probe = now + self._next_probe_in()
+                due = True
+            if due:
                 self._after(self.reconcile_once(), now)
             wake_at = min(next_probe, self._not_before) if self._not_before > now else next_probe
             self.wake.wait(max(0.0, wake_at - time.monotonic()))
 
     def _after(self, outcome: str, now: float) -> None:
         if outcome in ("failed", "node-missing"):
-            self._not_before = now + self.backoff.next()
+            self._not_before = now + self.backoff.next(now)
+        elif outcome != "held":  # a hold set its own time
+            self._not_before = 0.0
 
     def _reload(self) -> None:
         self._reload_requested = False

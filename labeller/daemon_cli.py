@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 from types import FrameType
 
@@ -16,12 +15,22 @@ import structlog
 
 from labeller.config import load_config
 from labeller.daemon import Daemon, Options
-from labeller.reconcile import ProbeResult, owned
-from labeller.sinks import FeaturesFileSink, NodeCache, NodeFeatureSink, NodeSink, NodeWatcher, Sink
 from labeller.discovery_options import BadInput, Node, discovery_options, open_node
-from labeller.kube import Forbidden, Kube, KubeError, Observer
+from labeller.kube import Conflict, Forbidden, Kube, KubeError, Observer
+from labeller.labels import FIELD_MANAGER
 from labeller.metrics import Metrics, PortUnavailable, start_http_server
 from labeller.params import Duration
+from labeller.reconcile import Change, Live, ProbeResult, managers_text, owned, plan
+from labeller.sinks import (
+    FeaturesFileSink,
+    NodeCache,
+    NodeFeatureSink,
+    NodeMissing,
+    NodeSink,
+    NodeWatcher,
+    PermissionLog,
+    Sink,
+)
 from labeller.rules import node_labels
 
 log = structlog.get_logger("gpu_labeller.daemon")
@@ -157,8 +166,13 @@ def _serve(daemon: Daemon, metrics: Metrics, port: int, bind: str) -> None:
 @click.option("--all-nodes", is_flag=True, help="Clean every node in the cluster.")
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
-def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None) -> None:
-    """Remove every label gpu-labeller owns (for uninstall)."""
+@click.option("--include-foreign", is_flag=True,
+              help="Also remove labels under gpu-labeller's prefixes that other managers set (migrating from GFD "
+                   "or AMD's labeller). The GPU Operator's keys are never removed.")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed; change nothing.")
+def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None, include_foreign: bool,
+            dry_run: bool) -> None:
+    """Remove the labels gpu-labeller set (for uninstall); print, per node, what was removed and what was left."""
     if bool(nodes) == all_nodes:
         raise click.UsageError("give --node NAME (repeatable) or --all-nodes")
     kube = connect(kubeconfig)
@@ -167,26 +181,55 @@ def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None) -> 
     except KubeError as exc:
         log.error("cannot reach the cluster", reason="api-error", error=str(exc))
         sys.exit(1)
-    failures = sum(not clean_node(kube, name) for name in names)
+    permissions = PermissionLog()
+    failures = sum(not clean_node(kube, name, permissions, include_foreign, dry_run) for name in names)
     sys.exit(1 if failures else 0)
 
 
-def clean_node(kube: Kube, name: str) -> bool:
-    """Release every owned label on ``name``: SSA of an empty set, then a merge patch for leftovers."""
-    started = time.monotonic()
+def clean_node(kube: Kube, name: str, permissions: PermissionLog, include_foreign: bool = False,
+               dry_run: bool = False) -> bool:
+    """The Node output writing an empty desired set: what gpu-labeller applied goes (keys another
+    manager also set are only released), keys it set through older merge patches are patched out.
+    Prints each key. False (after one error line) when the node could not be cleaned."""
     try:
-        before = owned(kube.get_node(name).get("metadata", {}).get("labels") or {})
-        answer = kube.apply_node_labels(name, {})
-        leftovers = sorted(owned(answer.get("metadata", {}).get("labels") or {}))
-        if leftovers:
-            kube.remove_node_labels(name, leftovers)
+        for attempt in range(3):  # a Node changed under the merge patch (409): look again
+            sink = NodeSink(kube, name)
+            before = after = sink.live()
+            change = plan(before, {}, probe_ok=True, include_foreign=include_foreign)
+            try:
+                if change.needed and not dry_run:
+                    sink.write(change)
+                    after = sink.cache.snapshot()[2]  # the Node as the last write's answer shows it
+                break
+            except Conflict:
+                if attempt == 2:
+                    raise
+    except NodeMissing:
+        log.error("node not found", node=name, reason="node-not-found")
+        return False
     except Forbidden as exc:
-        log.error(f"permission missing: grant verb '{exc.verb}' on resource '{exc.resource}'", node=name,
-                  reason="forbidden", detail=exc.message)
+        permissions.report(exc, node=name)
         return False
     except KubeError as exc:
         log.error("cleanup failed", node=name, reason="api-error", error=str(exc))
         return False
-    log.info("owned labels removed", node=name, reason="cleanup", removed=len(before),
-             seconds=round(time.monotonic() - started, 3))
+    for line in cleanup_report(name, before, after, change, dry_run):
+        click.echo(line)
     return True
+
+
+def cleanup_report(node: str, before: Live, after: Live, change: Change, dry_run: bool) -> list[str]:
+    """One line per key removed, released or left, then a count. A key planned for removal that is
+    still there after the write (another manager set it meanwhile) is reported as left."""
+    removed = [key for key in change.removed if dry_run or key not in after.labels]
+    left = {**change.foreign, **{key: after.names(key) for key in change.removed if key not in removed}}
+    verb = "would remove" if dry_run else "removed"
+    lines = [f"{node}: {verb} {key} (set by {managers_text(before.names(key))})" for key in removed]
+    lines += [f"{node}: {'would release' if dry_run else 'released'} {key} (also set by "
+              f"{managers_text(tuple(n for n in before.names(key) if n != FIELD_MANAGER))}, so it stays)"
+              for key in change.relinquished]
+    lines += [f"{node}: left {key} (set by {managers_text(names)}; --include-foreign removes it)"
+              for key, names in sorted(left.items())]
+    counts = ("to remove", "to release") if dry_run else ("removed", "released")
+    lines.append(f"{node}: {len(removed)} {counts[0]}, {len(change.relinquished)} {counts[1]}, {len(left)} left")
+    return lines

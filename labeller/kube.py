@@ -22,10 +22,11 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from labeller.labels import FIELD_MANAGER
+
 Obj = dict[str, Any]
 Observer = Callable[[str, int], None]
 
-FIELD_MANAGER = "gpu-labeller"
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 JSON = "application/json"
@@ -33,6 +34,8 @@ NFD_GROUP, NFD_VERSION, NFD_PLURAL = "nfd.k8s-sigs.io", "v1alpha1", "nodefeature
 REQUEST_TIMEOUT = (3.0, 10.0)  # connect, read (seconds)
 
 _FORBIDDEN = re.compile(r'cannot (?P<verb>\w+) resource "(?P<resource>[^"]+)"')
+_USER = re.compile(r'User "(?P<user>[^"]*)" cannot')
+_SERVICE_ACCOUNT = "system:serviceaccount:"
 
 
 class KubeError(Exception):
@@ -48,13 +51,28 @@ class Unavailable(KubeError):
 
 
 class Forbidden(KubeError):
-    """403: RBAC is missing ``verb`` on ``resource``."""
+    """403. RBAC refused ``verb`` on ``resource`` to ``identity``; or, when ``identity`` is None, something
+    else refused the request (an admission policy, a create that patch cannot do): the message says what."""
 
     def __init__(self, status: int, reason: str, message: str, verb: str, resource: str) -> None:
         super().__init__(status, reason, message)
         match = _FORBIDDEN.search(message)
         self.verb = match.group("verb") if match else verb
         self.resource = match.group("resource") if match else resource
+        self.identity = identity(message)
+
+
+def identity(message: str) -> str | None:
+    """Who RBAC refused, as an admin would grant it: "ServiceAccount <ns>/<name>" or "user <name>",
+    from the API server's 403 message (``User "system:serviceaccount:ns:name" cannot ...``)."""
+    match = _USER.search(message)
+    if match is None:
+        return None
+    user = match.group("user")
+    namespace, _, name = user.removeprefix(_SERVICE_ACCOUNT).partition(":")
+    if user.startswith(_SERVICE_ACCOUNT) and name:
+        return f"ServiceAccount {namespace}/{name}"
+    return f"user {user}"
 
 
 class NotFound(KubeError):
@@ -214,9 +232,13 @@ class Kube:
         return self._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{quote(name)}",
                              {"fieldManager": FIELD_MANAGER, "force": "true"}, body, APPLY)
 
-    def remove_node_labels(self, name: str, keys: list[str]) -> Obj:
-        """Merge patch with null values: removes labels whoever wrote them."""
-        body = {"metadata": {"labels": {key: None for key in keys}}}
+    def remove_node_labels(self, name: str, keys: list[str], resource_version: str | None = None) -> Obj:
+        """Merge patch with null values: removes labels whoever wrote them. With ``resource_version``,
+        a Node changed since then answers 409 (Conflict) and nothing is removed."""
+        metadata: Obj = {"labels": {key: None for key in keys}}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        body = {"metadata": metadata}
         return self._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{quote(name)}",
                              {"fieldManager": FIELD_MANAGER}, body, MERGE)
 

@@ -29,8 +29,8 @@ _NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _PREFIX_RE = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
 
-# Label keys gpu-labeller writes and therefore owns. Everything else on a Node (users' labels,
-# GPU Operator's nvidia.com/gpu.deploy.*, nvidia.com/device-plugin.config, ...) is never touched.
+# Label keys gpu-labeller may write, and remove when it set them itself. Everything else on a Node
+# (users' labels, the GPU Operator's, ...) is never touched.
 OWNED_PREFIXES: tuple[str, ...] = (
     "nvidia.com/gpu.",
     "nvidia.com/cuda.",
@@ -43,16 +43,26 @@ OWNED_PREFIXES: tuple[str, ...] = (
     "amd.com/gpu.",
     "beta.amd.com/gpu.",
 )
+# Keys the GPU Operator and its managers read or write: never written or removed, not even by
+# `cleanup --include-foreign`, whichever prefix they fall under.
 NOT_OWNED_PREFIXES: tuple[str, ...] = (
-    "nvidia.com/gpu.deploy.",  # GPU Operator
-    "nvidia.com/gpu.workload.config",  # GPU Operator
-    "nvidia.com/mig.config",  # MIG manager
+    "nvidia.com/gpu.deploy.",  # GPU Operator: which operands run on the node
+    "nvidia.com/gpu.workload.config",  # GPU Operator: container / vm-passthrough / vm-vgpu
+    "nvidia.com/mig.config",  # MIG manager (also mig.config.state)
+    "nvidia.com/vgpu.config",  # vGPU device manager (also vgpu.config.state)
 )
+NOT_OWNED_KEYS: tuple[str, ...] = (
+    "nvidia.com/device-plugin.config",  # GPU Operator's device-plugin config choice (exact key only)
+)
+
+# The server-side-apply field manager gpu-labeller writes Node labels as: what it set is what
+# managedFields list under this name. Never change it, or every label it set becomes "foreign".
+FIELD_MANAGER = "gpu-labeller"
 
 
 def owns(key: str) -> bool:
-    """True if gpu-labeller is allowed to write or remove this label key."""
-    if key.startswith(NOT_OWNED_PREFIXES):
+    """True if the key is one gpu-labeller may write (and remove, when it set the label itself)."""
+    if key in NOT_OWNED_KEYS or key.startswith(NOT_OWNED_PREFIXES):
         return False
     return key.startswith(OWNED_PREFIXES)
 

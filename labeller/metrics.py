@@ -37,16 +37,19 @@ class Metrics:
         self.probes = Counter("gpu_labeller_probes_total", "Hardware probes by outcome (ok, partial, failed).",
                               ["outcome"], registry=r)
         self.reconciles = Counter("gpu_labeller_reconciles_total", "Reconciles by outcome (unchanged, applied, "
-                                  "dry-run, held, node-missing, failed).", ["outcome"], registry=r)
+                                  "dry-run, held, node-missing, not-ours, failed).", ["outcome"], registry=r)
         self.api_requests = Counter("gpu_labeller_api_requests_total", "Kubernetes API requests by verb and HTTP "
                                     "code (0: no answer).", ["verb", "code"], registry=r)
         self.writes = Counter("gpu_labeller_writes_total", "Label writes by outcome (success, error).",
                               ["outcome"], registry=r)
-        self.labels_owned = Gauge("gpu_labeller_labels_owned", "Labels gpu-labeller owns on its node.", registry=r)
+        self.labels_owned = Gauge("gpu_labeller_labels_owned", "Labels gpu-labeller manages on its node (it set them).",
+                                  registry=r)
+        self.foreign_labels = Gauge("gpu_labeller_foreign_labels", "Labels under gpu-labeller's prefixes that other "
+                                    "managers set and gpu-labeller leaves alone.", registry=r)
         self.last_success = Gauge("gpu_labeller_last_success_timestamp_seconds",
                                   "Unix time of the last successful reconcile.", registry=r)
-        self.fights = Counter("gpu_labeller_label_fights_total", "Times another writer was caught fighting over "
-                              "an owned label (gpu-labeller backed off).", registry=r)
+        self.fights = Counter("gpu_labeller_label_fights_total", "Times another writer was caught undoing an "
+                              "owned label again and again (gpu-labeller then repairs it at a slowing pace).", registry=r)
 
     def observe_probe(self, result: ProbeResult) -> None:
         self.probe_duration.observe(result.duration_s)

@@ -2,24 +2,29 @@
 
 Rules kept here:
 - only keys with ``labels.owns(key)`` are ever written or removed;
-- a write happens only when the live owned labels differ from the desired ones (no idle writes);
+- a label is removed only when gpu-labeller set it itself: its field manager is listed for that key
+  in the object's ``metadata.managedFields`` (or an explicit migration option says so);
+- a write happens only when the live labels differ from the desired ones (no idle writes);
 - a failed or partial probe never removes a label: it may add or repair, never take away.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from labeller.labels import owns
+from labeller.labels import FIELD_MANAGER, owns
 
 Labels = dict[str, str]
+Manager = tuple[str, str]  # (field manager, operation: "Apply" or "Update")
+APPLIED_BY_US: Manager = (FIELD_MANAGER, "Apply")
 
 
 def owned(labels: Mapping[str, str]) -> Labels:
-    """The labels among ``labels`` that gpu-labeller owns (by key prefix)."""
+    """The labels among ``labels`` whose keys gpu-labeller may write (by key prefix)."""
     return {key: value for key, value in labels.items() if owns(key)}
 
 
@@ -52,92 +57,240 @@ def desired_after(result: ProbeResult, last_good: Labels | None) -> Labels:
     return base
 
 
+# --------------------------------------------------------------------------- who set which label
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def label_managers(managed_fields: Iterable[Any]) -> dict[str, frozenset[Manager]]:
+    """Label key -> the (manager, operation) pairs whose managedFields entry lists it.
+
+    Entries of a subresource (``status``, ...) do not count: labels live in the main resource.
+    """
+    found: dict[str, set[Manager]] = {}
+    for entry in managed_fields:
+        entry = _mapping(entry)
+        if entry.get("subresource") or entry.get("fieldsType", "FieldsV1") != "FieldsV1":
+            continue
+        fields = _mapping(_mapping(_mapping(entry.get("fieldsV1")).get("f:metadata")).get("f:labels"))
+        manager = (str(entry.get("manager", "")), str(entry.get("operation", "")))
+        for name in fields:
+            if name.startswith("f:"):
+                found.setdefault(name[2:], set()).add(manager)
+    return {key: frozenset(managers) for key, managers in found.items()}
+
+
+@dataclass(frozen=True)
+class Live:
+    """The labels under gpu-labeller's prefixes on a target now, and who set each of them."""
+
+    labels: Labels = field(default_factory=dict)
+    managers: Mapping[str, frozenset[Manager]] = field(default_factory=dict)
+    resource_version: str = field(default="", compare=False)  # of the object it was read from
+
+    @classmethod
+    def of_node(cls, obj: Mapping[str, Any]) -> Live:
+        metadata = _mapping(obj.get("metadata"))
+        labels = owned(_mapping(metadata.get("labels")))
+        managers = label_managers(metadata.get("managedFields") or [])
+        return cls(labels, {key: managers.get(key, frozenset()) for key in labels},
+                   str(metadata.get("resourceVersion") or ""))
+
+    @classmethod
+    def written_by_us(cls, labels: Mapping[str, str]) -> Live:
+        """A target only gpu-labeller writes (its features file, its NodeFeature): every label is ours."""
+        ours = owned(labels)
+        return cls(ours, {key: frozenset({APPLIED_BY_US}) for key in ours})
+
+    def applied_by_us(self, key: str) -> bool:
+        return APPLIED_BY_US in self.managers.get(key, ())
+
+    def set_only_by_us(self, key: str) -> bool:
+        """Every manager of the key is gpu-labeller (through apply, or an update by an older version)."""
+        return self.names(key) == (FIELD_MANAGER,)
+
+    def ours(self, key: str) -> bool:
+        """gpu-labeller manages the key: it applied it, or nobody but gpu-labeller ever set it."""
+        return self.applied_by_us(key) or self.set_only_by_us(key)
+
+    def names(self, key: str) -> tuple[str, ...]:
+        """The managers that set the key, sorted; empty when managedFields list nobody."""
+        return tuple(sorted({name for name, _ in self.managers.get(key, ())}))
+
+
+def managers_text(names: tuple[str, ...]) -> str:
+    return ", ".join(names) if names else "no recorded manager"
+
+
+# --------------------------------------------------------------------------- what to write
+
+
 @dataclass(frozen=True)
 class Change:
-    """The difference between live and desired owned labels; ``labels`` is the full set to apply."""
+    """What to do so that the target's labels become the desired ones.
+
+    ``labels`` is the whole set gpu-labeller applies. A key it applied before and leaves out is
+    dropped by the apply: ``removed`` when gpu-labeller was its only manager, ``relinquished`` when
+    another manager also set it (the label stays, theirs). ``patch_out`` are removed keys an apply
+    cannot drop (set through an update, or foreign with ``include_foreign``): a merge patch does.
+    """
 
     labels: Labels
     added: Labels = field(default_factory=dict)
     changed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    adopted: dict[str, tuple[str, ...]] = field(default_factory=dict)  # key -> managers that set it before
     removed: tuple[str, ...] = ()
+    relinquished: tuple[str, ...] = ()
+    patch_out: dict[str, tuple[str, ...]] = field(default_factory=dict)  # key -> its managers
+    foreign: dict[str, tuple[str, ...]] = field(default_factory=dict)  # left alone: key -> its managers
+    apply: bool = False
 
     @property
     def needed(self) -> bool:
-        return bool(self.added or self.changed or self.removed)
+        return self.apply or bool(self.patch_out)
 
     @property
     def keys(self) -> set[str]:
-        return set(self.added) | set(self.changed) | set(self.removed)
+        return set(self.added) | set(self.changed) | set(self.adopted) | set(self.removed) | set(self.relinquished)
 
     def summary(self) -> dict[str, Any]:
-        return {"added": sorted(self.added), "changed": sorted(self.changed), "removed": list(self.removed)}
+        return {"added": sorted(self.added), "changed": sorted(self.changed), "removed": list(self.removed),
+                "adopted": sorted(self.adopted), "relinquished": list(self.relinquished)}
 
 
-def plan(live: Mapping[str, str], desired: Mapping[str, str], probe_ok: bool) -> Change:
-    """What to apply so the live owned labels become ``desired``.
+def plan(live: Live, desired: Mapping[str, str], probe_ok: bool, include_foreign: bool = False) -> Change:
+    """What to write so that the live labels become ``desired``.
 
-    After a failed or partial probe (``probe_ok`` False) nothing is removed: live owned labels
-    that the desired set lacks are kept in the applied set.
+    Computed keys are applied and so taken over (adopted) from whoever set them. Keys gpu-labeller
+    manages and no longer computes leave; keys other managers set under our prefixes stay, unless
+    ``include_foreign`` (``cleanup --include-foreign``). After a failed or partial probe
+    (``probe_ok`` False) nothing is removed: the labels gpu-labeller manages stay in the applied set.
     """
-    live_owned, want = owned(live), owned(desired)
+    want = owned(desired)
+    ours = {key: value for key, value in live.labels.items() if live.ours(key)}
     if not probe_ok:
-        want = {**live_owned, **want}
-    added = {k: v for k, v in want.items() if k not in live_owned}
-    changed = {k: (live_owned[k], v) for k, v in want.items() if k in live_owned and live_owned[k] != v}
-    removed = tuple(sorted(set(live_owned) - set(want)))
-    return Change(want, added, changed, removed)
+        want = {**ours, **want}
+    added = {k: v for k, v in want.items() if k not in live.labels}
+    changed = {k: (live.labels[k], v) for k, v in want.items() if k in live.labels and live.labels[k] != v}
+    adopted = {k: live.names(k) for k in want if k in live.labels and not live.applied_by_us(k)}
+    dropped = sorted(set(ours) - set(want))
+    removed = [k for k in dropped if live.set_only_by_us(k)]
+    relinquished = tuple(k for k in dropped if not live.set_only_by_us(k))
+    patch_out = {k: live.names(k) for k in removed if not live.managers[k] <= {APPLIED_BY_US}}
+    foreign = {k: live.names(k) for k in sorted(live.labels) if k not in want and not live.ours(k)}
+    if include_foreign:
+        removed = sorted([*removed, *foreign])
+        patch_out, foreign = {**patch_out, **foreign}, {}
+    apply = bool(added or changed or adopted or any(live.applied_by_us(k) for k in dropped))
+    return Change(want, added, changed, adopted, tuple(removed), relinquished, patch_out, foreign, apply)
+
+
+# --------------------------------------------------------------------------- pacing
 
 
 class Backoff:
-    """Capped exponential backoff with full jitter: ``next()`` in [base/2, min(cap, base*2^n)]."""
+    """Retry delays with full jitter: ``next()`` in [base/2, ceiling], the ceiling doubling from
+    ``base_s``. While failures have lasted less than ``quick_for_s`` the ceiling stops at
+    ``quick_cap_s`` (retry fast through a short outage), then it doubles on up to ``cap_s``.
+    ``attempts`` counts the failures since the last ``reset()``."""
 
-    def __init__(self, base_s: float = 0.2, cap_s: float = 30.0, rng: random.Random | None = None) -> None:
-        self.base_s, self.cap_s, self.attempts = base_s, cap_s, 0
+    def __init__(self, base_s: float = 0.2, cap_s: float = 30.0, rng: random.Random | None = None, *,
+                 quick_cap_s: float = 1.0, quick_for_s: float = 0.0) -> None:
+        self.base_s, self.cap_s = base_s, cap_s
+        self.quick_cap_s, self.quick_for_s = quick_cap_s, quick_for_s
+        self.attempts = 0
+        self.failing_since: float | None = None
+        self._doublings = 0  # stops growing at the ceiling, so leaving the quick phase doubles from there
         self._rng = rng or random.Random()
 
-    def next(self) -> float:
-        ceiling = min(self.cap_s, self.base_s * 2.0 ** self.attempts)
+    def next(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        if self.failing_since is None:
+            self.failing_since = now
         self.attempts += 1
+        limit = self.quick_cap_s if now - self.failing_since < self.quick_for_s else self.cap_s
+        ceiling = min(limit, self.base_s * 2.0 ** self._doublings)
+        if ceiling < limit:
+            self._doublings += 1
         return float(self._rng.uniform(min(self.base_s / 2, ceiling), ceiling))
 
     def reset(self) -> None:
-        self.attempts = 0
+        self.attempts = self._doublings = 0
+        self.failing_since = None
 
 
-class FightDetector:
-    """Notices another writer fighting over an owned label and says how long to hold off.
+@dataclass
+class _Streak:
+    """One key's run of losses: our writes of it that another writer undid."""
 
-    Each repair of drift is recorded per key. More than ``threshold`` repairs of one key within
-    ``window_s`` is a fight: hold off ``base_hold_s``, doubling per consecutive fight up to
-    ``max_hold_s`` (while the key stays hot, every further repair is a fight). A quiet window
-    resets the doubling.
+    last_loss: float
+    tokens: float
+    topped_up: float
+    losing_s: float = 0.0  # time spent losing: the gaps between this streak's losses
+    losses: int = 0
+
+
+class FightGuard:
+    """Paces the repair of labels that another writer keeps undoing, so a fight never hot-loops and
+    ends as soon as the other writer stops.
+
+    A *loss* is a successful write of ours that someone else undid. Per key, each repair spends a
+    token from a bucket of ``burst``; a token comes back every ``max(base_s, share × time spent
+    losing)``, at most ``max_s``. Time spent losing adds up the gaps between losses, each counted at
+    most twice the pace then in force, so an outage or a quiet spell between two losses adds little.
+    Against a controller that undoes every write at once, the write rate therefore falls off (about
+    ``1/share`` writes per doubling of the fight's length); when a person's ``kubectl label`` loop
+    stops, our value is back within ``share`` of the time the fight lasted (0.5 s after a 10 s
+    fight). A key whose value stayed ours for ``peace_s`` before it was undone starts a new streak.
+    Failed writes are not losses and spend nothing.
     """
 
-    def __init__(self, threshold: int = 3, window_s: float = 60.0, base_hold_s: float = 2.0,
-                 max_hold_s: float = 300.0) -> None:
-        self.threshold, self.window_s = threshold, window_s
-        self.base_hold_s, self.max_hold_s = base_hold_s, max_hold_s
-        self.repairs: dict[str, list[float]] = {}
-        self.level = 0
-        self.hold_until = 0.0
-        self._last_fight = float("-inf")
+    def __init__(self, burst: int = 3, base_s: float = 0.5, share: float = 0.04, max_s: float = 300.0,
+                 peace_s: float = 30.0, report_after: int = 3) -> None:
+        self.burst, self.base_s, self.share, self.max_s = burst, base_s, share, max_s
+        self.peace_s, self.report_after = peace_s, report_after
+        self.streaks: dict[str, _Streak] = {}
+        self.last_write: dict[str, float] = {}
+        self._loss_counted: dict[str, float] = {}  # key -> time of the write whose undoing was counted
 
-    def record(self, keys: set[str], now: float) -> list[str]:
-        """Record a repair of ``keys``; return the keys being fought over (empty: no fight)."""
-        if now - self._last_fight > self.window_s + self.hold_s():
-            self.level = 0
-        fought = []
-        memory_s = self.window_s + (self.hold_s() if self.level else 0.0)  # a hold must not erase the history
+    def lost(self, key: str, now: float) -> bool:
+        """Our last write of ``key`` was undone. True when this loss makes it a fight worth reporting."""
+        wrote = self.last_write.get(key)
+        if wrote is None or self._loss_counted.get(key) == wrote:
+            return False  # no successful write since the last counted loss: nothing new was lost
+        self._loss_counted[key] = wrote
+        streak = self.streaks.get(key)
+        if streak is None or now - wrote >= self.peace_s:
+            streak = self.streaks[key] = _Streak(last_loss=now, tokens=float(self.burst), topped_up=now)
+        else:
+            streak.losing_s += min(now - streak.last_loss, 2 * self.interval_s(key))
+            streak.last_loss = now
+        streak.losses += 1
+        return streak.losses == self.report_after
+
+    def interval_s(self, key: str) -> float:
+        """Seconds per token for ``key`` now."""
+        streak = self.streaks.get(key)
+        losing_s = streak.losing_s if streak else 0.0
+        return min(self.max_s, max(self.base_s, self.share * losing_s))
+
+    def wait_s(self, key: str, now: float) -> float:
+        """Seconds before a repair of ``key`` may be written (0: now)."""
+        streak = self.streaks.get(key)
+        if streak is None:
+            return 0.0
+        interval = self.interval_s(key)
+        streak.tokens = min(float(self.burst), streak.tokens + (now - streak.topped_up) / interval)
+        streak.topped_up = now
+        return 0.0 if streak.tokens >= 1.0 else (1.0 - streak.tokens) * interval
+
+    def wrote(self, keys: Iterable[str], now: float) -> None:
+        """Our write of ``keys`` succeeded: spend a token for each repaired one."""
         for key in keys:
-            times = [t for t in self.repairs.get(key, []) if now - t <= memory_s] + [now]
-            self.repairs[key] = times
-            if len(times) > self.threshold:
-                fought.append(key)
-        if fought:
-            self.hold_until = now + self.hold_s()
-            self.level += 1
-            self._last_fight = now
-        return sorted(fought)
-
-    def hold_s(self) -> float:
-        return min(self.max_hold_s, self.base_hold_s * 2.0 ** self.level)
+            self.last_write[key] = now
+            streak = self.streaks.get(key)
+            if streak is not None:
+                self.wait_s(key, now)  # top up first
+                streak.tokens = max(0.0, streak.tokens - 1.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,28 +18,62 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from labeller.outputs import render, write_atomic
-from labeller.reconcile import Backoff, Change, Labels, owned
+from labeller.reconcile import Backoff, Change, Live
 
 if TYPE_CHECKING:
-    from labeller.kube import Kube, Obj
+    from labeller.kube import Forbidden, Kube, Obj
 
 log = structlog.get_logger("gpu_labeller.daemon")
+
+WRITTEN_BY = "# Written by gpu-labeller"  # first line of every features.d file gpu-labeller writes
+MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-labeller")  # label on every NodeFeature it creates
 
 
 class NodeMissing(Exception):
     """The Node object does not exist (yet)."""
 
 
+class NotOurs(Exception):
+    """The output's target exists but gpu-labeller did not write it: it is never replaced or removed."""
+
+
 class Sink(Protocol):
-    """Where labels go. ``live`` gives the owned labels there now; ``write`` makes them ``change.labels``."""
+    """Where labels go. ``live`` says what is there now and who set it; ``write`` carries out a Change."""
 
     name: str
 
-    def live(self) -> Labels: ...
+    def live(self) -> Live: ...
 
     def write(self, change: Change) -> None: ...
 
     def close(self) -> None: ...
+
+
+class PermissionLog:
+    """One error line per 403 (per missing permission, or per refusal of another kind), then quiet
+    until the request works again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reported: set[tuple[str, str]] = set()
+
+    def report(self, exc: Forbidden, **context: Any) -> None:
+        key = (exc.verb, exc.resource if exc.identity else exc.message)
+        with self._lock:
+            if key in self._reported:
+                return
+            self._reported.add(key)
+        if exc.identity is None:  # not RBAC: an admission policy, say; its message is the news
+            log.error(f"the API server refused to {exc.verb} {exc.resource}", reason="forbidden", verb=exc.verb,
+                      resource=exc.resource, detail=exc.message, **context)
+            return
+        log.error(f"permission missing: grant verb '{exc.verb}' on resource '{exc.resource}' to {exc.identity}",
+                  reason="forbidden", verb=exc.verb, resource=exc.resource, detail=exc.message, **context)
+
+    def granted(self, *verbs: str) -> None:
+        """Requests with these verbs worked: a later 403 on them is news again."""
+        with self._lock:
+            self._reported = {key for key in self._reported if key[0] not in verbs}
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
@@ -53,24 +88,25 @@ class NodeCache:
         self._lock = threading.Lock()
         self.synced = False
         self.exists = False
-        self.labels: Labels = {}
+        self.live = Live()
         self.resource_version = 0
         self._synced = threading.Event()
 
     def put(self, obj: Mapping[str, Any] | None) -> bool:
-        """Store a newer view of the node (None: it does not exist). True if anything changed."""
+        """Store a newer view of the node (None: it does not exist). True if our labels or their
+        managers changed (other labels, status and the like do not concern gpu-labeller)."""
         with self._lock:
             self._synced.set()
             if obj is None:
                 changed = self.exists or not self.synced
-                self.synced, self.exists, self.labels = True, False, {}
+                self.synced, self.exists, self.live = True, False, Live()
                 return changed
             rv = _rv(obj)
             if self.synced and self.exists and rv and rv < self.resource_version:
                 return False
-            labels = dict(obj.get("metadata", {}).get("labels") or {})
-            changed = not (self.synced and self.exists and labels == self.labels)
-            self.synced, self.exists, self.labels, self.resource_version = True, True, labels, rv
+            live = Live.of_node(obj)
+            changed = not (self.synced and self.exists and live == self.live)
+            self.synced, self.exists, self.live, self.resource_version = True, True, live, rv
             return changed
 
     def forget(self) -> None:
@@ -81,52 +117,77 @@ class NodeCache:
     def wait_synced(self, timeout_s: float) -> bool:
         return self._synced.wait(timeout_s)
 
-    def snapshot(self) -> tuple[bool, bool, Labels]:
+    def snapshot(self) -> tuple[bool, bool, Live]:
         with self._lock:
-            return self.synced, self.exists, dict(self.labels)
+            return self.synced, self.exists, self.live
 
 
 class NodeWatcher:
-    """Keeps a NodeCache current: list this node, watch it from there, re-list on 410, back off on errors."""
+    """Keeps a NodeCache current: list this node, watch it from there, re-list on 410, retry on errors.
+
+    Retries come at most 1 s apart during the first minute of an outage (so labels are repaired
+    within about a second of the API answering again), then back off up to 10 s.
+    """
 
     def __init__(self, kube: Kube, node: str, cache: NodeCache, watch_timeout_s: int = 300) -> None:
         self.kube, self.node, self.cache = kube, node, cache
         self.notify: Callable[[], None] = lambda: None
         self.stop = threading.Event()
+        self.permissions = PermissionLog()
         self.watch_timeout_s = watch_timeout_s
-        self.backoff = Backoff(0.2, 10.0)
+        self.backoff = Backoff(base_s=0.2, cap_s=10.0, quick_cap_s=1.0, quick_for_s=60.0)
+        self._failing_since: float | None = None
         self.thread = threading.Thread(target=self._run, name=f"watch-{node}", daemon=True)
 
-    def attach(self, notify: Callable[[], None], stop: threading.Event) -> None:
-        """Wake ``notify`` on every change; end when ``stop`` is set."""
+    def attach(self, notify: Callable[[], None], stop: threading.Event, permissions: PermissionLog | None = None) -> None:
+        """Wake ``notify`` on every change; end when ``stop`` is set; report 403s through ``permissions``."""
         self.notify, self.stop = notify, stop
+        if permissions is not None:
+            self.permissions = permissions
 
     def start(self) -> None:
         self.thread.start()
 
     def _run(self) -> None:
-        from labeller.kube import Gone, KubeError
+        from labeller.kube import Forbidden, Gone, KubeError
 
         while not self.stop.is_set():
             try:
                 self._list_then_watch()
+                continue
             except Gone:
                 log.info("watch expired, listing again", node=self.node, reason="gone")
-                self.stop.wait(self.backoff.next())  # never a tight list-watch loop, even if 410 repeats
+            except Forbidden as exc:
+                self.cache.forget()
+                self.permissions.report(exc, node=self.node)
+                self._failing_since = self._failing_since or time.monotonic()
             except KubeError as exc:
                 self.cache.forget()
-                delay = self.backoff.next()
-                log.warning("watch failed", node=self.node, reason="api-error", error=str(exc), retry_in_s=round(delay, 2))
-                self.stop.wait(delay)
+                self._report_failure(exc)
+            self.stop.wait(self.backoff.next())  # never a tight list-watch loop, even if 410 repeats
+
+    def _report_failure(self, exc: Exception) -> None:
+        """A warning when an outage begins; quiet (debug) while it lasts."""
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+            log.warning("watch failed, retrying", node=self.node, reason="api-error", error=str(exc))
+        else:
+            log.debug("watch failed again", node=self.node, reason="api-error", error=str(exc))
 
     def _list_then_watch(self) -> None:
         obj, rv = self.kube.list_node(self.node)
+        self.permissions.granted("list")
+        if self._failing_since is not None:
+            log.info("watch works again", node=self.node, reason="api-recovered",
+                     down_s=round(time.monotonic() - self._failing_since, 1))
+            self._failing_since = None
         if self.cache.put(obj):
             self.notify()
         self.backoff.reset()
         while not self.stop.is_set():
             timeout = int(self.watch_timeout_s * random.uniform(1.0, 1.2))
             for kind, obj in self.kube.watch_node(self.node, rv, timeout):
+                self.permissions.granted("watch")
                 rv = str(obj.get("metadata", {}).get("resourceVersion") or rv)
                 if kind == "BOOKMARK":
                     continue
@@ -147,15 +208,15 @@ class NodeSink:
         self.cache = cache or NodeCache()
         self.sync_wait_s = sync_wait_s if cache is not None else 0.0  # no cache given: nothing fills it
 
-    def live(self) -> Labels:
-        synced, exists, labels = self.cache.snapshot()
+    def live(self) -> Live:
+        synced, exists, live = self.cache.snapshot()
         if not synced:
             if not self.cache.wait_synced(self.sync_wait_s):
                 self._refresh()
-            synced, exists, labels = self.cache.snapshot()
+            synced, exists, live = self.cache.snapshot()
         if not exists:
             raise NodeMissing(self.node)
-        return owned(labels)
+        return live
 
     def _refresh(self) -> None:
         from labeller.kube import NotFound
@@ -166,53 +227,80 @@ class NodeSink:
             self.cache.put(None)
 
     def write(self, change: Change) -> None:
+        """Apply ``change.labels`` when needed, then merge-patch out the keys an apply cannot drop."""
         from labeller.kube import NotFound
 
+        answer = None
         try:
-            answer = self.kube.apply_node_labels(self.node, change.labels)
-            leftovers = sorted(set(owned(_labels_of(answer))) - set(change.labels))
-            if leftovers:
-                # Owned by prefix but applied by someone else (kubectl, an older labeller): SSA
-                # cannot remove them, a merge patch can.
-                answer = self.kube.remove_node_labels(self.node, leftovers)
+            if change.apply:
+                answer = self.kube.apply_node_labels(self.node, change.labels)
+                self.cache.put(answer)
+            if change.patch_out:
+                answer = self._patch_out(change.patch_out)
         except NotFound:
             self.cache.put(None)
             raise NodeMissing(self.node) from None
-        self.cache.put(answer)
+        if answer is not None:
+            self.cache.put(answer)
+
+    def _patch_out(self, keys: Mapping[str, tuple[str, ...]]) -> Obj | None:
+        """Remove ``keys`` (key -> its managers when the change was planned) with a merge patch, but only
+        those no new manager has set since; the resourceVersion precondition turns a race into a 409."""
+        _, _, live = self.cache.snapshot()
+        still = sorted(key for key, names in keys.items() if key in live.labels and set(live.names(key)) <= set(names))
+        if not still:
+            return None
+        return self.kube.remove_node_labels(self.node, still, live.resource_version or None)
 
     def close(self) -> None:
         self.kube.close()
 
 
-def _labels_of(obj: Mapping[str, Any]) -> Labels:
-    return dict(obj.get("metadata", {}).get("labels") or {})
-
-
 class FeaturesFileSink:
-    """NFD's features.d file: rewritten atomically when labels change or the expiry draws near."""
+    """NFD's features.d file: rewritten atomically when labels change or the expiry draws near.
+
+    A file at the path that gpu-labeller did not write (no ``WRITTEN_BY`` first line) is never
+    replaced: ``live`` and ``write`` raise NotOurs."""
 
     name = "features-file"
 
     def __init__(self, path: Path, expiry_s: float) -> None:
         self.path, self.expiry_s = path, expiry_s
 
-    def live(self) -> Labels:
+    def _ours(self) -> str | None:
+        """Our file's text; None when there is none."""
         try:
-            text = self.path.read_text()
+            data = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
-        labels: Labels = {}
+            return None
+        if not data.startswith(WRITTEN_BY.encode()):
+            raise NotOurs(f"{self.path} exists and gpu-labeller did not write it (no '{WRITTEN_BY}' first line); "
+                          "it is left as it is")
+        return data.decode(errors="replace")
+
+    def live(self) -> Live:
+        text = self._ours()
+        if text is None:
+            return Live()
+        labels: dict[str, str] = {}
         for line in text.splitlines():
             if line.startswith("# +expiry-time="):
-                expiry = datetime.fromisoformat(line.split("=", 1)[1])
-                if expiry - datetime.now(UTC) < timedelta(seconds=self.expiry_s / 2):
-                    return {}  # about to expire: count it as absent so it is rewritten
+                if self._expires_soon(line.split("=", 1)[1]):
+                    return Live()  # count it as absent so it is rewritten
             elif line and not line.startswith("#") and "=" in line:
                 key, value = line.split("=", 1)
                 labels[key] = value
-        return owned(labels)
+        return Live.written_by_us(labels)
+
+    def _expires_soon(self, stamp: str) -> bool:
+        try:
+            expiry = datetime.fromisoformat(stamp)
+        except ValueError:
+            return True
+        return expiry - datetime.now(UTC) < timedelta(seconds=self.expiry_s / 2)
 
     def write(self, change: Change) -> None:
+        self._ours()  # a file that appeared since live() is not ours to replace either
         expiry = datetime.now(UTC) + timedelta(seconds=self.expiry_s)
         write_atomic(self.path, render(change.labels, "nfd", expiry=expiry))
 
@@ -221,7 +309,9 @@ class FeaturesFileSink:
 
 
 class NodeFeatureSink:
-    """An NFD ``NodeFeature`` object ``gpu-labeller-<node>``; replaced only when its labels differ."""
+    """An NFD ``NodeFeature`` object ``gpu-labeller-<node>``; replaced only when its labels differ.
+
+    An object of that name without gpu-labeller's ``MANAGED_BY`` label is never replaced: NotOurs."""
 
     name = "nodefeature"
 
@@ -230,17 +320,24 @@ class NodeFeatureSink:
         self.object_name = f"gpu-labeller-{node}"
         self._current: Obj | None = None
 
-    def live(self) -> Labels:
-        self._current = self.kube.get_node_feature(self.namespace, self.object_name)
-        if self._current is None:
-            return {}
-        return owned(self._current.get("spec", {}).get("labels") or {})
+    def live(self) -> Live:
+        current = self.kube.get_node_feature(self.namespace, self.object_name)
+        if current is None:
+            self._current = None
+            return Live()
+        key, value = MANAGED_BY
+        if (current.get("metadata", {}).get("labels") or {}).get(key) != value:
+            raise NotOurs(f"NodeFeature {self.namespace}/{self.object_name} exists and gpu-labeller did not create it "
+                          f"(no label {key}={value}); it is left as it is")
+        self._current = current
+        return Live.written_by_us(current.get("spec", {}).get("labels") or {})
 
     def write(self, change: Change) -> None:
+        key, value = MANAGED_BY
         body: Obj = {
             "apiVersion": "nfd.k8s-sigs.io/v1alpha1", "kind": "NodeFeature",
             "metadata": {"name": self.object_name, "namespace": self.namespace,
-                         "labels": {"nfd.node.kubernetes.io/node-name": self.node}},
+                         "labels": {"nfd.node.kubernetes.io/node-name": self.node, key: value}},
             "spec": {"labels": dict(sorted(change.labels.items()))},
         }
         if self._current is None:

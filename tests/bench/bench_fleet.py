@@ -2,9 +2,11 @@
 
 Runs N real ``Daemon`` loops (each with its own ``Kube`` client, watch and start-up jitter) on
 threads in this process, all talking HTTP to one ``FakeApiServer``, and reports the API request
-rate at start-up (per second) and in steady state.
+rate at start-up (per second) and in steady state. With ``--outage-seconds N`` it then stops
+answering for N seconds (a label of every node is deleted meanwhile) and reports the retry rate
+during the outage and how long after it every node is repaired.
 
-    python tests/bench/bench_fleet.py [--nodes 200] [--jitter 2] [--interval 60] [--steady-seconds 20]
+    python tests/bench/bench_fleet.py [--nodes 200] [--jitter 2] [--interval 60] [--steady-seconds 20] [--outage-seconds 0]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from labeller.sinks import NodeCache, NodeSink, NodeWatcher
 from labeller.kube import Kube
 from labeller.log import configure
 from labeller.metrics import Metrics
-from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.apiserver import FakeApiServer, Fault
 
 LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
           "nvidia.com/gpu.memory": "81559", "nvidia.com/cuda.driver.major": "550"}
@@ -54,12 +56,36 @@ def per_second(api: FakeApiServer, since: float, seconds: int) -> list[int]:
     return [counts.get(s, 0) for s in range(seconds)]
 
 
+def labelled(api: FakeApiServer, nodes: int, key: str = "nvidia.com/gpu.present") -> int:
+    return sum(1 for i in range(nodes) if key in api.labels(f"node-{i:04d}"))
+
+
+def outage(api: FakeApiServer, nodes: int, seconds: float) -> str:
+    """No answers (and no watch) for ``seconds``; a label of every node goes meanwhile."""
+    began = time.monotonic()
+    api.faults.add(Fault(drop=True))
+    api.drop_watches.set()
+    for i in range(nodes):
+        api.set_labels(f"node-{i:04d}", {"nvidia.com/gpu.count": None})
+    time.sleep(seconds)
+    attempts = per_second(api, began, int(seconds))
+    api.faults.clear()
+    api.drop_watches.clear()
+    back = time.monotonic()
+    while labelled(api, nodes, "nvidia.com/gpu.count") < nodes and time.monotonic() - back < 120:
+        time.sleep(0.05)
+    return (f"outage of {seconds:.0f} s: requests/s second by second {attempts} = "
+            f"{sum(attempts[1:]) / max(1, len(attempts) - 1) / nodes:.2f} per node per second; every node repaired "
+            f"{time.monotonic() - back:.2f} s after the API answered again")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--jitter", type=float, default=2.0, help="--start-jitter of every daemon (s)")
     parser.add_argument("--interval", type=float, default=60.0, help="--interval of every daemon (s)")
     parser.add_argument("--steady-seconds", type=float, default=20.0)
+    parser.add_argument("--outage-seconds", type=float, default=0.0, help="then an API outage this long (s)")
     options = parser.parse_args()
     configure("warning", json_output=False)
     with tempfile.TemporaryDirectory() as tmp, FakeApiServer() as api:
@@ -70,8 +96,7 @@ def main() -> None:
         daemons = start_fleet(api, kubeconfig, options.nodes, options.jitter, options.interval)
         spawned = time.monotonic() - began
         deadline = began + 120
-        while time.monotonic() < deadline and sum(1 for i in range(options.nodes)
-                                                  if "nvidia.com/gpu.present" in api.labels(f"node-{i:04d}")) < options.nodes:
+        while time.monotonic() < deadline and labelled(api, options.nodes) < options.nodes:
             time.sleep(0.1)
         all_labelled = time.monotonic() - began
         time.sleep(1.0)
@@ -83,6 +108,7 @@ def main() -> None:
         steady = api.log.by_verb(steady_from)
         steady_total = sum(steady.values())
         watches = api.open_watches
+        after_outage = outage(api, options.nodes, options.outage_seconds) if options.outage_seconds else ""
         for daemon in daemons:
             daemon.stop()
     print(f"fleet: {options.nodes} daemons (threads in one process, {options.nodes} clients) against one fake API server; "
@@ -93,6 +119,8 @@ def main() -> None:
     print(f"steady state over {options.steady_seconds:.0f} s: {steady_total} requests = "
           f"{steady_total / options.steady_seconds:.2f} req/s ({dict(steady) or 'none'}); writes: {steady.get('patch', 0)}; "
           f"open watches: {watches} (one per node)")
+    if after_outage:
+        print(after_outage)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from labeller.daemon import Daemon, Options
-from labeller.reconcile import ProbeResult
+from labeller.reconcile import FightGuard, ProbeResult
 from labeller.sinks import NodeCache, NodeSink, NodeWatcher, Sink
 from labeller.kube import Kube
 from labeller.metrics import Metrics
@@ -54,7 +54,8 @@ class Running:
     """The real Daemon (and for Node output, its watcher) on a thread, talking HTTP to the fake."""
 
     def __init__(self, api: FakeApiServer, kubeconfig: Path, probe: FakeProbe, node: str = NODE,
-                 sink: Callable[[Kube], Sink] | None = None, **options: Any) -> None:
+                 sink: Callable[[Kube], Sink] | None = None, fights: FightGuard | None = None,
+                 **options: Any) -> None:
         self.api, self.probe, self.node = api, probe, node
         self.metrics = Metrics()
         self.kube = Kube(str(kubeconfig), observer=self.metrics.observe_request, request_timeout=(1.0, 1.0))
@@ -67,7 +68,8 @@ class Running:
             made = sink(self.kube)
         options.setdefault("interval_s", 0.2)
         options.setdefault("start_jitter_s", 0.0)
-        self.daemon = Daemon(node, probe, made, self.metrics, Options(**options), kube=self.kube, watcher=watcher)
+        self.daemon = Daemon(node, probe, made, self.metrics, Options(**options), kube=self.kube, watcher=watcher,
+                             fights=fights)
         self.thread = threading.Thread(target=self.daemon.run, daemon=True)
 
     def start(self) -> Running:

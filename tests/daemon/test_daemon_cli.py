@@ -110,30 +110,88 @@ def test_dry_run_logs_the_change_and_writes_nothing(api: FakeApiServer, kubeconf
     assert api.log.writes() == [] and api.labels(NODE) == OTHERS
 
 
-def test_no_gpu_node_ends_with_none_of_ours(api: FakeApiServer, kubeconfig: Path, tmp_path: Path) -> None:
+def test_no_gpu_node_ends_with_none_of_ours_and_keeps_a_users(api: FakeApiServer, kubeconfig: Path, tmp_path: Path) -> None:
     api.create_node(NODE, OTHERS)
     assert subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, timeout=30, check=False).returncode == 0
-    api.set_labels(NODE, {"nvidia.com/gpu.product": "by-hand"})  # owned by prefix, written by a user
+    api.set_labels(NODE, {"nvidia.com/gpu.product": "by-hand"})  # under our prefix, but a user's
     result = subprocess.run(run_args(kubeconfig, "--once", profile=str(no_gpu_profile(tmp_path))),
                             capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, result.stderr
-    assert api.labels(NODE) == OTHERS
+    assert api.labels(NODE) == {**OTHERS, "nvidia.com/gpu.product": "by-hand"}
 
 
-def test_cleanup_removes_every_owned_label_and_nothing_else(api: FakeApiServer, kubeconfig: Path) -> None:
+ADMIN = {"nvidia.com/vgpu.config": "A100-4C", "nvidia.com/vgpu.config.state": "success", "nvidia.com/gpu.imex-domain": "x"}
+OPERATOR = {"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/mig.config": "all-disabled",
+            "nvidia.com/mig.config.state": "success", "nvidia.com/gpu.workload.config": "container",
+            "nvidia.com/device-plugin.config": "default"}
+
+
+def cleanup(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli("cleanup", "--kubeconfig", str(kubeconfig), *args), capture_output=True, text=True,
+                          timeout=30, check=False)
+
+
+def test_admin_labels_survive_run_and_cleanup(api: FakeApiServer, kubeconfig: Path) -> None:
     api.create_node(NODE, OTHERS)
-    api.create_node("node-2", {"nvidia.com/gpu.present": "true", "team": "x"})
+    api.set_labels(NODE, {**ADMIN, **OPERATOR}, manager="kubectl-label")
+    run = subprocess.run(run_args(kubeconfig, "--once", profile="dgx-h100"), capture_output=True, text=True, timeout=30,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    assert api.labels(NODE)["nvidia.com/vgpu.present"] == "false"
+    assert "foreign-labels" in run.stderr and "nvidia.com/gpu.imex-domain" in run.stderr
+    done = cleanup(kubeconfig, "--node", NODE)
+    assert done.returncode == 0, done.stderr
+    assert api.labels(NODE) == {**OTHERS, **ADMIN, **OPERATOR}
+    lines = done.stdout.splitlines()
+    assert f"{NODE}: removed nvidia.com/vgpu.present (set by gpu-labeller)" in lines
+    assert f"{NODE}: left nvidia.com/gpu.imex-domain (set by kubectl-label; --include-foreign removes it)" in lines
+    assert lines[-1] == f"{NODE}: 26 removed, 0 released, 1 left"
+
+
+def test_cleanup_removes_only_what_gpu_labeller_set(api: FakeApiServer, kubeconfig: Path) -> None:
+    api.create_node(NODE, OTHERS)
+    api.create_node("node-2", {"nvidia.com/gpu.present": "true", "team": "x"})  # set by whoever created the Node
     assert subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, timeout=30, check=False).returncode == 0
-    one = subprocess.run(cli("cleanup", "--node", NODE, "--kubeconfig", str(kubeconfig)), capture_output=True,
-                         text=True, timeout=30, check=False)
+    api.apply_as(NODE, "other-applier", {"amd.com/gpu.present": "true"})  # co-owned: same value
+    one = cleanup(kubeconfig, "--node", NODE)
     assert one.returncode == 0, one.stderr
-    assert api.labels(NODE) == OTHERS and api.labels("node-2")["nvidia.com/gpu.present"] == "true"
-    every = subprocess.run(cli("cleanup", "--all-nodes", "--kubeconfig", str(kubeconfig)), capture_output=True,
-                           text=True, timeout=30, check=False)
+    assert api.labels(NODE) == {**OTHERS, "amd.com/gpu.present": "true"}  # only our claim on it went
+    assert f"{NODE}: released amd.com/gpu.present (also set by other-applier, so it stays)" in one.stdout.splitlines()
+    every = cleanup(kubeconfig, "--all-nodes")
     assert every.returncode == 0, every.stderr
-    assert api.labels("node-2") == {"team": "x"}
-    usage = subprocess.run(cli("cleanup", "--kubeconfig", str(kubeconfig)), capture_output=True, text=True, timeout=30, check=False)
+    assert api.labels("node-2") == {"nvidia.com/gpu.present": "true", "team": "x"}
+    assert "node-2: left nvidia.com/gpu.present (set by kubelet; --include-foreign removes it)" in every.stdout.splitlines()
+    usage = cleanup(kubeconfig)
     assert usage.returncode == 2
+
+
+def test_cleanup_include_foreign_removes_other_managers_keys_but_never_the_gpu_operators(
+        api: FakeApiServer, kubeconfig: Path) -> None:
+    api.create_node(NODE, OTHERS)
+    api.set_labels(NODE, {**ADMIN, **OPERATOR, "nvidia.com/gpu.product": "old-gfd"}, manager="gpu-feature-discovery")
+    dry = cleanup(kubeconfig, "--node", NODE, "--include-foreign", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == [
+        f"{NODE}: would remove nvidia.com/gpu.imex-domain (set by gpu-feature-discovery)",
+        f"{NODE}: would remove nvidia.com/gpu.product (set by gpu-feature-discovery)",
+        f"{NODE}: 2 to remove, 0 to release, 0 left"]
+    assert api.log.writes() == []
+    done = cleanup(kubeconfig, "--node", NODE, "--include-foreign")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[:2] == [f"{NODE}: removed nvidia.com/gpu.imex-domain (set by gpu-feature-discovery)",
+                                            f"{NODE}: removed nvidia.com/gpu.product (set by gpu-feature-discovery)"]
+    assert api.labels(NODE) == {**OTHERS, **OPERATOR, "nvidia.com/vgpu.config": "A100-4C",
+                                "nvidia.com/vgpu.config.state": "success"}
+
+
+def test_cleanup_names_the_missing_permission_once(api: FakeApiServer, kubeconfig: Path) -> None:
+    api.create_node(NODE, OTHERS)
+    api.create_node("node-2", OTHERS)
+    api.forbid("get")
+    result = cleanup(kubeconfig, "--node", NODE, "--node", "node-2")
+    assert result.returncode == 1
+    lines = [json.loads(line) for line in result.stderr.splitlines() if "permission missing" in line]
+    assert [line["event"] for line in lines] == ["permission missing: grant verb 'get' on resource 'nodes' to user labeller"]
 
 
 def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:

@@ -3,13 +3,13 @@ and the official client."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from labeller.kube import (
-    FIELD_MANAGER,
     Conflict,
     Forbidden,
     Gone,
@@ -18,6 +18,7 @@ from labeller.kube import (
     NotFound,
     Unavailable,
 )
+from labeller.labels import FIELD_MANAGER
 from tests.fakes.apiserver import FakeApiServer, Fault
 
 NODE = "gpu-node-1"
@@ -56,7 +57,7 @@ def test_apply_does_not_remove_co_owned_or_unmanaged_labels(api: FakeApiServer, 
 def test_forced_apply_takes_a_label_from_another_manager(api: FakeApiServer, kube: Kube) -> None:
     api.set_labels(NODE, {"nvidia.com/gpu.product": "theirs"}, manager="kubectl-label")
     kube.apply_node_labels(NODE, {"nvidia.com/gpu.product": "ours"})
-    assert api.managers_of(NODE, "nvidia.com/gpu.product") == {FIELD_MANAGER: "Apply"}
+    assert api.managers_of(NODE, "nvidia.com/gpu.product") == {(FIELD_MANAGER, "Apply")}
     with pytest.raises(Exception, match="conflict with \"gpu-labeller\""):
         api.apply_as(NODE, "other", {"nvidia.com/gpu.product": "x"}, force=False)
 
@@ -132,3 +133,41 @@ def test_node_feature_and_event_round_trip(api: FakeApiServer, kube: Kube) -> No
         kube.replace_node_feature("ns", "nf", created)
     kube.create_event("default", {"metadata": {"name": "e"}, "reason": "X", "involvedObject": {"kind": "Node", "name": NODE}})
     assert api.events()[0]["reason"] == "X"
+
+
+def test_managed_fields_have_the_real_shape_with_one_entry_per_manager_and_operation(api: FakeApiServer, kube: Kube) -> None:
+    api.set_labels(NODE, {"nvidia.com/gpu.count": "8"}, manager=FIELD_MANAGER)  # an older version's merge patch
+    answer = kube.apply_node_labels(NODE, {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"})
+    entries = {(e["manager"], e["operation"]): e for e in answer["metadata"]["managedFields"]}
+    assert set(entries) == {("kubelet", "Update"), (FIELD_MANAGER, "Update"), (FIELD_MANAGER, "Apply")}
+    ours = entries[(FIELD_MANAGER, "Apply")]
+    assert ours["apiVersion"] == "v1" and ours["fieldsType"] == "FieldsV1"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", ours["time"])
+    assert ours["fieldsV1"] == {"f:metadata": {"f:labels": {"f:nvidia.com/gpu.count": {}, "f:nvidia.com/gpu.present": {}}}}
+    # leaving a key out of the apply does not remove what our own Update entry still owns
+    answer = kube.apply_node_labels(NODE, {"nvidia.com/gpu.present": "true"})
+    assert answer["metadata"]["labels"]["nvidia.com/gpu.count"] == "8"
+    assert api.managers_of(NODE, "nvidia.com/gpu.count") == {(FIELD_MANAGER, "Update")}
+
+
+def test_an_update_that_changes_a_value_takes_the_key_from_every_applier(api: FakeApiServer, kube: Kube) -> None:
+    kube.apply_node_labels(NODE, {"nvidia.com/gpu.count": "8"})
+    api.set_labels(NODE, {"nvidia.com/gpu.count": "8"}, manager="kubectl-label")  # same value: a no-op
+    assert api.managers_of(NODE, "nvidia.com/gpu.count") == {(FIELD_MANAGER, "Apply")}
+    api.set_labels(NODE, {"nvidia.com/gpu.count": "4"}, manager="kubectl-label")
+    assert api.managers_of(NODE, "nvidia.com/gpu.count") == {("kubectl-label", "Update")}
+    assert kube.apply_node_labels(NODE, {})["metadata"]["labels"]["nvidia.com/gpu.count"] == "4"
+
+
+def test_the_403_message_names_the_configured_user(api: FakeApiServer, kube: Kube) -> None:
+    api.user = "system:serviceaccount:gpu-labeller:gpu-labeller"
+    api.forbid("list")
+    with pytest.raises(Forbidden) as forbidden:
+        kube.list_node(NODE)
+    assert forbidden.value.message == (f'nodes "{NODE}" is forbidden: User "system:serviceaccount:gpu-labeller:gpu-labeller" '
+                                       'cannot list resource "nodes" in API group "" at the cluster scope')
+    assert forbidden.value.identity == "ServiceAccount gpu-labeller/gpu-labeller"
+    api.forbid("list")
+    with pytest.raises(Forbidden) as forbidden:
+        kube.list_node_names()
+    assert forbidden.value.message.startswith('nodes is forbidden: User "system:serviceaccount:')

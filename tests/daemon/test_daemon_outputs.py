@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
-from labeller.sinks import FeaturesFileSink, NodeFeatureSink
+from labeller.outputs import render
+from labeller.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
 from labeller.kube import Kube, NotFound
 from labeller.metrics import start_http_server
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
@@ -44,13 +46,44 @@ def test_node_feature_object_is_created_then_updated_only_when_changed(api: Fake
     name = f"gpu-labeller-{NODE}"
     obj = wait_for(lambda: api.node_feature("gpu-system", name))
     assert obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1" and obj["kind"] == "NodeFeature"
-    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": NODE}
+    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": NODE, "app.kubernetes.io/managed-by": "gpu-labeller"}
     assert obj["spec"]["labels"] == GPU_LABELS
     time.sleep(0.3)
     assert api.log.count("update", "nodefeatures") == 0 and api.log.count("create", "nodefeatures") == 1
     probe.labels = {"nvidia.com/gpu.present": "true"}
     wait_for(lambda: (api.node_feature("gpu-system", name) or {})["spec"]["labels"] == probe.labels)
     assert api.log.count("update", "nodefeatures") == 1
+
+
+def test_a_features_file_gpu_labeller_did_not_write_is_never_replaced(tmp_path: Path, start: Start) -> None:
+    path = tmp_path / "features.d" / "gpu-labeller"
+    path.parent.mkdir()
+    path.write_text("# an admin's own features\nnvidia.com/gpu.product=by-hand\n")
+    with structlog.testing.capture_logs() as logs:
+        daemon = start(sink=lambda kube: FeaturesFileSink(path, expiry_s=300), interval_s=0.05)
+        wait_for(lambda: daemon.metric("gpu_labeller_reconciles_total", outcome="not-ours") >= 5)
+    assert path.read_text() == "# an admin's own features\nnvidia.com/gpu.product=by-hand\n"
+    assert not daemon.daemon.ready
+    [line] = [entry for entry in logs if entry.get("reason") == "not-ours"]
+    assert line["log_level"] == "error" and str(path) in line["event"]
+    path.unlink()  # the admin moves it away: ours to write from now on
+    wait_for(lambda: path.exists() and daemon.daemon.ready)
+    assert render(GPU_LABELS, "nfd").startswith(WRITTEN_BY)
+
+
+def test_a_node_feature_gpu_labeller_did_not_create_is_never_replaced(api: FakeApiServer, start: Start) -> None:
+    name = f"gpu-labeller-{NODE}"
+    theirs = {"apiVersion": "nfd.k8s-sigs.io/v1alpha1", "kind": "NodeFeature",
+              "metadata": {"name": name, "namespace": "gpu-system", "resourceVersion": "1"},
+              "spec": {"labels": {"nvidia.com/gpu.product": "by-hand"}}}
+    api.store.custom[("nodefeatures", "gpu-system", name)] = theirs
+    with structlog.testing.capture_logs() as logs:
+        daemon = start(sink=lambda kube: NodeFeatureSink(kube, NODE, "gpu-system"), interval_s=0.05)
+        wait_for(lambda: daemon.metric("gpu_labeller_reconciles_total", outcome="not-ours") >= 5)
+    assert api.node_feature("gpu-system", name) == theirs and api.log.count("update", "nodefeatures") == 0
+    assert not daemon.daemon.ready
+    [line] = [entry for entry in logs if entry.get("reason") == "not-ours"]
+    assert f"NodeFeature gpu-system/{name}" in line["event"] and "app.kubernetes.io/managed-by=gpu-labeller" in line["event"]
 
 
 def test_events_are_recorded_when_labels_change(api: FakeApiServer, start: Start) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from labeller.labels import NOT_OWNED_PREFIXES, OWNED_PREFIXES
+from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_PREFIXES
 from tests.deploy import one, render
 
 Obj = dict[str, Any]
@@ -46,6 +46,8 @@ def test_prefix_lists_match_the_labeller() -> None:
     variables = {v["name"]: v["expression"] for v in policy_and_binding()[0]["spec"]["variables"]}
     assert variables["ownedPrefixes"] == "[" + ",".join(f'"{p}"' for p in OWNED_PREFIXES) + "]"
     assert variables["notOwnedPrefixes"] == "[" + ",".join(f'"{p}"' for p in NOT_OWNED_PREFIXES) + "]"
+    assert variables["notOwnedKeys"] == "[" + ",".join(f'"{k}"' for k in NOT_OWNED_KEYS) + "]"
+    assert f"e.manager == '{FIELD_MANAGER}'" in variables["labellerLabelFields"]
 
 
 # --- CEL evaluation -------------------------------------------------------------------------------
@@ -101,13 +103,26 @@ def policy() -> Policy:
     return Policy(policy_and_binding()[0]["spec"])
 
 
-def node(name: str = "gpu-node-1", **labels: str) -> Obj:
+def fields_entry(manager: str, operation: str, *keys: str, subresource: str | None = None) -> Obj:
+    """A managedFields entry as a real API server stores it."""
+    entry: Obj = {"manager": manager, "operation": operation, "apiVersion": "v1", "time": "2026-11-23T10:00:00Z",
+                  "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in keys}}}}
+    if subresource:
+        entry["subresource"] = subresource
+    return entry
+
+
+def node(name: str = "gpu-node-1", managed_fields: list[Obj] | None = None, **labels: str) -> Obj:
+    if managed_fields is None:
+        managed_fields = [fields_entry("kubelet", "Update", "kubernetes.io/hostname"),
+                          fields_entry("kubectl-label", "Update", "team", "nvidia.com/gpu.deploy.device-plugin"),
+                          fields_entry(FIELD_MANAGER, "Apply", "nvidia.com/gpu.count")]
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "resourceVersion": "100", "labels": {
             "kubernetes.io/hostname": name, "team": "ml", "nvidia.com/gpu.count": "1",
             "nvidia.com/gpu.deploy.device-plugin": "true", **labels},
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"}, "managedFields": managed_fields},
         "spec": {"podCIDR": "10.0.1.0/24", "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
         "status": {"capacity": {"cpu": "8"}},
     }
@@ -190,7 +205,53 @@ def test_foreign_labels_are_denied(policy: Policy, change: dict[str, Any], refus
     new = relabel(old, **{"set_": {"nvidia.com/gpu.count": "2"}, **change}) if "set_" in change else relabel(old, **change)
     allowed, messages = policy.admit(request(), new, old)
     assert not allowed
-    assert messages == [f"gpu-labeller may change only the label keys it owns; refused: {refused}"]
+    assert messages[0] == f"gpu-labeller may change only the label keys it owns; refused: {refused}"
+
+
+def test_gpu_operator_keys_under_our_prefixes_are_denied(policy: Policy) -> None:
+    old = node()
+    for key in ("nvidia.com/vgpu.config", "nvidia.com/vgpu.config.state", "nvidia.com/mig.config.state"):
+        allowed, messages = policy.admit(request(), relabel(old, {key: "x"}), old)
+        assert not allowed and messages == [f"gpu-labeller may change only the label keys it owns; refused: {key}"]
+
+
+REMOVAL_REFUSED = "gpu-labeller may remove only labels it set (managedFields manager gpu-labeller); refused: "
+
+
+@pytest.mark.parametrize("entries", [
+    [fields_entry(FIELD_MANAGER, "Apply", "nvidia.com/gpu.count")],
+    [fields_entry(FIELD_MANAGER, "Update", "nvidia.com/gpu.count")],  # an older version's merge patch
+    [fields_entry("kubectl-label", "Update", "team"), fields_entry(FIELD_MANAGER, "Apply", "nvidia.com/gpu.count", "x")],
+], ids=["applied", "updated", "among-others"])
+def test_removing_a_label_gpu_labeller_set_is_allowed(policy: Policy, entries: list[Obj]) -> None:
+    old = node(managed_fields=entries)
+    assert policy.admit(request(), relabel(old, remove=("nvidia.com/gpu.count",)), old) == (True, [])
+
+
+@pytest.mark.parametrize("entries", [
+    [fields_entry("kubectl-label", "Update", "nvidia.com/gpu.count")],
+    [fields_entry(FIELD_MANAGER, "Update", "nvidia.com/gpu.count", subresource="status")],
+    [fields_entry("gpu-feature-discovery", "Apply", "nvidia.com/gpu.count"), {"manager": FIELD_MANAGER, "operation": "Apply"}],
+    [],
+], ids=["someone-else", "subresource", "other-applier", "no-managed-fields"])
+def test_removing_a_label_gpu_labeller_did_not_set_is_denied(policy: Policy, entries: list[Obj]) -> None:
+    old = node(managed_fields=entries)
+    allowed, messages = policy.admit(request(), relabel(old, remove=("nvidia.com/gpu.count",)), old)
+    assert not allowed and messages == [REMOVAL_REFUSED + "nvidia.com/gpu.count"]
+
+
+def test_taking_over_a_label_another_manager_set_is_allowed(policy: Policy) -> None:
+    """Adoption: gpu-labeller's forced apply changes a computed key that someone else set."""
+    old = node(managed_fields=[fields_entry("kubectl-label", "Update", "nvidia.com/gpu.count")])
+    assert policy.admit(request(), relabel(old, {"nvidia.com/gpu.count": "8"}), old) == (True, [])
+
+
+def test_a_node_without_managed_fields_allows_adding(policy: Policy) -> None:
+    old = node()
+    del old["metadata"]["managedFields"]
+    assert policy.admit(request(), relabel(old, {"nvidia.com/gpu.present": "true"}), old) == (True, [])
+    allowed, messages = policy.admit(request(), relabel(old, remove=("nvidia.com/gpu.count",)), old)
+    assert not allowed and messages == [REMOVAL_REFUSED + "nvidia.com/gpu.count"]
 
 
 @pytest.mark.parametrize("edit", ["taint", "unschedulable", "annotation", "finalizer", "owner"])

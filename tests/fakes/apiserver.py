@@ -52,54 +52,78 @@ class ApiError(Exception):
 # --------------------------------------------------------------------------- label ownership
 
 
+Entry = tuple[str, str]  # a managedFields entry: (manager, operation "Apply" or "Update")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 class Ownership:
-    """Server-side-apply managedFields, for ``metadata.labels`` only: key -> {manager: operation}."""
+    """Server-side-apply managedFields, for ``metadata.labels`` only: key -> the entries that own it.
+
+    As on a real server, an entry is a (manager, operation) pair, so one manager's Apply and Update
+    entries own fields separately; an entry's ``time`` is when a write last changed what it owns;
+    an entry that owns nothing disappears."""
 
     def __init__(self) -> None:
-        self.owners: dict[str, dict[str, str]] = {}
+        self.owners: dict[str, set[Entry]] = {}
+        self.times: dict[Entry, str] = {}
 
-    def owned_by(self, manager: str) -> set[str]:
-        return {key for key, managers in self.owners.items() if manager in managers}
+    def owned_by(self, entry: Entry) -> set[str]:
+        return {key for key, entries in self.owners.items() if entry in entries}
 
     def apply(self, labels: dict[str, str], manager: str, desired: dict[str, str], force: bool, node: str) -> None:
         """Apply ``desired`` as ``manager``: set, take (force) or co-own keys; drop keys no longer applied."""
+        me = (manager, "Apply")
         conflicts = [key for key, value in desired.items()
-                     if key in labels and labels[key] != value and set(self.owners.get(key, {})) - {manager}]
+                     if key in labels and labels[key] != value and self.owners.get(key, set()) - {me}]
         if conflicts and not force:
-            others = sorted({m for key in conflicts for m in self.owners[key] if m != manager})
+            others = sorted({m for key in conflicts for (m, op) in self.owners[key] if (m, op) != me})
             raise ApiError(409, "Conflict", f'Apply failed with {len(conflicts)} conflict(s): conflict with '
                            f'"{others[0]}": .metadata.labels.{conflicts[0]}', {"name": node, "kind": "nodes"})
+        before = {key: set(entries) for key, entries in self.owners.items()}
         for key, value in desired.items():
-            managers = self.owners.setdefault(key, {})
+            entries = self.owners.setdefault(key, set())
             if labels.get(key) != value:
-                managers.clear()  # a forced apply that changes the value takes the field
-            managers[manager] = "Apply"
+                entries.clear()  # a forced apply that changes the value takes the field
+            entries.add(me)
             labels[key] = value
-        for key in self.owned_by(manager) - set(desired):
-            managers = self.owners[key]
-            if managers.get(manager) != "Apply":
-                continue
-            del managers[manager]
-            if not managers:
+        for key in self.owned_by(me) - set(desired):
+            entries = self.owners[key]
+            entries.discard(me)
+            if not entries:  # nobody else set it: the label goes
                 del self.owners[key]
                 labels.pop(key, None)
+        self._stamp(before)
 
-    def update(self, before: dict[str, str], after: dict[str, str], manager: str) -> None:
-        """A non-apply write: changed keys move to ``manager``; removed keys lose every owner."""
-        for key in set(before) | set(after):
+    def update(self, before_labels: dict[str, str], after: dict[str, str], manager: str) -> None:
+        """A non-apply write: changed keys move to ``manager``'s Update entry; removed keys lose every owner."""
+        before = {key: set(entries) for key, entries in self.owners.items()}
+        for key in set(before_labels) | set(after):
             if key not in after:
                 self.owners.pop(key, None)
-            elif before.get(key) != after[key]:
-                self.owners[key] = {manager: "Update"}
+            elif before_labels.get(key) != after[key]:
+                self.owners[key] = {(manager, "Update")}
+        self._stamp(before)
+
+    def _stamp(self, before: dict[str, set[Entry]]) -> None:
+        """Entries whose owned keys changed get the time of this write; entries that own nothing go."""
+        entries = {e for owners in (*before.values(), *self.owners.values()) for e in owners}
+        for entry in entries:
+            if {k for k, o in before.items() if entry in o} != self.owned_by(entry):
+                self.times[entry] = _now()
+        live = {e for owners in self.owners.values() for e in owners}
+        self.times = {e: t for e, t in self.times.items() if e in live}
 
     def managed_fields(self) -> list[Obj]:
-        per_manager: dict[tuple[str, str], dict[str, Obj]] = {}
-        for key, managers in sorted(self.owners.items()):
-            for manager, operation in managers.items():
-                per_manager.setdefault((manager, operation), {})[f"f:{key}"] = {}
-        return [{"manager": manager, "operation": operation, "apiVersion": "v1", "fieldsType": "FieldsV1",
-                 "fieldsV1": {"f:metadata": {"f:labels": fields}}}
-                for (manager, operation), fields in sorted(per_manager.items())]
+        per_entry: dict[Entry, dict[str, Obj]] = {}
+        for key, entries in sorted(self.owners.items()):
+            for entry in entries:
+                per_entry.setdefault(entry, {})[f"f:{key}"] = {}
+        return [{"manager": manager, "operation": operation, "apiVersion": "v1", "time": self.times.get((manager, operation), _now()),
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": fields}}}
+                for (manager, operation), fields in sorted(per_entry.items())]
 
 
 # --------------------------------------------------------------------------- objects and watch history
@@ -238,6 +262,7 @@ class Fault:
     delay_s: float = 0.0
     drop: bool = False
     times: int | None = None  # None: until cleared
+    message: str | None = None  # the Status message with ``status`` (default: "injected fault <status>")
 
     def matches(self, verb: str, resource: str) -> bool:
         return self.verb in (None, verb) and self.resource in (None, resource) and self.times != 0
@@ -376,9 +401,8 @@ class Handler(BaseHTTPRequestHandler):
         api.log.add(request)
         try:
             if (verb, resource) in api.faults.forbidden:
-                raise ApiError(403, "Forbidden", f'{resource} "{name}" is forbidden: User "labeller" cannot {verb} '
-                               f'resource "{resource}" in API group "{"" if resource != "nodefeatures" else "nfd.k8s-sigs.io"}" '
-                               "at the cluster scope")
+                named = name if verb not in ("list", "watch") else name_from_selector(query.get("fieldSelector"))
+                raise ApiError(403, "Forbidden", forbidden_message(api.user, verb, resource, named, namespace))
             fault = api.faults.take(verb, resource)
             if fault is not None:
                 if fault.delay_s:
@@ -390,7 +414,7 @@ class Handler(BaseHTTPRequestHandler):
                     return
                 if fault.status is not None:
                     raise ApiError(fault.status, "InternalError" if fault.status >= 500 else "Injected",
-                                   f"injected fault {fault.status}")
+                                   fault.message or f"injected fault {fault.status}")
             if verb == "watch":
                 request.code = 200
                 self._watch(name_from_selector(query.get("fieldSelector")), query)
@@ -536,6 +560,16 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def forbidden_message(user: str, verb: str, resource: str, name: str | None, namespace: str | None) -> str:
+    """The real API server's RBAC refusal (real-kubernetes-behaviour.md). A list or watch names the
+    object of its metadata.name field selector, as a real v1.24 server does, and no object without one."""
+    group = "nfd.k8s-sigs.io" if resource == "nodefeatures" else ""
+    subject = f'{resource} "{name}"' if name else resource
+    scope = f'the namespace "{namespace}"' if namespace else "the cluster scope"
+    return (f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "{group}" '
+            f"at {scope}")
+
+
 def name_from_selector(selector: str | None) -> str | None:
     if not selector:
         return None
@@ -558,7 +592,8 @@ class _Server(ThreadingHTTPServer):
 class FakeApiServer:
     """``with FakeApiServer() as api: api.create_node("gpu-node-1"); api.write_kubeconfig(path)``."""
 
-    def __init__(self, max_watch_s: float = 300.0) -> None:
+    def __init__(self, max_watch_s: float = 300.0, user: str = "labeller") -> None:
+        self.user = user  # who the 403 answers name: "labeller", "system:serviceaccount:<ns>:<name>", ...
         self.store = NodeStore()
         self.faults = Faults()
         self.log = RequestLog()
@@ -621,9 +656,10 @@ class FakeApiServer:
         with self.store.lock:
             return dict(self.store.get(name)["metadata"]["labels"])
 
-    def managers_of(self, name: str, key: str) -> dict[str, str]:
+    def managers_of(self, name: str, key: str) -> set[Entry]:
+        """The managedFields entries, (manager, operation), that own label ``key``."""
         with self.store.lock:
-            return dict(self.store.ownership[name].owners.get(key, {}))
+            return set(self.store.ownership[name].owners.get(key, set()))
 
     def set_labels(self, name: str, labels: dict[str, str | None], manager: str = "kubectl-label") -> Obj:
         """What ``kubectl label --overwrite`` does: a merge patch as another field manager (None removes)."""
