@@ -1,7 +1,7 @@
 """The ``gpu-labeller`` command line.
 
 Commands that talk to a cluster or serve gRPC are imported only when invoked, so the dry-run path
-(``labels``, ``probe``, ``profiles``) never loads the kubernetes client or grpc.
+(``labels``, ``resources``, ``probe``, ``profiles``) never loads the kubernetes client or grpc.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from typing import Any
 import click
 import structlog
 
-from labeller.discovery_options import BadInput, Node, discovery_options, open_node
 from labeller.inventory import Inventory, ProbeError
 from labeller.log import LEVELS, configure
+from labeller.node import Node, open_node
+from labeller.offer import Offer
+from labeller.options import BadInput, discovery_options
 from labeller.outputs import FORMATS, render, write_atomic
-from labeller.rules import node_labels
 
 log = structlog.get_logger(__name__)
 
@@ -63,8 +64,8 @@ def _discard_stdout() -> None:
 
 # name -> ("module:attribute" of a click command loaded on first use, short help for --help)
 LAZY_COMMANDS = {
-    "run": ("labeller.daemon_cli:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
-    "cleanup": ("labeller.daemon_cli:cleanup", "Remove every label gpu-labeller owns (for uninstall)."),
+    "run": ("labeller.daemon.cli:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
+    "cleanup": ("labeller.daemon.cli:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
     "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
 }
 
@@ -122,7 +123,8 @@ def _probe(node: Node) -> Inventory:
 def labels(host_root: Path, simulate: str | None, config_path: Path | None, fmt: str, output: Path | None) -> None:
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
     with open_node(host_root, simulate, config_path) as node:
-        label_set = node_labels(_probe(node), node.config)
+        inventory = _probe(node)
+        label_set = node.labels(inventory, node.offer(inventory))
     label_set.log_problems(log)
     text = render(label_set.labels, fmt)
     if output is None:
@@ -149,9 +151,55 @@ def probe(host_root: Path, simulate: str | None, config_path: Path | None) -> No
     """Print the discovered inventory as JSON: what each backend saw, and why it found nothing."""
     with open_node(host_root, simulate, config_path) as node:
         inventory = _probe(node)
-    document = _jsonable(inventory)
-    document["partial"] = inventory.partial
+    parts = {part.vendor: part for part in inventory.parts}
+    document = {
+        "pci_gpus": _jsonable(inventory.pci_gpus),
+        **{vendor.name: _jsonable(parts.get(vendor.name)) for vendor in node.vendors},
+        "machine": inventory.machine,
+        "reports": _jsonable(inventory.reports),
+        "partial": inventory.partial,
+    }
     emit(json.dumps(document, indent=2) + "\n")
+
+
+def offer_document(offer: Offer, node: Node) -> dict[str, Any]:
+    """The offer as ``resources --format json`` prints it."""
+    health = {vendor.name: vendor.health_source for vendor in node.vendors}
+    return {
+        "resources": [{
+            "name": r.name, "base": r.base, "vendor": r.vendor, "socket": r.socket_name,
+            "count": len(r.devices), "physical": len(r.physical_devices), "replicas": r.replicas,
+            "sharing": r.strategy, "renamed": r.renamed, "health": health[r.vendor],
+            "devices": [{"id": d.id, "physical": d.physical.health_key, "gpu": d.physical.gpu,
+                         "partition": d.physical.partition, "numa_node": d.physical.numa_node}
+                        for d in r.devices],
+        } for r in offer.resources],
+        "withheld": offer.withheld,
+    }
+
+
+def offer_text(document: dict[str, Any]) -> str:
+    lines = []
+    for r in document["resources"]:
+        shared = f" x {r['replicas']} replicas, {r['sharing']}" if r["replicas"] > 1 else ""
+        lines.append(f"{r['name']}: {r['count']} devices ({r['physical']} physical{shared}), socket {r['socket']}")
+        lines.append(f"  health: {r['health']}")
+        for d in r["devices"]:
+            where = ", ".join(f"{k} {d[k]}" for k in ("partition", "numa_node") if d[k] is not None)
+            lines.append(f"  {d['id']}  on {d['gpu']}" + (f" ({where})" if where else ""))
+    lines.extend(f"{base}: nothing offered: {reason}" for base, reason in document["withheld"].items())
+    return "".join(line + "\n" for line in lines)
+
+
+@main.command()
+@discovery_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def resources(host_root: Path, simulate: str | None, config_path: Path | None, fmt: str) -> None:
+    """Print what the device plugin would advertise on this node: each resource, its devices and
+    their IDs, replicas and health checks (dry run: serves nothing, touches no cluster)."""
+    with open_node(host_root, simulate, config_path) as node:
+        document = offer_document(node.offer(_probe(node)), node)
+    emit(json.dumps(document, indent=2) + "\n" if fmt == "json" else offer_text(document))
 
 
 @main.command()

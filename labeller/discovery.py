@@ -1,44 +1,47 @@
-"""Run every backend against a host root and assemble one Inventory."""
+"""Probe a host root: the PCI scan, then each vendor's backend, assembled into one Inventory."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import structlog
 
-from labeller.inventory import BackendReport, Inventory
-from vendors import amd, dmi, nvidia, pci
+from labeller.config import Config
+from labeller.inventory import BackendReport, Inventory, VendorPart
+from labeller.vendor import Vendor
+from vendors import dmi, pci
 from vendors.sysfs import Untrusted
 
 log = structlog.get_logger(__name__)
 
 
-def discover(host_root: Path, nvml: ModuleType | None = None, firmware: bool = False) -> Inventory:
-    """Probe the node under ``host_root``. ``nvml`` replaces the real pynvml (simulation, tests);
-    ``firmware`` also reads the AMD GPUs' firmware versions from debugfs.
+def discover(host_root: Path, config: Config, vendors: Sequence[Vendor],
+             handles: Mapping[str, Any] | None = None) -> Inventory:
+    """Probe the node under ``host_root``. ``handles`` hands a simulated node's stand-ins (a fake
+    pynvml) to the vendor of that name.
 
     Raises ``ProbeError`` when the host root has no readable PCI device list, so that a wrong
     mount is never mistaken for a node without GPUs. Past that, backends never raise: a failure
     becomes a BackendReport, so one vendor's trouble cannot hide another vendor's GPUs.
     """
-    pci_gpus, pci_report = pci.scan(host_root)
-    nvidia_inventory, nvidia_report = nvidia.probe(host_root, pci_gpus, nvml)
-    amd_inventory, amd_report = amd.probe(host_root, pci_gpus, firmware=firmware)
-    reports: tuple[BackendReport, ...] = (pci_report, nvidia_report, amd_report)
+    handles = handles or {}
+    pci_gpus, pci_report = pci.scan(host_root, {v.pci_vendor_id: v.pci_classes for v in vendors})
+    parts: list[VendorPart] = []
+    reports: list[BackendReport] = [pci_report]
+    for vendor in vendors:
+        part, report = vendor.probe(host_root, pci_gpus, config, handles.get(vendor.name))
+        reports.append(report)
+        if part is not None:
+            parts.append(part)
     try:
         machine = dmi.read_machine(host_root)
     except Untrusted as exc:
         machine = None
-        reports += (BackendReport("dmi", "error", f"machine name unreadable: {exc}"),)
+        reports.append(BackendReport("dmi", "error", f"machine name unreadable: {exc}"))
     for report in reports:
         if report.status in ("unavailable", "error") or report.problems:
             log.warning("probe incomplete", backend=report.backend, status=report.status,
                         reason=report.detail, problems=list(report.problems))
-    return Inventory(
-        pci_gpus=pci_gpus,
-        nvidia=nvidia_inventory,
-        amd=amd_inventory,
-        machine=machine,
-        reports=reports,
-    )
+    return Inventory(pci_gpus=pci_gpus, parts=tuple(parts), machine=machine, reports=tuple(reports))

@@ -1,7 +1,7 @@
 """The Labeler idea: something that returns labels, plus merging and Kubernetes label syntax.
 
-A labeler is a pure function ``(Inventory, Config) -> dict[str, str]``. ``merge`` runs labelers in
-order. Different labelers own different keys; when two of them produce the same key with
+A labeler is a pure function ``(Inventory, Config, Offer) -> dict[str, str]``: what discovery
+found, the config, and what the node offers (``labeller.offer``). ``merge`` runs labelers in order. Different labelers own different keys; when two of them produce the same key with
 different values, that is a bug in the rules, so ``merge`` reports it instead of letting the last
 one silently win.
 """
@@ -9,16 +9,17 @@ one silently win.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from labeller.config import Config
     from labeller.inventory import Inventory
+    from labeller.offer import Offer
 
 Labels = dict[str, str]
-Labeler = Callable[["Inventory", "Config"], Labels]
+Labeler = Callable[["Inventory", "Config", "Offer"], Labels]
 
 MAX_VALUE_LENGTH = 63
 MAX_NAME_LENGTH = 63
@@ -113,11 +114,11 @@ class LabelSet:
             log.warning("label conflict", reason="label-conflict", detail=conflict)
 
 
-def merge(labelers: Iterable[Labeler], inventory: Inventory, config: Config) -> LabelSet:
+def merge(labelers: Iterable[Labeler], inventory: Inventory, config: Config, offer: Offer) -> LabelSet:
     """Run labelers in order and merge their output; report, never hide, conflicting values."""
     result = LabelSet()
     for labeler in labelers:
-        for key, value in labeler(inventory, config).items():
+        for key, value in labeler(inventory, config, offer).items():
             previous = result.labels.get(key)
             if previous is not None and previous != value:
                 name = getattr(labeler, "__name__", repr(labeler))
@@ -139,6 +140,3 @@ def validated(label_set: LabelSet) -> LabelSet:
             out.dropped[key] = problem
     return out
 
-
-def sorted_labels(labels: Mapping[str, str]) -> Labels:
-    return dict(sorted(labels.items()))

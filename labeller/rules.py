@@ -1,57 +1,45 @@
-"""From inventory to the node's label set: presence and machine labels, then each vendor's rules.
+"""From inventory and offer to the node's label set: presence labels, then each vendor's rules.
 
-Pure: no I/O. The order of labelers is the order of precedence documented in the README; a key
-produced twice with different values is reported as a conflict by ``merge``.
+Pure: no I/O. Vendors come in registry order (``vendors.VENDORS``), each with its own labelers,
+which check their own label groups; a key produced twice with different values is reported as a
+conflict by ``merge``, and labels Kubernetes would reject are dropped one by one.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
 
-from labeller import amd_labels, nvidia_labels
 from labeller.config import Config
-from labeller.inventory import AMD_VENDOR_ID, NVIDIA_VENDOR_ID, Inventory
+from labeller.inventory import Inventory
 from labeller.labels import Labeler, LabelSet, Labels, merge, validated
-
-NVIDIA_PRESENT = "nvidia.com/gpu.present"
-AMD_PRESENT = "amd.com/gpu.present"  # ours: AMD's labeller has no presence label to select on
-TIMESTAMP = "nvidia.com/gfd.timestamp"
-
-# GFD computes its timestamp once per process start, not per pass; so do we.
-_PROCESS_START = int(time.time())
+from labeller.offer import Offer
+from labeller.vendor import Vendor
 
 
-def nvidia_present(inventory: Inventory) -> bool:
-    return bool(inventory.pci_gpus_of(NVIDIA_VENDOR_ID)) or bool(inventory.nvidia and inventory.nvidia.gpus)
+def present(vendor: Vendor, inventory: Inventory) -> bool:
+    """The vendor has a GPU on the PCI bus, or its backend described one (driver or not)."""
+    part = next((p for p in inventory.parts if p.vendor == vendor.name), None)
+    return bool(inventory.pci_gpus_of(vendor.pci_vendor_id)) or part is not None
 
 
-def amd_present(inventory: Inventory) -> bool:
-    return bool(inventory.pci_gpus_of(AMD_VENDOR_ID)) or bool(inventory.amd and inventory.amd.gpus)
+def presence_labeler(vendors: Sequence[Vendor]) -> Labeler:
+    """``<vendor presence label>=true`` for each vendor with a GPU whose label groups are on."""
+
+    def presence_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+        return {v.presence_label: "true" for v in vendors if v.labels_enabled(config) and present(v, inventory)}
+
+    return presence_labels
 
 
-def presence_labels(inventory: Inventory, config: Config) -> Labels:
-    labels: Labels = {}
-    if nvidia_present(inventory) and config.labels.nvidia:
-        labels[NVIDIA_PRESENT] = "true"
-    if amd_present(inventory) and (config.labels.amd or config.labels.amd_beta):
-        labels[AMD_PRESENT] = "true"
-    return labels
-
-
-def timestamp_labels(inventory: Inventory, config: Config) -> Labels:
-    if config.labels.timestamp and config.labels.nvidia and nvidia_present(inventory):
-        return {TIMESTAMP: str(_PROCESS_START)}
-    return {}
-
-
-def labelers(config: Config) -> list[Labeler]:
-    chosen: list[Labeler] = [presence_labels, timestamp_labels]
-    if config.labels.nvidia:
-        chosen.extend(nvidia_labels.LABELERS)
-    chosen.extend(amd_labels.LABELERS)  # each AMD labeler honours the amd / amdBeta groups itself
+def labelers(vendors: Sequence[Vendor], config: Config) -> list[Labeler]:
+    """Presence first, then the labelers of each vendor whose label groups are on."""
+    chosen = [presence_labeler(vendors)]
+    for vendor in vendors:
+        if vendor.labels_enabled(config):
+            chosen.extend(vendor.labelers)
     return chosen
 
 
-def node_labels(inventory: Inventory, config: Config) -> LabelSet:
+def node_labels(inventory: Inventory, config: Config, offer: Offer, vendors: Sequence[Vendor]) -> LabelSet:
     """Every label gpu-labeller wants on this node, with invalid ones dropped one by one."""
-    return validated(merge(labelers(config), inventory, config))
+    return validated(merge(labelers(vendors, config), inventory, config, offer))

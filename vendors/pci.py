@@ -1,4 +1,7 @@
-"""PCI bus scan: which NVIDIA and AMD GPUs are physically present, driver or not.
+"""PCI bus scan: which GPUs are physically present, driver or not.
+
+Which devices are GPUs is each vendor's fact (``Vendor.pci_vendor_id`` and ``pci_classes``): the
+scan is handed a map of PCI vendor id -> base classes.
 
 A readable ``sys/bus/pci/devices`` is what makes the whole probe trustworthy: without it (a wrong
 ``--host-root``, ``/sys`` not mounted, or the empty directory a ``DirectoryOrCreate`` hostPath
@@ -9,14 +12,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
-from labeller.inventory import AMD_VENDOR_ID, NVIDIA_VENDOR_ID, BackendReport, PciGpu, ProbeError
+from labeller.inventory import BackendReport, PciGpu, ProbeError
 from vendors.sysfs import Untrusted, list_dir, numa_node, read_int
 
-DISPLAY_CLASS = 0x03  # PCI base class "display controller" (VGA 0x0300, 3D 0x0302, other 0x0380)
-ACCELERATOR_CLASS = 0x12  # "processing accelerator": amdgpu also binds these (Instinct MI300 and later)
-GPU_CLASSES = {NVIDIA_VENDOR_ID: (DISPLAY_CLASS,), AMD_VENDOR_ID: (DISPLAY_CLASS, ACCELERATOR_CLASS)}
+GpuClasses = Mapping[int, tuple[int, ...]]  # PCI vendor id -> the PCI base classes that are its GPUs
 DEVICES = "sys/bus/pci/devices"
 _BDF = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _HINT = "is the host's /sys mounted at --host-root (HOST_ROOT)?"
@@ -34,7 +36,7 @@ def normalise_bdf(bus_id: str) -> str:
     return f"{domain_int:04x}:{bus}:{rest}"
 
 
-def read_device(path: Path) -> PciGpu | None:
+def read_device(path: Path, gpu_classes: GpuClasses) -> PciGpu | None:
     """A GPU from one ``/sys/bus/pci/devices/<bdf>`` directory; None if it is not a GPU we know.
 
     ``Untrusted`` when its files cannot tell: no readable vendor, or one of our vendors without a
@@ -43,12 +45,12 @@ def read_device(path: Path) -> PciGpu | None:
     vendor = read_int(path / "vendor")
     if vendor is None or not 0 <= vendor <= 0xFFFF:
         raise Untrusted(path / "vendor", "no PCI vendor id in it")
-    if vendor not in GPU_CLASSES:
+    if vendor not in gpu_classes:
         return None
     class_code = read_int(path / "class")
     if class_code is None or not 0 <= class_code <= 0xFFFFFF:
         raise Untrusted(path / "class", "no PCI class code in it")
-    if class_code >> 16 not in GPU_CLASSES[vendor]:
+    if class_code >> 16 not in gpu_classes[vendor]:
         return None
     device_id = read_int(path / "device") or 0
     revision = read_int(path / "revision")
@@ -83,8 +85,8 @@ def device_names(host_root: Path) -> list[str]:
     return devices
 
 
-def scan(host_root: Path) -> tuple[tuple[PciGpu, ...], BackendReport]:
-    """Every NVIDIA and AMD GPU on the bus. A device whose files cannot be trusted is a problem in
+def scan(host_root: Path, gpu_classes: GpuClasses) -> tuple[tuple[PciGpu, ...], BackendReport]:
+    """Every GPU on the bus (``gpu_classes``: whose). A device whose files cannot be trusted is a problem in
     the report (it might be a GPU), and the other devices are still scanned."""
     root = devices_dir(host_root)
     names = device_names(host_root)
@@ -92,7 +94,7 @@ def scan(host_root: Path) -> tuple[tuple[PciGpu, ...], BackendReport]:
     problems: list[str] = []
     for name in names:
         try:
-            gpu = read_device(root / name)
+            gpu = read_device(root / name, gpu_classes)
         except Untrusted as exc:
             problems.append(f"{name}: {exc}; cannot tell whether it is a GPU")
             continue

@@ -1,9 +1,11 @@
 """Simulated nodes: a profile file replayed through the real backends.
 
 A profile describes a node as the vendor libraries and sysfs would report it (schema in the
-README). ``SimulatedProfile`` turns it into a host root (PCI, DMI and AMD sysfs files) plus a fake
-``pynvml`` module, so discovery runs the same code as on real hardware, and builds it again when
-the profile file changes under a running process.
+README). ``SimulatedProfile`` turns it into a host root (PCI, DMI and each vendor's files) plus
+each vendor's stand-in (a fake ``pynvml`` module for NVIDIA), so discovery runs the same code as
+on real hardware, and builds it again when the profile file changes under a running process. A
+vendor's section is handed to its simulator (``Vendor.simulator``: ``build(section, root,
+base_dir)`` and ``absent()``), imported only here, so nothing of it runs on a real node.
 
 Host roots live in /dev/shm (or TMPDIR) as ``gpu-labeller-sim-<pid>-<random>``: the owner removes
 its own on exit, and every new ``SimulatedProfile`` removes those of processes that are gone (a
@@ -12,6 +14,7 @@ SIGKILL leaves its root behind until then).
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -21,17 +24,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Self
 
 import yaml
 
 from labeller.documents import DocumentError, read_document
-from vendors import amd_sim, fake_nvml
+from vendors import VENDORS
 from vendors.dmi import PRODUCT_NAME
 from vendors.sim_pci import write_host_bridge
 
-PROFILE_KEYS = ("name", "description", "machine", "config", "nvidia", "amd")
+PROFILE_KEYS = ("name", "description", "machine", "config", *(vendor.name for vendor in VENDORS))
 ROOT_PREFIX = "gpu-labeller-sim-"
 _ROOT_NAME = re.compile(rf"^{ROOT_PREFIX}(\d+)-")
 
@@ -44,7 +46,8 @@ class ProfileError(ValueError):
 class SimulatedNode:
     name: str
     host_root: Path
-    nvml: ModuleType  # the fake pynvml; without an NVIDIA section, one that finds no NVML library
+    handles: dict[str, Any]  # vendor name -> its stand-in, e.g. "nvidia": a fake pynvml (one that
+    # finds no NVML library when the profile has no NVIDIA section)
     config: Any  # the profile's own config section (raw), or None
 
 
@@ -132,16 +135,16 @@ def _build(path: Path, data: Mapping[str, Any], root: Path) -> SimulatedNode:
         dmi = root / PRODUCT_NAME
         dmi.parent.mkdir(parents=True)
         dmi.write_text(data["machine"] + "\n")
-    # never the real pynvml: a simulated node must not pick up the GPUs of the machine it runs on
-    nvml = fake_nvml.without_library()
+    # every vendor gets a stand-in, so a simulated node never consults the machine it runs on
+    handles: dict[str, Any] = {}
     try:
-        if "nvidia" in data:
-            nvml = fake_nvml.build(data["nvidia"], root)
-        if "amd" in data:
-            amd_sim.build(data["amd"], root, base_dir=path.parent)
+        for vendor in VENDORS:
+            simulator = importlib.import_module(vendor.simulator)
+            section = data.get(vendor.name)
+            handles[vendor.name] = simulator.build(section, root, path.parent) if section is not None else simulator.absent()
     except ValueError as exc:
         raise ProfileError(f"{path}: {exc}") from None
-    return SimulatedNode(str(data.get("name", path.stem)), root, nvml, data.get("config"))
+    return SimulatedNode(str(data.get("name", path.stem)), root, handles, data.get("config"))
 
 
 _FileStamp = tuple[int, int, int] | None  # (inode, size, mtime in ns); None: the file is gone

@@ -15,30 +15,25 @@ restarted only when the physical devices (or the simulated host) change.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Self
+from typing import Any, Self
 
 import structlog
 
 from labeller.config import Config
+from labeller.offer import PhysicalDevice, Resource
 from labeller.plugin.allocate import Allocator
-from labeller.plugin.health import (
-    HEALTHY,
-    UNHEALTHY,
-    HealthBoard,
-    HealthMonitor,
-    HealthPolicy,
-    KfdChecker,
-    NvmlChecker,
-)
+from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
-from labeller.plugin.resources import PhysicalDevice, Resource
 from labeller.plugin.server import DevicePluginService, SocketServer
+from labeller.vendor import Checker, Vendor
+from vendors import VENDORS
 
 log = structlog.get_logger(__name__)
 
@@ -51,28 +46,31 @@ class PluginSettings:
     health_poll_seconds: float = 0.25
     tick_seconds: float = 0.1
     kubelet_missing_log_seconds: float = 60.0
-    policy: HealthPolicy = field(default_factory=HealthPolicy.from_env)
+    # the health switches NVIDIA's plugin reads (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
+    health_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
 @dataclass(frozen=True)
-class _Offer:
+class _Batch:
     """A set of resources to serve, with what their allocators and health checks need."""
 
     resources: tuple[Resource, ...]
     config: Config
     host_root: Path
-    nvml: ModuleType | None
+    handles: tuple[tuple[str, Any], ...]  # a simulated node's stand-ins, by vendor name
 
 
-_Watched = tuple[frozenset[PhysicalDevice], Path, ModuleType | None]
+_Watched = tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]]
 
 
 class DevicePlugin:
     """Everything one ``gpu-labeller device-plugin`` process runs: ``start``, ``serve`` (any number
     of times), ``stop``."""
 
-    def __init__(self, settings: PluginSettings, metrics: PluginMetrics | None = None):
+    def __init__(self, settings: PluginSettings, metrics: PluginMetrics | None = None,
+                 vendors: Sequence[Vendor] = VENDORS):
         self.settings = settings
+        self._vendors = {vendor.name: vendor for vendor in vendors}
         self.metrics = metrics or PluginMetrics()
         self.resources: tuple[Resource, ...] = ()
         self.applied = 0  # how many ``serve`` calls have taken effect (several pending ones count once)
@@ -84,7 +82,7 @@ class DevicePlugin:
         self._services: dict[str, DevicePluginService] = {}
         self._monitor: HealthMonitor | None = None
         self._watched: _Watched | None = None
-        self._offer: _Offer | None = None
+        self._batch: _Batch | None = None
         self._offer_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -92,22 +90,24 @@ class DevicePlugin:
 
     # --- what to serve ----------------------------------------------------------------------
 
-    def serve(self, resources: list[Resource], config: Config, host_root: Path, nvml: ModuleType | None) -> None:
+    def serve(self, resources: Sequence[Resource], config: Config, host_root: Path,
+              handles: Mapping[str, Any] | None = None) -> None:
         """Serve exactly ``resources`` from now on; the supervisor applies it at its next tick."""
         with self._offer_lock:
-            self._offer = _Offer(tuple(resources), config, host_root, nvml)
+            self._batch = _Batch(tuple(resources), config, host_root, tuple(sorted((handles or {}).items())))
         self._wake.set()
 
     def _apply_offer(self) -> None:
         with self._offer_lock:
-            offer, self._offer = self._offer, None
+            offer, self._batch = self._batch, None
         if offer is None:
             return
         self.settings.socket_dir.mkdir(parents=True, exist_ok=True)
         policy = offer.config.plugin.shared_devices_allocation_policy
         before = {r.name: r for r in self.resources}
         for resource in offer.resources:
-            allocator = Allocator(resource, offer.config.plugin, offer.config.sharing, offer.host_root)
+            allocate = self._vendors[resource.vendor].allocator(offer.config, offer.host_root)
+            allocator = Allocator(resource, offer.config.sharing, allocate)
             service = self._services.get(resource.name)
             if service is None:
                 service = DevicePluginService(allocator, self.board, self.metrics, policy)
@@ -126,7 +126,7 @@ class DevicePlugin:
         self.resources = offer.resources
         physical = {d.physical for r in offer.resources for d in r.devices}
         self.board.track(p.health_key for p in physical)  # open streams send the new lists now
-        self._watch_health((frozenset(physical), offer.host_root, offer.nvml))
+        self._watch_health((frozenset(physical), offer.host_root, offer.handles))
         self._update_device_gauges()
         self.applied += 1
 
@@ -138,28 +138,25 @@ class DevicePlugin:
             return
         if self._monitor is not None:
             self._monitor.stop()
-        physical, host_root, nvml = watched
-        self._monitor = HealthMonitor(self.board, *self._checkers(list(physical), host_root, nvml),
+        physical, host_root, handles = watched
+        self._monitor = HealthMonitor(self._checkers(list(physical), host_root, dict(handles)),
                                       poll_seconds=self.settings.health_poll_seconds)
         self._monitor.start()
         self._watched = watched
 
-    def _checkers(self, physical: list[PhysicalDevice], host_root: Path,
-                  nvml: ModuleType | None) -> tuple[NvmlChecker | None, KfdChecker | None]:
-        policy = self.settings.policy
-        if not policy.checks:
+    def _checkers(self, physical: list[PhysicalDevice], host_root: Path, handles: Mapping[str, Any]) -> list[Checker]:
+        env = self.settings.health_env
+        if not checks_enabled(env):
             if physical:
                 log.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS=all)")
-            return None, None
-        nvidia = [p for p in physical if p.vendor == "nvidia"]
-        amd = [p for p in physical if p.vendor == "amd"]
-        if nvidia and nvml is None:
-            import pynvml
-
-            nvml = pynvml
-        nvml_checker = NvmlChecker(nvml, nvidia, self.board, policy) if nvidia and nvml is not None else None
-        kfd_checker = KfdChecker(host_root, amd, self.board) if amd else None
-        return nvml_checker, kfd_checker
+            return []
+        checkers = []
+        for name, vendor in self._vendors.items():
+            devices = [p for p in physical if p.vendor == name]
+            checker = vendor.health(devices, self.board, host_root, handles.get(name), env) if devices else None
+            if checker is not None:
+                checkers.append(checker)
+        return checkers
 
     def _on_health_change(self, key: str, healthy: bool, reason: str) -> None:
         for resource in self.resources:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 
 import click
 import structlog
 
-from labeller.discovery_options import BadInput, discovery_options, open_node
-from labeller.metrics import PortUnavailable, start_http_server
+from labeller.node import open_node
+from labeller.options import BadInput, discovery_options
+from labeller.runtime import PortUnavailable, install_signals, start_http_server
 from labeller.params import Duration
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.metrics import PluginMetrics
@@ -56,13 +55,7 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
         raise click.BadParameter("a file name in --socket-dir, not a path", param_hint="--kubelet-socket")
     terminate = threading.Event()
     reload = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal received", signal=signal.Signals(signum).name)
-        (reload if signum == signal.SIGHUP else terminate).set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+    install_signals(terminate.set, reload.set)
     metrics = PluginMetrics()
     plugin = DevicePlugin(PluginSettings(socket_dir=socket_dir, kubelet_socket=kubelet_socket,
                                          recovery_seconds=health_recovery_seconds), metrics)

@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from labeller.plugin.resources import AdvertisedDevice, PhysicalDevice, Resource
+from labeller.offer import AdvertisedDevice, PhysicalDevice, Resource
 
 EXHAUSTIVE_LIMIT = 5000
 LINK_SCORE = 100

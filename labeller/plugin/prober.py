@@ -23,24 +23,25 @@ from pathlib import Path
 
 import structlog
 
-from labeller.config import ConfigError, load_config
-from labeller.discovery_options import Node
+from labeller.node import Node
 from labeller.inventory import Inventory, ProbeError
 from labeller.plugin.app import DevicePlugin
-from labeller.plugin.resources import Resource, advertised_resources
-from labeller.reconcile import Backoff
+from labeller.offer import Resource
+from labeller.runtime import Backoff, reload_config
+from labeller.vendor import Vendor
+from vendors import VENDORS
 
 log = structlog.get_logger(__name__)
 
 FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 30.0
 SIGNAL_POLL_SECONDS = 0.2
-VENDORS = ("nvidia", "amd")
 
 
-def failed_vendors(inventory: Inventory) -> set[str]:
+def failed_vendors(inventory: Inventory, vendors: Sequence[Vendor] = VENDORS) -> set[str]:
     """Vendors whose backend could not describe their GPUs this time (NVML missing, no KFD topology)."""
-    return {r.backend for r in inventory.reports if r.backend in VENDORS and r.status in ("unavailable", "error")}
+    names = {vendor.name for vendor in vendors}
+    return {r.backend for r in inventory.reports if r.backend in names and r.status in ("unavailable", "error")}
 
 
 def not_ready(inventory: Inventory, resources: Sequence[Resource]) -> str | None:
@@ -103,10 +104,9 @@ class Prober:
         except Exception as exc:  # a bug in a probe must not end the plugin: it is retried like a late driver
             log.exception("probe failed", reason="probe-failed")
             return f"probe failed: {type(exc).__name__}: {exc}"
-        config = self.node.config
-        fresh = advertised_resources(inventory, config)
-        self.served = carried_forward(self.served, fresh, failed_vendors(inventory))
-        self.plugin.serve(self.served, config, self.node.host_root, self.node.nvml)
+        fresh = list(self.node.offer(inventory).resources)
+        self.served = carried_forward(self.served, fresh, failed_vendors(inventory, self.node.vendors))
+        self.plugin.serve(self.served, self.node.config, self.node.host_root, self.node.handles)
         reason = not_ready(inventory, fresh)
         if reason is None:
             if self._waiting_since is not None:
@@ -125,15 +125,7 @@ class Prober:
         return delay
 
     def _reload_config(self) -> bool:
-        """SIGHUP: read ``--config`` again (a profile's own config is re-read with the profile);
-        False when it fails to load, and the old one stays."""
-        if self.config_path is None:
-            log.info("SIGHUP: probing again", reason="sighup")
-            return True
-        try:
-            self.node.config = load_config(self.config_path)
-        except ConfigError as exc:
-            log.error("config reload failed, serving on with the old config", reason="bad-config", error=str(exc))
-            return False
-        log.info("SIGHUP: config reloaded; probing again", reason="sighup", config=str(self.config_path))
-        return True
+        """SIGHUP: read ``--config`` again, validate-then-swap (a profile's own config is re-read with
+        the profile); False when it fails to load, and the old one stays."""
+        log.info("SIGHUP: reloading the config and probing again", reason="sighup")
+        return reload_config(self.node, self.config_path)

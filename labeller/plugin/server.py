@@ -19,7 +19,7 @@ from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.preferred import preferred
-from labeller.plugin.resources import Resource
+from labeller.offer import Resource
 
 log = structlog.get_logger(__name__)
 

@@ -13,21 +13,34 @@ from pathlib import Path
 import pytest
 
 from labeller.config import Config
-from labeller.discovery import discover
 from labeller.inventory import BackendReport
-from labeller.rules import node_labels
-from tests.core.sysfs_tree import add_pci_device, empty_node, promptly
-
-from tests.amd.amd_tree import (
-    FIRMWARE_INFO, MI210, MI300X_CPX, RX7900XTX, TOPOLOGY, VEGA10, amd_pci, copy_capture, labels_for, no_enrichment,
-    probe,
+from tests.builders import (
+    FIRMWARE_INFO,
+    MI210,
+    MI300X_CPX,
+    RX7900XTX,
+    TOPOLOGY,
+    VEGA10,
+    add_pci_device,
+    amd_labels_of,
+    amd_part,
+    amd_pci,
+    amd_probe_of,
+    copy_capture,
+    discover_node,
+    empty_node,
+    label_set_of,
+    promptly,
 )
-from vendors import amd
+from vendors.amd import facts, ids
+from vendors.amd import probe as backend
+from vendors.amd.model import AmdInventory
+from vendors.amd.simulate import no_enrichment
 from vendors.simulate import simulated_node
 
 
 def test_mi300x_cpx_capture_groups_63_partitions_into_8_gpus() -> None:
-    inventory, report = amd.probe(MI300X_CPX, (), enricher=no_enrichment)
+    inventory, report = backend.probe(MI300X_CPX, (), enricher=no_enrichment)
     assert inventory is not None and report.status == "ok" and report.problems == ()
     assert [len(g.nodes) for g in inventory.gpus] == [8, 8, 8, 8, 8, 8, 8, 7]
     assert [g.bdf for g in inventory.gpus] == [
@@ -42,7 +55,7 @@ def test_mi300x_cpx_capture_groups_63_partitions_into_8_gpus() -> None:
 
 
 def test_missing_partition_is_a_note_not_a_probe_failure() -> None:
-    inventory, report = amd.probe(MI300X_CPX, (), enricher=no_enrichment)
+    inventory, report = backend.probe(MI300X_CPX, (), enricher=no_enrichment)
     assert inventory is not None
     last = inventory.gpus[-1]
     assert (len(last.nodes), last.expected_partitions) == (7, 8)
@@ -51,7 +64,7 @@ def test_missing_partition_is_a_note_not_a_probe_failure() -> None:
 
 
 def test_mi210_capture_records_xgmi_and_pcie_links() -> None:
-    inventory, report = amd.probe(MI210, (), enricher=no_enrichment)
+    inventory, report = backend.probe(MI210, (), enricher=no_enrichment)
     assert inventory is not None and report.status == "ok"
     assert len(inventory.gpus) == 8 and all(len(g.nodes) == 1 for g in inventory.gpus)
     by_node = {g.nodes[0].kfd_node: g.nodes[0] for g in inventory.gpus}
@@ -64,7 +77,7 @@ def test_mi210_capture_records_xgmi_and_pcie_links() -> None:
 
 
 def test_rx7900xtx_capture() -> None:
-    inventory, _ = amd.probe(RX7900XTX, (), enricher=no_enrichment)
+    inventory, _ = backend.probe(RX7900XTX, (), enricher=no_enrichment)
     assert inventory is not None
     (gpu,) = inventory.gpus
     assert (gpu.device_id, gpu.family, gpu.nodes[0].simd_per_cu) == (0x744C, "GC_11_0_0", 2)
@@ -72,7 +85,7 @@ def test_rx7900xtx_capture() -> None:
 
 
 def test_vega10_old_kernel_without_gfx_target_version() -> None:
-    inventory, _ = amd.probe(VEGA10, (), enricher=no_enrichment)
+    inventory, _ = backend.probe(VEGA10, (), enricher=no_enrichment)
     assert inventory is not None
     assert [g.family for g in inventory.gpus] == ["AI", "AI"]  # from the device id table
     assert [g.nodes[0].vram_bytes for g in inventory.gpus] == [17163091968] * 2
@@ -82,24 +95,24 @@ def test_vega10_old_kernel_without_gfx_target_version() -> None:
 def test_topology_is_found_under_devices_virtual(tmp_path: Path) -> None:
     root = tmp_path / "host"
     shutil.copytree(MI210 / "sys/class/kfd/kfd/topology", root / "sys/devices/virtual/kfd/kfd/topology")
-    inventory, report = probe(root)
+    inventory, report = amd_probe_of(root)
     assert inventory is not None and len(inventory.gpus) == 8 and report.status == "ok"
 
 
 def test_no_amd_anywhere_is_absent(tmp_path: Path) -> None:
-    assert amd.probe(tmp_path, (), enricher=no_enrichment) == (None, BackendReport(
+    assert backend.probe(tmp_path, (), enricher=no_enrichment) == (None, BackendReport(
         "amd", "absent", "no AMD GPU on the PCI bus and no KFD topology"))
 
 
 def test_amd_on_pci_without_driver_is_unavailable(tmp_path: Path) -> None:
-    inventory, report = amd.probe(tmp_path, (amd_pci("0000:05:00.0", driver=None),), enricher=no_enrichment)
+    inventory, report = backend.probe(tmp_path, (amd_pci("0000:05:00.0", driver=None),), enricher=no_enrichment)
     assert inventory is None and report.status == "unavailable"
     assert "amdgpu module is not loaded" in report.detail
 
 
 def test_amd_on_pci_with_module_but_no_kfd_is_unavailable(tmp_path: Path) -> None:
     (tmp_path / "sys/module/amdgpu").mkdir(parents=True)
-    _, report = amd.probe(tmp_path, (amd_pci("0000:05:00.0"),), enricher=no_enrichment)
+    _, report = backend.probe(tmp_path, (amd_pci("0000:05:00.0"),), enricher=no_enrichment)
     assert report.status == "unavailable" and "KFD topology is missing" in report.detail
 
 
@@ -108,7 +121,7 @@ def test_unreadable_properties_skips_only_that_partition(tmp_path: Path) -> None
     properties = root / TOPOLOGY / "4/properties"
     properties.unlink()
     properties.mkdir()  # reading a directory fails even as root
-    inventory, report = probe(root)
+    inventory, report = amd_probe_of(root)
     assert inventory is not None and len(inventory.gpus) == 7
     assert report.status == "ok" and report.problems == (f"KFD node 4: {properties}: a directory, not a regular file",)
 
@@ -116,7 +129,7 @@ def test_unreadable_properties_skips_only_that_partition(tmp_path: Path) -> None
 def test_garbage_properties_is_a_problem(tmp_path: Path) -> None:
     root = copy_capture(MI210, tmp_path)
     (root / TOPOLOGY / "5/properties").write_text("\x00\x01 garbage\nsimd_count lots\n")
-    inventory, report = probe(root)
+    inventory, report = amd_probe_of(root)
     assert inventory is not None and len(inventory.gpus) == 7
     assert report.problems == ("KFD node 5: properties has no recognisable content",)
 
@@ -125,14 +138,14 @@ def test_gpu_node_missing_required_keys_is_a_problem(tmp_path: Path) -> None:
     root = copy_capture(RX7900XTX, tmp_path)
     path = root / TOPOLOGY / "1/properties"
     path.write_text("".join(line + "\n" for line in path.read_text().splitlines() if not line.startswith("simd_per_cu")))
-    inventory, report = probe(root)
+    inventory, report = amd_probe_of(root)
     assert inventory is None and report.status == "error"
     assert report.problems == ("KFD node 1: properties lacks simd_per_cu",)
 
 
 def test_gpu_on_pci_but_missing_from_kfd_is_a_problem(tmp_path: Path) -> None:
     pci_gpus = (amd_pci("0000:05:00.0"), amd_pci("0000:f0:00.0"), amd_pci("0000:f1:00.0", driver="vfio-pci"))
-    inventory, report = amd.probe(MI300X_CPX, pci_gpus, enricher=no_enrichment)
+    inventory, report = backend.probe(MI300X_CPX, pci_gpus, enricher=no_enrichment)
     assert inventory is not None
     assert report.problems == ("0000:f0:00.0: AMD GPU on the PCI bus but not in the KFD topology",)
 
@@ -155,7 +168,7 @@ def test_drm_module_and_partition_files_are_read(tmp_path: Path) -> None:
     debugfs = root / "sys/kernel/debug/dri/1"
     debugfs.mkdir(parents=True)
     shutil.copy(FIRMWARE_INFO, debugfs / "amdgpu_firmware_info")
-    inventory, _ = probe(root, firmware=True)
+    inventory, _ = amd_probe_of(root, firmware=True)
     assert inventory is not None
     (gpu,) = inventory.gpus
     assert (inventory.driver_version, inventory.driver_src_version) == ("6.12.12", "FD3182C7C6782667C6A4F68")
@@ -172,7 +185,7 @@ def test_empty_product_name_falls_back_to_amdgpu_ids(tmp_path: Path) -> None:
     (device / "drm/renderD128").mkdir(parents=True)
     (device / "revision").write_text("0xc8\n")
     (device / "product_name").write_text("\n")  # consumer cards have an empty FRU name
-    inventory, _ = probe(root)
+    inventory, _ = amd_probe_of(root)
     assert inventory is not None and inventory.gpus[0].product_name == "AMD Radeon RX 7900 XTX"
 
 
@@ -181,7 +194,7 @@ def test_host_amdgpu_ids_wins_over_the_shipped_copy(tmp_path: Path) -> None:
     ids = root / "usr/share/libdrm/amdgpu.ids"
     ids.parent.mkdir(parents=True)
     ids.write_text("1.0.0\n740F,\t00,\tHost Table MI210\n")  # amd_pci says revision 0
-    inventory, _ = amd.probe(root, (amd_pci("0000:03:00.0", 0x740F),), enricher=no_enrichment)
+    inventory, _ = backend.probe(root, (amd_pci("0000:03:00.0", 0x740F),), enricher=no_enrichment)
     assert inventory is not None and inventory.gpus[0].product_name == "Host Table MI210"
 
 
@@ -194,72 +207,72 @@ def test_host_amdgpu_ids_wins_over_the_shipped_copy(tmp_path: Path) -> None:
     (70001, 0x67B0, "CI"), (70003, 0x9830, "KV"), (None, 0x6860, "AI"), (None, 0x1234, None), (130000, 0x1, None),
 ])
 def test_family_from_gfx_target_version(gfx: int | None, device_id: int, family: str | None) -> None:
-    assert amd.family_of(gfx, device_id) == family
+    assert ids.family_of(gfx, device_id) == family
 
 
 def test_pci_address_from_location_id() -> None:
-    assert amd.pci_address(0, 58630) == "0000:e5:00.6"
-    assert amd.pci_address(0x12, 0x2708 | 3) == "0012:27:01.3"
-    assert amd.physical_function("0000:e5:00.6") == "0000:e5:00.0"
+    assert facts.pci_address(0, 58630) == "0000:e5:00.6"
+    assert facts.pci_address(0x12, 0x2708 | 3) == "0012:27:01.3"
+    assert facts.physical_function("0000:e5:00.6") == "0000:e5:00.0"
 
 
 def test_marketing_name_without_revision_needs_a_unique_name() -> None:
-    assert amd.marketing_name(Path("/nonexistent"), 0x74A1, None) == "AMD Instinct MI300X"
-    assert amd.marketing_name(Path("/nonexistent"), 0x744C, None) is None
-    assert amd.marketing_name(Path("/nonexistent"), 0x744C, 0xCC) == "AMD Radeon RX 7900 XT"
+    assert ids.marketing_name(Path("/nonexistent"), 0x74A1, None) == "AMD Instinct MI300X"
+    assert ids.marketing_name(Path("/nonexistent"), 0x744C, None) is None
+    assert ids.marketing_name(Path("/nonexistent"), 0x744C, 0xCC) == "AMD Radeon RX 7900 XT"
 
 
 def test_enrichment_fills_missing_name_and_vram() -> None:
-    def enrich(host_root: Path) -> list[amd.EnrichedGpu]:
-        return [amd.EnrichedGpu(128, None, "Enriched Name", 25 * 2**30), amd.EnrichedGpu(None, "0000:27:00.0", "By Slot", None)]
+    def enrich(host_root: Path) -> list[backend.EnrichedGpu]:
+        return [backend.EnrichedGpu(128, None, "Enriched Name", 25 * 2**30), backend.EnrichedGpu(None, "0000:27:00.0", "By Slot", None)]
 
-    inventory, report = amd.probe(RX7900XTX, (), enricher=enrich)
+    inventory, report = backend.probe(RX7900XTX, (), enricher=enrich)
     assert inventory is not None and report.status == "ok"
     assert inventory.gpus[0].product_name == "Enriched Name"
     assert inventory.gpus[0].nodes[0].vram_bytes == 25 * 2**30
 
 
 def test_enrichment_never_overrides_sysfs() -> None:
-    inventory, _ = amd.probe(MI210, (), enricher=lambda root: [amd.EnrichedGpu(128, None, "Other", 1)])
+    inventory, _ = backend.probe(MI210, (), enricher=lambda root: [backend.EnrichedGpu(128, None, "Other", 1)])
     assert inventory is not None
     assert {g.product_name for g in inventory.gpus} == {"AMD Instinct MI210"}
 
 
 @pytest.mark.parametrize("error", [OSError(13, "Permission denied"), RuntimeError("GPU id 0 not found"), KeyError("x")])
 def test_failing_enrichment_keeps_the_sysfs_result(error: Exception) -> None:
-    def enrich(host_root: Path) -> list[amd.EnrichedGpu]:
+    def enrich(host_root: Path) -> list[backend.EnrichedGpu]:
         raise error
 
-    inventory, report = amd.probe(RX7900XTX, (), enricher=enrich)
+    inventory, report = backend.probe(RX7900XTX, (), enricher=enrich)
     assert inventory is not None and len(inventory.gpus) == 1
     assert report.status == "ok" and report.problems == () and "enrichment skipped" in report.detail
 
 
 def test_pyamdgpuinfo_enricher_skips_without_real_dri_devices(tmp_path: Path) -> None:
-    assert amd.pyamdgpuinfo_enricher(tmp_path) == []  # no dev/dri
+    assert backend.pyamdgpuinfo_enricher(tmp_path) == []  # no dev/dri
     (tmp_path / "dev/dri").mkdir(parents=True)
     (tmp_path / "dev/dri/renderD128").write_text("")  # a regular file would segfault pyamdgpuinfo
-    assert amd.pyamdgpuinfo_enricher(tmp_path) == []
+    assert backend.pyamdgpuinfo_enricher(tmp_path) == []
 
 
 def test_probe_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object) -> None:
         raise ValueError("bug")
 
-    monkeypatch.setattr(amd, "_group_nodes", broken)
-    inventory, report = amd.probe(MI210, (), enricher=no_enrichment)
+    monkeypatch.setattr(backend, "_group_nodes", broken)
+    inventory, report = backend.probe(MI210, (), enricher=no_enrichment)
     assert inventory is None and report.status == "error" and "ValueError: bug" in report.detail
 
 
 def test_parse_firmware_info_keeps_amds_blocks() -> None:
-    firmware = amd.parse_firmware_info(FIRMWARE_INFO.read_text())
-    assert [block for block, _, _ in firmware] == list(amd.FIRMWARE_BLOCKS)
+    firmware = backend.parse_firmware_info(FIRMWARE_INFO.read_text())
+    assert [block for block, _, _ in firmware] == list(backend.FIRMWARE_BLOCKS)
     assert ("SDMA0", 40, 0x197) in firmware
 
 
 def test_the_smc_line_of_current_kernels_carries_a_program_number() -> None:
     text = "SMC feature version: 0, program: 0, firmware version: 0x001c2800 (28.40.0)\n"
-    assert amd.parse_firmware_info(text) == (("SMC", 0, 0x001C2800),)
+    assert backend.parse_firmware_info(text) == (("SMC", 0, 0x001C2800),)
 
 
 def test_a_gpu_newer_than_the_hosts_amdgpu_ids_is_named_from_the_shipped_copy(tmp_path: Path) -> None:
@@ -268,7 +281,7 @@ def test_a_gpu_newer_than_the_hosts_amdgpu_ids_is_named_from_the_shipped_copy(tm
     ids.parent.mkdir(parents=True)
     ids.write_text("1.0.0\n6860,\t00,\tAn Older GPU\n")  # an old libdrm without the MI210
     mi210 = replace(amd_pci("0000:03:00.0", 0x740F), revision=0x02)
-    inventory, _ = amd.probe(root, (mi210,), enricher=no_enrichment)
+    inventory, _ = backend.probe(root, (mi210,), enricher=no_enrichment)
     assert inventory is not None and inventory.gpus[0].product_name == "AMD Instinct MI210"
 
 
@@ -286,7 +299,7 @@ def test_pci_files_come_from_the_gpus_own_card_when_partition_0_is_missing(tmp_p
              and int((p / "properties").read_text().split("location_id ")[1].split()[0]) & 0x7 == 0),
             key=lambda p: int(p.name))[1]
         shutil.rmtree(second_gpu_partition_0)  # the driver did not expose partition 0 of GPU 2
-        found = labels_for(node.host_root)
+        found = amd_labels_of(node.host_root)
     assert found["amd.com/gpu.product-name"] == "AMD_Instinct_MI300X_OAM"
     assert found["beta.amd.com/gpu.device-id.74a1"] == "2"
 
@@ -311,10 +324,10 @@ def test_values_beyond_any_real_gpu_make_that_gpu_a_problem_not_a_label(tmp_path
                                                                          why: str) -> None:
     root = copy_capture(MI210, tmp_path)
     set_property(root / TOPOLOGY / "2/properties", key, value)  # the GPU at 0000:63:00.0
-    inventory, report = probe(root)
+    inventory, report = amd_probe_of(root)
     assert inventory is not None and len(inventory.gpus) == 7 and "0000:63:00.0" not in {g.bdf for g in inventory.gpus}
     assert report.problems == (f"KFD node 2 (0000:63:00.0): {why}, beyond any real GPU; GPU left out of the labels",)
-    labels = labels_for(root)
+    labels = amd_labels_of(root)
     assert labels["beta.amd.com/gpu.simd-count.416"] == "7" and labels["amd.com/gpu.simd-count"] == "416"
     for kind, kept in (("simd-count", "416"), ("cu-count", "104"), ("device-id", "740f")):  # the bad value nowhere
         assert [label for label in labels if label.startswith(f"beta.amd.com/gpu.{kind}.")] == [
@@ -325,7 +338,7 @@ def test_a_cu_count_beyond_any_real_gpu_is_a_problem(tmp_path: Path) -> None:
     root = copy_capture(MI210, tmp_path)
     set_property(root / TOPOLOGY / "2/properties", "simd_count", 4096)
     set_property(root / TOPOLOGY / "2/properties", "simd_per_cu", 1)
-    _, report = probe(root)
+    _, report = amd_probe_of(root)
     assert "CU count (simd_count / simd_per_cu) 4096 is outside 1..1024" in report.problems[0]
 
 
@@ -335,8 +348,8 @@ def test_vram_beyond_4_tib_is_a_problem(tmp_path: Path) -> None:
                        "vram_bytes: 17163091968, repeat: 2}\n")
     with simulated_node(str(profile)) as node:
         set_property(node.host_root / TOPOLOGY / "1/mem_banks/0/properties", "size_in_bytes", 5 << 40)
-        inventory, report = probe(node.host_root)
-        labels = labels_for(node.host_root)
+        inventory, report = amd_probe_of(node.host_root)
+        labels = amd_labels_of(node.host_root)
     assert inventory is not None and [g.bdf for g in inventory.gpus] == ["0000:25:00.0"]
     assert report.problems == ("KFD node 1 (0000:05:00.0): mem_banks/0 size_in_bytes 5497558138880 is outside "
                                "0..4398046511104, beyond any real GPU; GPU left out of the labels",)
@@ -352,7 +365,7 @@ def test_an_address_out_of_range_is_a_problem_for_a_node_we_cannot_place(tmp_pat
                                                                          why: str) -> None:
     root = copy_capture(MI210, tmp_path)
     set_property(root / TOPOLOGY / "2/properties", key, value)
-    inventory, report = amd.probe(root, (amd_pci("0000:63:00.0", 0x740F),), enricher=no_enrichment)
+    inventory, report = backend.probe(root, (amd_pci("0000:63:00.0", 0x740F),), enricher=no_enrichment)
     assert inventory is not None and len(inventory.gpus) == 7
     assert report.problems == (f"KFD node 2: {why}",
                                "0000:63:00.0: AMD GPU on the PCI bus but not in the KFD topology")
@@ -361,10 +374,10 @@ def test_an_address_out_of_range_is_a_problem_for_a_node_we_cannot_place(tmp_pat
 def test_one_bad_partition_leaves_out_its_whole_gpu(tmp_path: Path) -> None:
     root = copy_capture(MI300X_CPX, tmp_path)
     set_property(root / TOPOLOGY / "3/properties", "simd_per_cu", 0)  # partition 1 of the GPU at 0000:05:00.0
-    inventory, report = probe(root)
+    inventory, report = amd_probe_of(root)
     assert inventory is not None and "0000:05:00.0" not in {g.bdf for g in inventory.gpus}
     assert len(inventory.gpus) == 7 and report.problems[0].startswith("KFD node 3 (0000:05:00.0): simd_per_cu 0")
-    labels = labels_for(root)
+    labels = amd_labels_of(root)
     assert labels["beta.amd.com/gpu.device-id.74a1"] == "7" and labels["beta.amd.com/gpu.cu-count.38"] == "55"
 
 
@@ -373,7 +386,7 @@ def test_a_fifo_for_kfd_properties_is_reported_promptly(tmp_path: Path) -> None:
     properties = root / TOPOLOGY / "3/properties"
     properties.unlink()
     os.mkfifo(properties)
-    inventory, report = promptly(lambda: probe(root))
+    inventory, report = promptly(lambda: amd_probe_of(root))
     assert inventory is not None and len(inventory.gpus) == 7
     assert report.problems == (f"KFD node 3: {properties}: a FIFO, not a regular file",)
 
@@ -385,7 +398,7 @@ def test_an_oversized_card_file_leaves_out_that_gpu(tmp_path: Path) -> None:
     with simulated_node(str(profile)) as node:
         product_name = node.host_root / "sys/class/drm/card0/device/product_name"
         product_name.write_text("MI210 " * 20000)
-        inventory, report = promptly(lambda: probe(node.host_root))
+        inventory, report = promptly(lambda: amd_probe_of(node.host_root))
     assert inventory is not None and [g.bdf for g in inventory.gpus] == ["0000:25:00.0"]
     assert report.problems == (f"0000:05:00.0: {product_name}: larger than 65536 bytes, more than any real one; "
                                "GPU left out of the labels",)
@@ -395,7 +408,7 @@ def test_a_fifo_for_the_module_version_fails_the_backend_not_the_probe(tmp_path:
     root = copy_capture(MI210, tmp_path)
     (root / "sys/module/amdgpu").mkdir(parents=True)
     os.mkfifo(root / "sys/module/amdgpu/version")
-    inventory, report = promptly(lambda: probe(root))
+    inventory, report = promptly(lambda: amd_probe_of(root))
     assert inventory is None and report.status == "error"
     assert report.detail == f"AMD probe failed: {root / 'sys/module/amdgpu/version'}: a FIFO, not a regular file"
 
@@ -403,14 +416,14 @@ def test_a_fifo_for_the_module_version_fails_the_backend_not_the_probe(tmp_path:
 # --- family without gfx_target_version ------------------------------------------------------------
 
 def amdgpu_ids_device_ids() -> list[int]:
-    text = (Path(amd.__file__).parent / "data/amdgpu.ids").read_text()
+    text = (Path(ids.__file__).parents[1] / "data/amdgpu.ids").read_text()
     return sorted({int(line.split(",")[0], 16) for line in text.splitlines() if re.match(r"[0-9A-F]{4},", line)})
 
 
 def test_every_device_id_in_amds_table_has_a_family() -> None:
-    ids = amdgpu_ids_device_ids()
-    assert len(ids) > 200  # the whole table, not a stub
-    assert [f"{device_id:04X}" for device_id in ids if amd.family_by_device_id(device_id) is None] == []
+    device_ids = amdgpu_ids_device_ids()
+    assert len(device_ids) > 200  # the whole table, not a stub
+    assert [f"{device_id:04X}" for device_id in device_ids if ids.family_by_device_id(device_id) is None] == []
 
 
 @pytest.mark.parametrize(("device_id", "family"), [
@@ -424,7 +437,7 @@ def test_every_device_id_in_amds_table_has_a_family() -> None:
     (0x6700, None), (0x0000, None),
 ])
 def test_family_from_the_device_id(device_id: int, family: str | None) -> None:
-    assert amd.family_of(None, device_id) == family
+    assert ids.family_of(None, device_id) == family
 
 
 def test_an_old_kernel_navi21_gets_its_family_from_the_device_id(tmp_path: Path) -> None:
@@ -433,7 +446,7 @@ def test_an_old_kernel_navi21_gets_its_family_from_the_device_id(tmp_path: Path)
     properties.write_text("".join(line + "\n" for line in properties.read_text().splitlines()
                                   if not line.startswith("gfx_target_version")))
     set_property(properties, "device_id", 0x73BF)
-    assert labels_for(root)["amd.com/gpu.family"] == "NV"
+    assert amd_labels_of(root)["amd.com/gpu.family"] == "NV"
 
 
 # --- AMD GPUs without KFD -------------------------------------------------------------------------
@@ -459,11 +472,11 @@ def no_kfd_node(root: Path, version: str | None = "6.12.12") -> Path:
 
 def test_without_kfd_the_drm_cards_still_give_device_family_product_and_driver(tmp_path: Path) -> None:
     root = no_kfd_node(tmp_path)
-    inventory, report = probe(root)
+    inventory, report = amd_probe_of(root)
     assert report.status == "unavailable" and "KFD topology is missing" in report.detail
     assert inventory is not None and [(g.bdf, g.family, g.nodes) for g in inventory.gpus] == [
         ("0000:03:00.0", "AI", ()), ("0000:83:00.0", "AI", ())]
-    labels = node_labels(discover(root), Config()).labels
+    labels = label_set_of(discover_node(root), Config()).labels
     assert {k: v for k, v in labels.items() if k.startswith("amd.com/")} == {
         "amd.com/gpu.present": "true", "amd.com/gpu.device-id": "740f", "amd.com/gpu.family": "AI",
         "amd.com/gpu.product-name": "AMD_Instinct_MI210",  # FRU name of one, amdgpu.ids for the other
@@ -472,7 +485,7 @@ def test_without_kfd_the_drm_cards_still_give_device_family_product_and_driver(t
     }
     assert labels["beta.amd.com/gpu.device-id.740f"] == "2" and labels["beta.amd.com/gpu.family.AI"] == "2"
     assert not any(kind in key for key in labels for kind in ("cu-count", "simd-count", "vram"))
-    assert discover(root).partial  # KFD may still be initialising: nothing is removed
+    assert discover_node(root).partial  # KFD may still be initialising: nothing is removed
 
 
 def test_cli_labels_a_node_without_kfd_from_its_drm_cards(tmp_path: Path) -> None:

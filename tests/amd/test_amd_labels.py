@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from labeller import amd_labels
 from labeller.config import Config
 from labeller.inventory import Inventory
-from labeller.rules import node_labels
-from tests.amd.amd_tree import MI210, MI300X_CPX, RX7900XTX, VEGA10, config, gpu, inventory, labels_for, node
+from labeller.offer import Offer
+from tests.builders import MI210, MI300X_CPX, RX7900XTX, VEGA10, amd, amd_gpu, amd_labels_of, amd_node, groups, label_set_of
+from vendors.amd import labels as amd_labels
 
 MI300X_SPX_NEW = {
     "amd.com/gpu.cu-count": "304",
@@ -30,7 +30,7 @@ def amd_only(labels: dict[str, str]) -> dict[str, str]:
 
 
 def test_mi300x_spx_matches_the_real_label_set() -> None:
-    labels = node_labels(inventory(*(gpu(i) for i in range(8))), Config()).labels
+    labels = label_set_of(amd(*(amd_gpu(i) for i in range(8))), Config()).labels
     assert MI300X_SPX_NEW.items() <= labels.items()
     assert labels["beta.amd.com/gpu.cu-count.304"] == "8"
     assert labels["beta.amd.com/gpu.vram.192G"] == "8"
@@ -45,7 +45,7 @@ def test_mi300x_spx_matches_the_real_label_set() -> None:
 ])
 def test_captures_match_the_would_compute_table(capture: Path, count: int, device_id: str, simd: str, cu: str,
                                                  vram: str | None) -> None:
-    labels = labels_for(capture)
+    labels = amd_labels_of(capture)
     assert labels["amd.com/gpu.device-id"] == device_id
     assert labels["amd.com/gpu.simd-count"] == simd and labels[f"beta.amd.com/gpu.simd-count.{simd}"] == str(count)
     assert labels["amd.com/gpu.cu-count"] == cu and labels[f"beta.amd.com/gpu.cu-count.{cu}"] == str(count)
@@ -53,7 +53,7 @@ def test_captures_match_the_would_compute_table(capture: Path, count: int, devic
 
 
 def test_cpx_counts_partitions_for_cu_but_physical_gpus_for_device_id() -> None:
-    labels = labels_for(MI300X_CPX)
+    labels = amd_labels_of(MI300X_CPX)
     assert labels["beta.amd.com/gpu.cu-count.38"] == "63"
     assert labels["beta.amd.com/gpu.device-id.74a1"] == "8"
     assert labels["beta.amd.com/gpu.family.AI"] == "8"
@@ -77,8 +77,8 @@ def test_vram_uses_go_rounding(size_bytes: int, label: str) -> None:
 
 
 def test_heterogeneous_node_gets_counted_keys_and_no_plain_key() -> None:
-    mi210 = gpu(9, device_id=0x740F, name="AMD Instinct MI210", nodes=(node(10, simd=416, vram=68702699520),))
-    labels = amd_only(node_labels(inventory(gpu(1), gpu(2), mi210), Config()).labels)
+    mi210 = amd_gpu(9, device_id=0x740F, name="AMD Instinct MI210", nodes=(amd_node(10, simd=416, vram=68702699520),))
+    labels = amd_only(label_set_of(amd(amd_gpu(1), amd_gpu(2), mi210), Config()).labels)
     assert labels["amd.com/gpu.device-id.74a1"] == "2" and labels["amd.com/gpu.device-id.740f"] == "1"
     assert labels["amd.com/gpu.cu-count.304"] == "2" and labels["amd.com/gpu.cu-count.104"] == "1"
     assert labels["amd.com/gpu.vram.192G"] == "2" and labels["amd.com/gpu.vram.64G"] == "1"
@@ -91,15 +91,15 @@ def test_heterogeneous_node_gets_counted_keys_and_no_plain_key() -> None:
 def test_compute_memory_partition_only_when_homogeneous() -> None:
     spx: dict[str, Any] = {"compute_partition": "spx", "memory_partition": "nps1"}
     cpx: dict[str, Any] = {"compute_partition": "cpx", "memory_partition": "nps1"}
-    same = node_labels(inventory(gpu(1, **spx), gpu(2, **spx), gpu(3)), Config()).labels  # gpu 3 has no files
+    same = label_set_of(amd(amd_gpu(1, **spx), amd_gpu(2, **spx), amd_gpu(3)), Config()).labels  # gpu 3 has no files
     assert same["amd.com/gpu.compute-memory-partition"] == "spx_nps1"
-    mixed = node_labels(inventory(gpu(1, **spx), gpu(2, **cpx)), Config()).labels
+    mixed = label_set_of(amd(amd_gpu(1, **spx), amd_gpu(2, **cpx)), Config()).labels
     assert "amd.com/gpu.compute-memory-partition" not in mixed
 
 
 def test_partitioning_supported_comes_from_the_first_gpu_by_address() -> None:
-    gpus = (gpu(2), gpu(1, compute_partitioning_supported=True))
-    labels = node_labels(inventory(*gpus), Config()).labels
+    gpus = (amd_gpu(2), amd_gpu(1, compute_partitioning_supported=True))
+    labels = label_set_of(amd(*gpus), Config()).labels
     assert labels["amd.com/gpu.compute-partitioning-supported"] == "true"
     assert labels["amd.com/gpu.memory-partitioning-supported"] == "false"
 
@@ -113,14 +113,14 @@ def test_partitioning_supported_comes_from_the_first_gpu_by_address() -> None:
     ("X" * 70, "X" * 63),
 ])
 def test_product_name_values(name: str, value: str) -> None:
-    labels = node_labels(inventory(gpu(1, name=name)), Config())
+    labels = label_set_of(amd(amd_gpu(1, name=name)), Config())
     assert labels.labels["amd.com/gpu.product-name"] == value
     assert amd_labels.product_name_value(name) == value
 
 
 def test_product_name_too_long_for_a_beta_key_drops_only_that_key() -> None:
     name = "AMD Instinct MI300X OAM With A Longer Board Name"  # fine as a value, too long in gpu.product-name.<v>
-    result = node_labels(inventory(gpu(1, name=name)), Config())
+    result = label_set_of(amd(amd_gpu(1, name=name)), Config())
     assert result.labels["amd.com/gpu.product-name"] == name.replace(" ", "_")
     assert result.labels["beta.amd.com/gpu.product-name"] == name.replace(" ", "_")
     assert list(result.dropped) == [f"beta.amd.com/gpu.product-name.{name.replace(' ', '_')}"]
@@ -128,36 +128,36 @@ def test_product_name_too_long_for_a_beta_key_drops_only_that_key() -> None:
 
 
 def test_unnamed_gpus_get_no_product_name() -> None:
-    labels = node_labels(inventory(gpu(1, name=None), gpu(2, name="()")), Config()).labels
+    labels = label_set_of(amd(amd_gpu(1, name=None), amd_gpu(2, name="()")), Config()).labels
     assert not any("product-name" in key for key in labels)
 
 
 def test_unknown_family_is_skipped_alone() -> None:
-    labels = node_labels(inventory(gpu(1, family=None), gpu(2)), Config()).labels
+    labels = label_set_of(amd(amd_gpu(1, family=None), amd_gpu(2)), Config()).labels
     assert labels["beta.amd.com/gpu.family.AI"] == "1" and labels["amd.com/gpu.family"] == "AI"
 
 
 def test_driver_versions_are_amd_com_only_and_empty_when_absent() -> None:
-    labels = node_labels(inventory(gpu(1), driver="", src=""), Config()).labels
+    labels = label_set_of(amd(amd_gpu(1), driver="", src=""), Config()).labels
     assert labels["amd.com/gpu.driver-version"] == "" and labels["amd.com/gpu.driver-src-version"] == ""
     assert not any(k.startswith("beta.amd.com/gpu.driver") for k in labels)
 
 
 def test_groups_off() -> None:
-    inv = inventory(gpu(1, compute_partition="spx", memory_partition="nps1"))
-    beta_only = node_labels(inv, config(amd=False)).labels
+    inv = amd(amd_gpu(1, compute_partition="spx", memory_partition="nps1"))
+    beta_only = label_set_of(inv, groups(amd=False)).labels
     beta_only.pop("amd.com/gpu.present")  # rules.py's own presence label, on while either group is
     assert beta_only and all(k.startswith("beta.amd.com/") for k in beta_only)
-    new_only = amd_only(node_labels(inv, config(amd_beta=False)).labels)
+    new_only = amd_only(label_set_of(inv, groups(amd_beta=False)).labels)
     assert new_only and all(k.startswith("amd.com/") for k in new_only)
-    assert node_labels(inv, config(amd=False, amd_beta=False)).labels == {}
+    assert label_set_of(inv, groups(amd=False, amd_beta=False)).labels == {}
 
 
 def test_firmware_labels_are_opt_in_and_beta_only() -> None:
     firmware = (("MEC", 33, 0x160), ("SDMA0", 40, 0x197))
-    inv = inventory(gpu(1, firmware=firmware), gpu(2, firmware=firmware))
-    assert not any("firmware" in k for k in node_labels(inv, Config()).labels)
-    labels = node_labels(inv, config(firmware=True)).labels
+    inv = amd(amd_gpu(1, firmware=firmware), amd_gpu(2, firmware=firmware))
+    assert not any("firmware" in k for k in label_set_of(inv, Config()).labels)
+    labels = label_set_of(inv, groups(firmware=True)).labels
     fw = {k: v for k, v in labels.items() if "firmware" in k}
     assert fw == {
         "beta.amd.com/gpu.firmware.MEC.feat.33": "2", "beta.amd.com/gpu.firmware.MEC.fw.352": "2",
@@ -166,10 +166,10 @@ def test_firmware_labels_are_opt_in_and_beta_only() -> None:
 
 
 def test_no_amd_inventory_gives_no_amd_labels() -> None:
-    assert amd_only(node_labels(Inventory(), Config()).labels) == {}
-    assert all(labeler(Inventory(), Config()) == {} for labeler in amd_labels.LABELERS)
+    assert amd_only(label_set_of(Inventory(), Config()).labels) == {}
+    assert all(labeler(Inventory(), Config(), Offer()) == {} for labeler in amd_labels.LABELERS)
 
 
 def test_cu_count_skips_nodes_without_simd_per_cu() -> None:
-    labels = node_labels(inventory(gpu(1, nodes=(replace(node(2), simd_per_cu=0),))), Config()).labels
+    labels = label_set_of(amd(amd_gpu(1, nodes=(replace(amd_node(2), simd_per_cu=0),))), Config()).labels
     assert "amd.com/gpu.cu-count" not in labels and labels["amd.com/gpu.simd-count"] == "1216"

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from labeller.config import Config
-from tests.amd.amd_tree import MI210, labels_for, probe
-from tests.core.sysfs_tree import promptly
-from vendors import amd_sim, pci
+from tests.builders import MI210, amd_labels_of, amd_probe_of, pci_scan, promptly
+from vendors import pci
+from vendors.amd import simulate as amd_sim
 from vendors.simulate import builtin_profiles, load_profile, resolve, simulated_node
 
 MI300X = {
@@ -33,14 +33,14 @@ def build_inline(tmp_path: Path, *gpus: dict[str, Any], **section: Any) -> Path:
 def test_inline_cpx_goes_through_the_backend(tmp_path: Path) -> None:
     root = build_inline(tmp_path, {**MI300X, "compute_partition": "cpx", "memory_partition": "nps1", "partitions": 8,
                                    "xgmi": True, "repeat": 2}, driver_version="6.16.13")
-    inventory, report = probe(root)
+    inventory, report = amd_probe_of(root)
     assert inventory is not None and report.status == "ok" and report.problems == ()
     assert [len(g.nodes) for g in inventory.gpus] == [8, 8]
     first = inventory.gpus[0]
     assert (first.compute_partition, first.memory_partition, first.expected_partitions) == ("cpx", "nps1", 8)
     assert [n.card for n in first.nodes] == list(range(8)) and first.nodes[0].numa_node == 0
     assert (inventory.gpus[1].nodes[0].kfd_node, 11) in first.nodes[0].links
-    labels = labels_for(root)
+    labels = amd_labels_of(root)
     assert labels["amd.com/gpu.cu-count"] == "38" and labels["beta.amd.com/gpu.cu-count.38"] == "16"
     assert labels["amd.com/gpu.vram"] == "24G" and labels["beta.amd.com/gpu.device-id.74a1"] == "2"
     assert labels["amd.com/gpu.compute-memory-partition"] == "cpx_nps1"
@@ -49,14 +49,14 @@ def test_inline_cpx_goes_through_the_backend(tmp_path: Path) -> None:
 
 def test_inline_writes_pci_devices_the_pci_scan_reads(tmp_path: Path) -> None:
     root = build_inline(tmp_path, {**MI300X, "numa_node": 1, "revision": "0x01"})
-    gpus, _ = pci.scan(root)
+    gpus, _ = pci_scan(root)
     assert [(g.bdf, g.device_id, g.revision, g.numa_node) for g in gpus] == [("0000:05:00.0", 0x74A1, 1, 1)]
 
 
 def test_inline_heterogeneous_node(tmp_path: Path) -> None:
     mi210 = {"device_id": 0x740F, "revision": 2, "gfx_target_version": 90010, "simd_count": 416,
              "vram_bytes": 68702699520, "repeat": 2}
-    labels = labels_for(build_inline(tmp_path, {**MI300X, "repeat": 2}, mi210))
+    labels = amd_labels_of(build_inline(tmp_path, {**MI300X, "repeat": 2}, mi210))
     assert labels["amd.com/gpu.product-name.AMD_Instinct_MI300X_OAM"] == "2"
     assert labels["amd.com/gpu.product-name.AMD_Instinct_MI210"] == "2"  # from amdgpu.ids (empty FRU name)
     assert labels["amd.com/gpu.cu-count.104"] == "2" and "amd.com/gpu.cu-count" not in labels
@@ -66,8 +66,8 @@ def test_captured_tree_next_to_the_profile(tmp_path: Path) -> None:
     shutil.copytree(MI210, tmp_path / "my-capture")
     root = tmp_path / "root"
     amd_sim.build({"sysfs": "my-capture", "revision": 2}, root, tmp_path)
-    assert labels_for(root)["amd.com/gpu.product-name"] == "AMD_Instinct_MI210"
-    gpus, report = pci.scan(root)
+    assert amd_labels_of(root)["amd.com/gpu.product-name"] == "AMD_Instinct_MI210"
+    gpus, report = pci_scan(root)
     assert len(gpus) == 8 and report.detail == "8 GPU(s) among 9 PCI device(s)"  # and the host bridge
 
 
@@ -102,14 +102,14 @@ def test_builtin_profiles_load_and_label(name: str) -> None:
     assert name in builtin_profiles()
     assert set(load_profile(resolve(name))) <= {"name", "description", "config", "machine", "amd"}
     with simulated_node(name) as sim:
-        labels = labels_for(sim.host_root, Config())
+        labels = amd_labels_of(sim.host_root, Config())
     assert labels["amd.com/gpu.present"] == "true" and "amd.com/gpu.device-id" in labels
 
 
 def test_mi300x_spx_profile_gives_the_real_label_set() -> None:
     with simulated_node("mi300x-x8-spx") as sim:
-        labels = labels_for(sim.host_root)
-        inventory, _ = probe(sim.host_root)
+        labels = amd_labels_of(sim.host_root)
+        inventory, _ = amd_probe_of(sim.host_root)
     expected = {"cu-count": "304", "simd-count": "1216", "vram": "192G", "device-id": "74a1", "family": "AI",
                 "product-name": "AMD_Instinct_MI300X_OAM", "driver-version": "6.8.5",
                 "compute-memory-partition": "spx_nps1"}
@@ -175,13 +175,13 @@ def test_unreadable_debugfs_and_firmware_files_are_named(tmp_path: Path) -> None
     info = root / "sys/kernel/debug/dri/1/amdgpu_firmware_info"
     info.unlink()
     os.mkfifo(info)
-    inventory, report = promptly(lambda: probe(root, firmware=True))
+    inventory, report = promptly(lambda: amd_probe_of(root, firmware=True))
     assert inventory is not None and [len(g.firmware) for g in inventory.gpus] == [10, 0]
     assert report.problems == (f"0000:25:00.0: no firmware versions: {info}: a FIFO, not a regular file",)
-    assert promptly(lambda: probe(root))[1].problems == ()  # firmware off: debugfs is never read
+    assert promptly(lambda: amd_probe_of(root))[1].problems == ()  # firmware off: debugfs is never read
     shutil.rmtree(root / "sys/kernel/debug/dri")
     (root / "sys/kernel/debug/dri").symlink_to("dri")
-    _, report = probe(root, firmware=True)
+    _, report = amd_probe_of(root, firmware=True)
     assert report.problems == (f"firmware labels are on but {root / 'sys/kernel/debug/dri'}: cannot list: "
                                "Too many levels of symbolic links: debugfs must be mounted there and read as uid 0 "
                                "(the Helm chart does both when config.labeller.labels.firmware is true)",)
@@ -190,7 +190,7 @@ def test_unreadable_debugfs_and_firmware_files_are_named(tmp_path: Path) -> None
 def test_firmware_info_next_to_the_profile(tmp_path: Path) -> None:
     (tmp_path / "my-firmware").write_text("MEC feature version: 1, firmware version: 0x00000010\n")
     root = build_inline(tmp_path, {**MI300X, "firmware_info": "my-firmware"})
-    inventory, _ = probe(root, firmware=True)
+    inventory, _ = amd_probe_of(root, firmware=True)
     assert inventory is not None and inventory.gpus[0].firmware == (("MEC", 1, 16),)
 
 

@@ -22,12 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.daemon import Daemon, Options
-from labeller.reconcile import ProbeResult
-from labeller.sinks import NodeCache, NodeSink, NodeWatcher
+from labeller.daemon.loop import Daemon, Options
+from labeller.daemon.reconcile import ProbeResult
+from labeller.daemon.sinks import NodeCache, NodeSink, NodeWatcher
 from labeller.kube import Kube
 from labeller.log import configure
-from labeller.metrics import Metrics
+from labeller.daemon.metrics import Metrics
 from tests.fakes.apiserver import FakeApiServer, Fault
 
 LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",

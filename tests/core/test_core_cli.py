@@ -11,7 +11,7 @@ from pathlib import Path
 
 from labeller import __version__
 from tests.core.cli import gpu_labeller
-from tests.core.sysfs_tree import add_pci_device, empty_node
+from tests.builders import add_pci_device, empty_node
 
 
 def test_version() -> None:

@@ -2,6 +2,7 @@
 
 from labeller.config import Config
 from labeller.inventory import Inventory
+from labeller.offer import Offer
 from labeller.labels import LabelSet, is_valid_value, key_problem, merge, owns, sanitise_value, validated
 
 
@@ -38,13 +39,13 @@ def test_one_invalid_value_is_dropped_alone() -> None:
 
 
 def test_merge_reports_conflicting_values_instead_of_silently_overwriting() -> None:
-    def first(inv: Inventory, cfg: Config) -> dict[str, str]:
+    def first(inv: Inventory, cfg: Config, offer: Offer) -> dict[str, str]:
         return {"nvidia.com/gpu.product": "A", "nvidia.com/gpu.count": "1"}
 
-    def second(inv: Inventory, cfg: Config) -> dict[str, str]:
+    def second(inv: Inventory, cfg: Config, offer: Offer) -> dict[str, str]:
         return {"nvidia.com/gpu.product": "B", "nvidia.com/gpu.count": "1"}
 
-    result = merge([first, second], Inventory(), Config())
+    result = merge([first, second], Inventory(), Config(), Offer())
     assert len(result.conflicts) == 1 and "nvidia.com/gpu.product" in result.conflicts[0]
 
 

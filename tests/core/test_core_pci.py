@@ -14,12 +14,10 @@ from pathlib import Path
 import pytest
 
 from labeller.config import Config
-from labeller.discovery import discover
 from labeller.inventory import ProbeError
-from labeller.rules import node_labels
-from tests.core.sysfs_tree import add_pci_device, empty_node, promptly
+from tests.builders import add_pci_device, discover_node, empty_node, label_set_of, pci_scan, promptly
 from vendors import sysfs
-from vendors.pci import normalise_bdf, scan
+from vendors.pci import normalise_bdf
 
 DEVICES = "sys/bus/pci/devices"
 HINT = "is the host's /sys mounted at --host-root (HOST_ROOT)?"
@@ -37,7 +35,7 @@ def test_finds_nvidia_and_amd_gpus_and_ignores_other_devices(tmp_path: Path) -> 
     add_pci_device(tmp_path, "0000:3b:00.1", 0x10DE, 0x22A3, 0x040300)  # NVIDIA audio function
     add_pci_device(tmp_path, "0000:02:00.0", 0x1A03, 0x2000, 0x030000)  # ASPEED BMC VGA
 
-    gpus, report = scan(tmp_path)
+    gpus, report = pci_scan(tmp_path)
 
     assert [(g.bdf, g.vendor_id, g.numa_node, g.driver) for g in gpus] == [
         ("0000:18:00.0", 0x10DE, 0, "nvidia"),
@@ -50,16 +48,16 @@ def test_amd_processing_accelerators_count_as_gpus(tmp_path: Path) -> None:
     # amdgpu binds Instinct MI300-class parts that report PCI class 0x1200, not a display class
     add_pci_device(tmp_path, "0000:0c:00.0", 0x1002, 0x74A1, 0x120000)
     add_pci_device(tmp_path, "0000:0d:00.0", 0x10DE, 0x1234, 0x120000)  # not an NVIDIA GPU class
-    gpus, _ = scan(tmp_path)
+    gpus, _ = pci_scan(tmp_path)
     assert [(g.bdf, g.vendor_id) for g in gpus] == [("0000:0c:00.0", 0x1002)]
-    assert node_labels(discover(tmp_path), Config()).labels["amd.com/gpu.present"] == "true"
+    assert label_set_of(discover_node(tmp_path), Config()).labels["amd.com/gpu.present"] == "true"
 
 
 def test_a_readable_bus_without_gpus_is_a_genuine_empty_node(tmp_path: Path) -> None:
-    gpus, report = scan(empty_node(tmp_path))
+    gpus, report = pci_scan(empty_node(tmp_path))
     assert gpus == () and (report.status, report.problems) == ("absent", ())
-    inventory = discover(tmp_path)
-    assert not inventory.partial and node_labels(inventory, Config()).labels == {}
+    inventory = discover_node(tmp_path)
+    assert not inventory.partial and label_set_of(inventory, Config()).labels == {}
 
 
 def _missing(root: Path) -> None:
@@ -92,7 +90,7 @@ def test_a_host_root_without_a_pci_device_list_is_a_failed_probe(tmp_path: Path,
                                                                  why: str) -> None:
     make(tmp_path)
     with pytest.raises(ProbeError) as info:
-        discover(tmp_path)
+        discover_node(tmp_path)
     message = str(info.value)
     assert message.startswith(str(tmp_path / DEVICES)) and why in message and message.endswith(HINT)
     assert "\n" not in message
@@ -116,7 +114,7 @@ def test_garbage_files_skip_only_that_device_and_are_a_problem(tmp_path: Path) -
     add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
     broken = add_pci_device(tmp_path, "0000:19:00.0", 0x10DE, 0x2330, 0x030200)
     (broken / "class").write_text("not-a-number\n")
-    gpus, report = scan(tmp_path)
+    gpus, report = pci_scan(tmp_path)
     assert [g.bdf for g in gpus] == ["0000:18:00.0"]
     assert report.problems == (f"0000:19:00.0: {broken / 'class'}: no PCI class code in it; "
                                "cannot tell whether it is a GPU",)
@@ -124,9 +122,9 @@ def test_garbage_files_skip_only_that_device_and_are_a_problem(tmp_path: Path) -
 
 def test_ids_wider_than_pci_allows_are_a_problem(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x12330, 0x030200)
-    gpus, report = scan(tmp_path)
+    gpus, report = pci_scan(tmp_path)
     assert gpus == () and "device id 0x12330" in report.problems[0]
-    assert discover(tmp_path).partial  # so nothing is removed on its account
+    assert discover_node(tmp_path).partial  # so nothing is removed on its account
 
 
 def test_a_fifo_where_the_scan_reads_is_reported_not_read(tmp_path: Path) -> None:
@@ -134,7 +132,7 @@ def test_a_fifo_where_the_scan_reads_is_reported_not_read(tmp_path: Path) -> Non
     add_pci_device(tmp_path, "0000:19:00.0", 0x10DE, 0x2330, 0x030200)
     (device / "class").unlink()
     os.mkfifo(device / "class")  # opening it for reading would block until a writer comes
-    gpus, report = promptly(lambda: scan(tmp_path))
+    gpus, report = promptly(lambda: pci_scan(tmp_path))
     assert [g.bdf for g in gpus] == ["0000:19:00.0"]
     assert report.problems == (f"0000:18:00.0: {device / 'class'}: a FIFO, not a regular file; "
                                "cannot tell whether it is a GPU",)
@@ -143,7 +141,7 @@ def test_a_fifo_where_the_scan_reads_is_reported_not_read(tmp_path: Path) -> Non
 def test_an_oversized_file_where_the_scan_reads_is_reported(tmp_path: Path) -> None:
     device = add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
     (device / "vendor").write_text("0x10de\n" + " " * sysfs.ATTRIBUTE_LIMIT)
-    gpus, report = promptly(lambda: scan(tmp_path))
+    gpus, report = promptly(lambda: pci_scan(tmp_path))
     assert gpus == () and report.problems == (
         f"0000:18:00.0: {device / 'vendor'}: larger than 65536 bytes, more than any real one; "
         "cannot tell whether it is a GPU",)
@@ -194,7 +192,7 @@ def test_reads_and_listings_are_bounded(tmp_path: Path) -> None:
 def test_presence_labels_come_from_pci_even_without_a_driver(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
     add_pci_device(tmp_path, "0000:c1:00.0", 0x1002, 0x74A1, 0x038000)
-    labels = node_labels(discover(tmp_path), Config()).labels
+    labels = label_set_of(discover_node(tmp_path), Config()).labels
     assert labels["nvidia.com/gpu.present"] == "true"
     assert labels["amd.com/gpu.present"] == "true"
 
@@ -210,7 +208,7 @@ def test_a_fifo_for_the_dmi_product_name_is_reported_not_read(tmp_path: Path) ->
     product_name = tmp_path / "sys/class/dmi/id/product_name"
     product_name.parent.mkdir(parents=True)
     os.mkfifo(product_name)
-    inventory = promptly(lambda: discover(tmp_path))
+    inventory = promptly(lambda: discover_node(tmp_path))
     assert inventory.machine is None and inventory.partial  # the machine label is kept, not rewritten
     dmi = next(r for r in inventory.reports if r.backend == "dmi")
     assert (dmi.status, dmi.detail) == ("error", f"machine name unreadable: {product_name}: a FIFO, not a regular file")

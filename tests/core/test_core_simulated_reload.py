@@ -11,13 +11,14 @@ from pathlib import Path
 
 import structlog
 
-from labeller.discovery_options import Node, open_node
+from labeller.node import Node, open_node
+from vendors.nvidia.model import NvidiaInventory
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
 
 
 def _gpus(node: Node) -> list[str]:
     """Probe the node; the UUIDs of the NVIDIA GPUs found."""
-    nvidia = node.probe().nvidia
+    nvidia = node.probe().part(NvidiaInventory)
     return [] if nvidia is None else [g.uuid for g in nvidia.gpus]
 
 
@@ -26,15 +27,15 @@ def test_probe_follows_the_profile_file(tmp_path: Path) -> None:
     write_yaml(profile, l40s_node(1))
     with open_node(Path("/"), str(profile), None) as node:
         (uuid,) = _gpus(node)
-        root, nvml = node.host_root, node.nvml
+        root, nvml = node.host_root, node.handles["nvidia"]
         assert nvml is not None
         os.utime(profile, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched, same contents
         nvml.set_lost(uuid, True)  # a test hook on the fake NVML module of this build
         assert _gpus(node) == []  # the lost GPU is left out: the same module, the hook still in force
-        assert (node.host_root, node.nvml) == (root, nvml)
+        assert (node.host_root, node.handles["nvidia"]) == (root, nvml)
         write_yaml(profile, l40s_node(3))
         assert len(_gpus(node)) == 3
-        assert node.host_root != root and node.nvml is not nvml
+        assert node.host_root != root and node.handles["nvidia"] is not nvml
         assert root.is_dir()  # an earlier root stays until the node is closed: a reader may still use it
     assert not root.exists() and not node.host_root.exists()
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from labeller.daemon import Daemon, Options
-from labeller.reconcile import FightGuard, ProbeResult
-from labeller.sinks import NodeCache, NodeSink, NodeWatcher, Sink
+from labeller.daemon.loop import Daemon, Options
+from labeller.daemon.reconcile import FightGuard, ProbeResult
+from labeller.daemon.sinks import NodeCache, NodeSink, NodeWatcher, Sink
 from labeller.kube import Kube
-from labeller.metrics import Metrics
+from labeller.daemon.metrics import Metrics
 from tests.fakes.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"

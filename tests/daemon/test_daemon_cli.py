@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def test_run_labels_the_node_serves_metrics_and_exits_on_sigterm_within_2s(
         api: FakeApiServer, kubeconfig: Path, daemon_process: list[subprocess.Popen[str]]) -> None:
     api.create_node(NODE, OTHERS)
@@ -64,8 +73,8 @@ def test_run_labels_the_node_serves_metrics_and_exits_on_sigterm_within_2s(
     process = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     daemon_process.append(process)
     wait_for(lambda: "amd.com/gpu.present" in ours(api), timeout=10)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
-        assert answer.status == 200
+    # ready once the write's answer is back: milliseconds after the labels show on the Node
+    wait_for(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, timeout=2)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
         assert b"gpu_labeller_labels_owned" in answer.read()
     process.send_signal(signal.SIGTERM)
@@ -199,7 +208,7 @@ def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
             f"r = CliRunner().invoke(main, ['labels', '--simulate', '{no_gpu_profile(tmp_path)}']); "
             "assert r.exit_code == 0, r.output; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'prometheus_client') "
-            "or m in ('labeller.kube', 'labeller.daemon', 'labeller.sinks')); print(bad); sys.exit(1 if bad else 0)")
+            "or m in ('labeller.kube', 'labeller.daemon', 'labeller.daemon.sinks')); print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -13,9 +13,9 @@ import pytest
 import structlog.testing
 
 from labeller.outputs import render
-from labeller.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
+from labeller.daemon.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
 from labeller.kube import Kube, NotFound
-from labeller.metrics import start_http_server
+from labeller.runtime import start_http_server
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
 from tests.fakes.apiserver import FakeApiServer
 

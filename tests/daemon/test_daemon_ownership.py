@@ -15,8 +15,8 @@ import structlog.testing
 
 from labeller.kube import Conflict, Kube
 from labeller.labels import FIELD_MANAGER
-from labeller.reconcile import Live, plan
-from labeller.sinks import NodeSink
+from labeller.daemon.reconcile import Live, plan
+from labeller.daemon.sinks import NodeSink
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
 from tests.fakes.apiserver import FakeApiServer
 
@@ -144,7 +144,7 @@ def test_a_key_set_by_someone_else_after_the_plan_is_never_patched_out(api: Fake
 
 
 def test_cleanup_reports_a_key_another_manager_set_meanwhile_as_left() -> None:
-    from labeller.daemon_cli import cleanup_report
+    from labeller.daemon.cli import cleanup_report
 
     def node(manager: str) -> Live:
         return Live.of_node({"metadata": {"labels": {"nvidia.com/gpu.count": "8"}, "managedFields": [

@@ -9,8 +9,9 @@ import pytest
 
 from labeller import labels
 from labeller.labels import FIELD_MANAGER, owns
-from labeller.reconcile import Backoff, FightGuard, Live, ProbeResult, desired_after, label_managers, owned, plan
-from labeller.sinks import NodeCache
+from labeller.daemon.reconcile import FightGuard, Live, ProbeResult, desired_after, label_managers, owned, plan
+from labeller.runtime import Backoff
+from labeller.daemon.sinks import NodeCache
 
 LIVE = {"team": "ml", "nvidia.com/gpu.deploy.gfd": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}
 US = (FIELD_MANAGER, "Apply")

@@ -182,11 +182,11 @@ def test_watch_resumes_after_410_and_dropped_streams(api: FakeApiServer, start: 
 
 
 def test_once_reports_a_failed_probe_as_a_failure(api: FakeApiServer, kubeconfig: Path) -> None:
-    from labeller.daemon import Daemon
-    from labeller.sinks import NodeSink
-    from labeller.daemon_cli import _run_once
+    from labeller.daemon.loop import Daemon
+    from labeller.daemon.sinks import NodeSink
+    from labeller.daemon.cli import _run_once
     from labeller.kube import Kube
-    from labeller.metrics import Metrics
+    from labeller.daemon.metrics import Metrics
 
     api.create_node(NODE, {**OTHERS, **GPU_LABELS})
     kube = Kube(str(kubeconfig))

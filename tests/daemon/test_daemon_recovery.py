@@ -13,8 +13,9 @@ import pytest
 import structlog.testing
 
 from labeller.inventory import ProbeError
-from labeller.metrics import start_http_server
-from labeller.reconcile import Backoff, FightGuard
+from labeller.runtime import start_http_server
+from labeller.daemon.reconcile import FightGuard
+from labeller.runtime import Backoff
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
 from tests.fakes.apiserver import FakeApiServer, Fault
 

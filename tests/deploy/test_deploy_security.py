@@ -259,7 +259,7 @@ def _parse(command: click.Command, args: list[str]) -> dict[str, Any]:
 @pytest.mark.parametrize("values", [{}, {"labeller": {"output": "nodefeature", "events": {"enabled": True}}},
                                     {"labeller": {"output": "features-file"}}], ids=["default", "nodefeature", "file"])
 def test_labeller_args_parse_with_the_real_cli(values: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from labeller.daemon_cli import run
+    from labeller.daemon.cli import run
 
     monkeypatch.setenv("NODE_NAME", "node-1")
     args = container(labeller_ds(render(values)))["args"]
@@ -282,7 +282,7 @@ def test_device_plugin_args_parse_with_the_real_cli() -> None:
 @pytest.mark.parametrize(("interval", "seconds"), [(60, 60.0), (0.5, 0.5), ("2m", 120.0), ("500ms", 0.5)])
 def test_labeller_interval_takes_seconds_or_a_duration(interval: Any, seconds: float,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from labeller.daemon_cli import run
+    from labeller.daemon.cli import run
 
     monkeypatch.setenv("NODE_NAME", "node-1")
     args = container(labeller_ds(render({"labeller": {"interval": interval}})))["args"]

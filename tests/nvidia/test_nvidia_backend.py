@@ -11,13 +11,26 @@ import pytest
 import structlog
 
 from labeller.config import Config
-from labeller.inventory import NVIDIA_VENDOR_ID, Inventory, PciGpu
-from labeller.rules import node_labels
-from tests.nvidia.nvidia_node import (
-    A100_40GB_BYTES, A100_80GB_BYTES, H100_BYTES, a100, build, h100, inventory_of, labels_of, mig_1g5gb, section,
+from labeller.inventory import Inventory, PciGpu
+from tests.builders import (
+    A100_40GB_BYTES,
+    A100_80GB_BYTES,
+    H100_BYTES,
+    a100,
+    build,
+    h100,
+    inventory_of,
+    label_set_of,
+    labels_of,
+    mig_1g5gb,
+    nvidia_part,
+    pci_scan,
+    promptly,
+    section,
 )
-from tests.core.sysfs_tree import promptly
-from vendors import nvidia, pci
+from vendors.nvidia import nvml as backend
+from vendors.nvidia.facts import PCI_VENDOR_ID, mig_memory_gb
+from vendors.nvidia.model import NvidiaInventory
 
 H200_BYTES = 143771 * 1024 * 1024  # nvidia-smi on an H200: 143771MiB
 
@@ -33,14 +46,14 @@ H200_BYTES = 143771 * 1024 * 1024  # nvidia-smi on an H200: 143771MiB
     (71168, H200_BYTES, 71),  # H200 3g.71gb: 69.50 GiB; 70.5 rounds up as in Go, not to even
 ])
 def test_mig_memory_gb_matches_nvidia_profile_names(memory_mib: int, total_bytes: int, gb: int) -> None:
-    assert nvidia.mig_memory_gb(memory_mib, total_bytes) == gb
+    assert mig_memory_gb(memory_mib, total_bytes) == gb
 
 
 def test_dgx_like_node_is_fully_described(tmp_path: Path) -> None:
     inventory = inventory_of(tmp_path, section(h100(repeat=2, numa_node=[0, 1], nvlink_peers="all", pci_device_id=0x2330)))
-    assert inventory.nvidia is not None
-    assert (inventory.nvidia.driver_version, inventory.nvidia.cuda_driver_version) == ("550.54.15", 12040)
-    first, second = inventory.nvidia.gpus
+    assert inventory.part(NvidiaInventory) is not None
+    assert (nvidia_part(inventory).driver_version, nvidia_part(inventory).cuda_driver_version) == ("550.54.15", 12040)
+    first, second = nvidia_part(inventory).gpus
     assert first.name == "NVIDIA H100 80GB HBM3" and first.memory_bytes == H100_BYTES
     assert first.compute_capability == (9, 0)
     assert (first.pci_bus_id, second.pci_bus_id) == ("0000:00:00.0", "0000:01:00.0")
@@ -48,14 +61,14 @@ def test_dgx_like_node_is_fully_described(tmp_path: Path) -> None:
     assert first.pci_class == 0x030200 and (first.minor_number, second.minor_number) == (0, 1)
     assert (first.mig_capable, first.mig_enabled, first.mig_devices) == (True, False, ())
     assert first.nvlink_peers == ("0000:01:00.0",) and second.nvlink_peers == ("0000:00:00.0",)
-    assert inventory.nvidia.vgpu_present is False
+    assert nvidia_part(inventory).vgpu_present is False
     assert not inventory.partial
 
 
 def test_nvml_is_shut_down_after_every_probe(tmp_path: Path) -> None:
     root, nvml = build(tmp_path, section(h100()))
     for _ in range(2):
-        nvidia.probe(root, pci.scan(root)[0], nvml)
+        backend.probe(root, pci_scan(root)[0], None, nvml)
         assert nvml.state.init_count == 0
 
 
@@ -67,8 +80,8 @@ def test_mig_devices_get_go_nvlib_profile_names(tmp_path: Path) -> None:
         {"profile": "1g.5gb", "uuid": "MIG-f{i}", "memory_mib": 4864},
     ]
     inventory = inventory_of(tmp_path, section(a100(mig_mode="enabled", mig_devices=migs)))
-    assert inventory.nvidia is not None
-    gpu = inventory.nvidia.gpus[0]
+    assert inventory.part(NvidiaInventory) is not None
+    gpu = nvidia_part(inventory).gpus[0]
     assert gpu.mig_enabled and [m.profile for m in gpu.mig_devices] == ["1c.3g.20gb", "2c.3g.20gb", "1g.5gb+me", "1g.5gb"]
     plus_me = gpu.mig_devices[2]
     assert plus_me.resource_name == "nvidia.com/mig-1g.5gb.me"
@@ -81,7 +94,7 @@ def test_nvml_library_missing_leaves_pci_presence_only(tmp_path: Path) -> None:
     with structlog.testing.capture_logs() as logs:
         inventory = inventory_of(tmp_path, section(h100(repeat=2), nvml_error="library_not_found"))
     report = next(r for r in inventory.reports if r.backend == "nvidia")
-    assert inventory.nvidia is None and report.status == "unavailable" and inventory.partial
+    assert inventory.part(NvidiaInventory) is None and report.status == "unavailable" and inventory.partial
     assert report.detail.startswith("NVML library not found")
     assert "nvidia.com/gpu.present still set from PCI" in report.detail
     assert any(e.get("vendor") == "nvidia" and "NVML library not found" in e.get("reason", "") for e in logs)
@@ -116,17 +129,17 @@ def test_real_pynvml_without_libnvidia_ml(tmp_path: Path, monkeypatch: pytest.Mo
     # The real pynvml, with the driver's library missing as on a node without a driver.
     monkeypatch.setattr(pynvml, "CDLL", no_library)
     monkeypatch.setattr(pynvml, "nvmlLib", None)
-    gpu = PciGpu("0000:18:00.0", NVIDIA_VENDOR_ID, 0x2330, 0x030200)
-    inventory, report = nvidia.probe(tmp_path, (gpu,), None)
+    gpu = PciGpu("0000:18:00.0", PCI_VENDOR_ID, 0x2330, 0x030200)
+    inventory, report = backend.probe(tmp_path, (gpu,), None, None)
     assert inventory is None and report.status == "unavailable"
-    assert nvidia.probe(tmp_path, (), None)[1].status == "absent"
+    assert backend.probe(tmp_path, (), None, None)[1].status == "absent"
 
 
 def test_one_failing_gpu_is_skipped_and_the_others_kept(tmp_path: Path) -> None:
     gpus = (h100(), h100(uuid="GPU-bad", pci_bus_id="0000:aa:00.0", error="unknown"), h100())
     with structlog.testing.capture_logs() as logs:
         inventory = inventory_of(tmp_path, section(*gpus))
-    assert inventory.nvidia is not None and [g.index for g in inventory.nvidia.gpus] == [0, 2]
+    assert inventory.part(NvidiaInventory) is not None and [g.index for g in nvidia_part(inventory).gpus] == [0, 2]
     report = next(r for r in inventory.reports if r.backend == "nvidia")
     assert report.status == "ok" and report.problems and "GPU 1" in report.problems[0] and inventory.partial
     assert any(e.get("vendor") == "nvidia" and e.get("device") == 1 for e in logs)
@@ -135,7 +148,7 @@ def test_one_failing_gpu_is_skipped_and_the_others_kept(tmp_path: Path) -> None:
 
 def test_probe_never_raises(tmp_path: Path) -> None:
     broken = ModuleType("broken_pynvml")
-    inventory, report = nvidia.probe(tmp_path, (), broken)
+    inventory, report = backend.probe(tmp_path, (), None, broken)
     assert inventory is None and report.status == "error"
 
 
@@ -167,7 +180,7 @@ def test_without_the_full_config_space_nvml_says_whether_a_gpu_is_a_vgpu(tmp_pat
     root, nvml = build(tmp_path, section(h100(vgpu=HOST_DRIVER if vgpu else False), h100()))
     truncate_config_spaces(root)
     (root / "sys/bus/pci/devices/0000:01:00.0/config").unlink()  # unreadable counts the same
-    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    inventory, report = backend.probe(root, pci_scan(root)[0], None, nvml)
     assert inventory is not None and report.problems == ()
     assert inventory.vgpu_present is vgpu and inventory.vgpu_host_driver is None  # the record needs the full space
 
@@ -176,21 +189,21 @@ def test_when_neither_config_space_nor_nvml_can_tell_the_vgpu_labels_are_omitted
     root, nvml = build(tmp_path, section(h100(), h100()))
     truncate_config_spaces(root)
     del nvml.nvmlDeviceGetVirtualizationMode  # a pynvml without the call
-    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    inventory, report = backend.probe(root, pci_scan(root)[0], None, nvml)
     assert inventory is not None and inventory.vgpu_present is None and report.problems == ()
-    found = node_labels(Inventory(nvidia=inventory), Config()).labels
+    found = label_set_of(Inventory(parts=(inventory,)), Config()).labels
     assert "nvidia.com/vgpu.present" not in found and found["nvidia.com/gpu.count"] == "2"
 
 
 def test_host_driver_record_walk_rejects_malformed_records() -> None:
     version, branch = b"550.54.16".ljust(10, b"\0"), b"r550_40".ljust(10, b"\0")
     good = b"\x09\x00\x00VF" + bytes([7, 4, 0, 0]) + bytes([0, 22]) + version + branch
-    assert nvidia.host_driver(good) == ("550.54.16", "r550_40")
-    assert nvidia.host_driver(good[:-1]) is None  # record 0 runs past the capability
-    assert nvidia.host_driver(good[:5] + bytes([7, 1]) + good[7:]) is None  # a record shorter than its header
-    assert nvidia.host_driver(good[:5] + bytes([7, 200]) + good[7:]) is None  # a record past the end
-    assert nvidia.host_driver(good[:9] + bytes([0, 21]) + good[11:]) is None  # record 0 too short for both fields
-    assert nvidia.host_driver(good[:9]) is None  # no record 0 at all
+    assert backend.host_driver(good) == ("550.54.16", "r550_40")
+    assert backend.host_driver(good[:-1]) is None  # record 0 runs past the capability
+    assert backend.host_driver(good[:5] + bytes([7, 1]) + good[7:]) is None  # a record shorter than its header
+    assert backend.host_driver(good[:5] + bytes([7, 200]) + good[7:]) is None  # a record past the end
+    assert backend.host_driver(good[:9] + bytes([0, 21]) + good[11:]) is None  # record 0 too short for both fields
+    assert backend.host_driver(good[:9]) is None  # no record 0 at all
 
 
 def test_vgpu_capability_walks_the_list() -> None:
@@ -198,24 +211,24 @@ def test_vgpu_capability_walks_the_list() -> None:
     config[0x06], config[0x34] = 0x10, 0x40
     config[0x40:0x42] = bytes([0x05, 0x50])
     config[0x50:0x55] = bytes([0x09, 0x00, 0x14]) + b"VF"
-    assert nvidia.vgpu_capability(bytes(config)) == bytes(config[0x50:0x64])  # the 20 bytes it says it spans
+    assert backend.vgpu_capability(bytes(config)) == bytes(config[0x50:0x64])  # the 20 bytes it says it spans
     config[0x53:0x55] = b"XX"
-    assert nvidia.vgpu_capability(bytes(config)) is None
-    assert nvidia.vgpu_capability(bytes(config[:64])) is None  # unprivileged read: header only
+    assert backend.vgpu_capability(bytes(config)) is None
+    assert backend.vgpu_capability(bytes(config[:64])) is None  # unprivileged read: header only
 
 
 def test_fabric_clique(tmp_path: Path) -> None:
     fabric = {"cluster_uuid": "7b968a6d-c8aa-45e1-9e07-e1e51be99c31", "clique_id": 1}
     inventory = inventory_of(tmp_path, section(h100(fabric=fabric)))
-    assert inventory.nvidia is not None
-    assert inventory.nvidia.gpus[0].clique == "7b968a6d-c8aa-45e1-9e07-e1e51be99c31.1"
+    assert inventory.part(NvidiaInventory) is not None
+    assert nvidia_part(inventory).gpus[0].clique == "7b968a6d-c8aa-45e1-9e07-e1e51be99c31.1"
 
 
 def test_a_pynvml_without_the_fabric_api_still_describes_the_gpus(tmp_path: Path) -> None:
     # nvidia-ml-py releases before the GPU fabric API lack c_nvmlGpuFabricInfo_v2_t.
     root, nvml = build(tmp_path, section(h100(repeat=2)))
     del nvml.c_nvmlGpuFabricInfo_v2_t
-    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    inventory, report = backend.probe(root, pci_scan(root)[0], None, nvml)
     assert report.status == "ok" and inventory is not None
     assert [gpu.clique for gpu in inventory.gpus] == [None, None]
 
@@ -235,7 +248,7 @@ def test_a_driver_without_mig_still_gets_every_gpu_labelled(tmp_path: Path) -> N
     # Drivers before R450 have no nvmlDeviceGetMigMode: GFD (go-nvlib) then calls the GPU not MIG-capable.
     root, nvml = build(tmp_path, section(h100(repeat=2)))
     missing_symbol(nvml, "nvmlDeviceGetMigMode")
-    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    inventory, report = backend.probe(root, pci_scan(root)[0], None, nvml)
     assert report.status == "ok" and report.problems == () and inventory is not None
     assert [(gpu.mig_capable, gpu.mig_enabled) for gpu in inventory.gpus] == [(False, False), (False, False)]
 
@@ -244,7 +257,7 @@ def test_mig_profiles_are_read_through_the_v1_calls_on_drivers_without_the_v2_on
     root, nvml = build(tmp_path, section(a100(mig_mode="enabled", mig_devices=[mig_1g5gb(2)])))
     missing_symbol(nvml, "nvmlDeviceGetGpuInstanceProfileInfo", only_default_version=True)
     missing_symbol(nvml, "nvmlGpuInstanceGetComputeInstanceProfileInfo", only_default_version=True)
-    inventory, report = nvidia.probe(root, pci.scan(root)[0], nvml)
+    inventory, report = backend.probe(root, pci_scan(root)[0], None, nvml)
     assert report.problems == () and inventory is not None
     assert [mig.profile for mig in inventory.gpus[0].mig_devices] == ["1g.5gb", "1g.5gb"]
 
@@ -253,7 +266,7 @@ def test_the_fabric_clique_comes_from_the_first_fabric_call_when_the_versioned_o
     fabric = {"cluster_uuid": "7b968a6d-c8aa-45e1-9e07-e1e51be99c31", "clique_id": 3}
     root, nvml = build(tmp_path, section(h100(fabric=fabric)))
     missing_symbol(nvml, "nvmlDeviceGetGpuFabricInfoV")
-    inventory, _ = nvidia.probe(root, pci.scan(root)[0], nvml)
+    inventory, _ = backend.probe(root, pci_scan(root)[0], None, nvml)
     assert inventory is not None and inventory.gpus[0].clique == "7b968a6d-c8aa-45e1-9e07-e1e51be99c31.3"
 
 
@@ -266,7 +279,7 @@ def test_the_fabric_clique_comes_from_the_first_fabric_call_when_the_versioned_o
 ])
 def test_values_beyond_any_real_gpu_leave_that_gpu_out(tmp_path: Path, gpu: dict[str, Any], why: str) -> None:
     inventory = inventory_of(tmp_path, section(h100(), gpu, h100()))
-    assert inventory.nvidia is not None and [g.index for g in inventory.nvidia.gpus] == [0, 2]
+    assert inventory.part(NvidiaInventory) is not None and [g.index for g in nvidia_part(inventory).gpus] == [0, 2]
     report = next(r for r in inventory.reports if r.backend == "nvidia")
     assert report.problems == (f"GPU 1: {why}, beyond any real GPU; GPU left out of the labels",)
     assert inventory.partial  # so the daemon removes nothing on its account
@@ -276,7 +289,7 @@ def test_values_beyond_any_real_gpu_leave_that_gpu_out(tmp_path: Path, gpu: dict
 def test_a_mig_device_larger_than_its_gpu_leaves_the_gpu_out(tmp_path: Path) -> None:
     huge = {"profile": "7g.85gb", "uuid": "MIG-huge", "memory_mib": 81920}  # on a 40 GB A100
     inventory = inventory_of(tmp_path, section(a100(mig_mode="enabled", mig_devices=[huge]), a100()))
-    assert inventory.nvidia is not None and [g.index for g in inventory.nvidia.gpus] == [1]
+    assert inventory.part(NvidiaInventory) is not None and [g.index for g in nvidia_part(inventory).gpus] == [1]
     report = next(r for r in inventory.reports if r.backend == "nvidia")
     assert report.problems == ("GPU 0: MIG device MIG-huge has 81920 MiB, more than its GPU's 40536 MiB, "
                                "beyond any real GPU; GPU left out of the labels",)
@@ -293,7 +306,7 @@ def test_a_config_space_that_cannot_be_trusted_is_reported_and_never_read_whole(
     else:
         config.write_bytes(bytes(8192))
         why = "larger than 4096 bytes, more than any real one"
-    inventory, report = promptly(lambda: nvidia.probe(root, pci.scan(root)[0], nvml))
+    inventory, report = promptly(lambda: backend.probe(root, pci_scan(root)[0], None, nvml))
     assert inventory is not None and len(inventory.gpus) == 2
     assert report.problems == (f"0000:01:00.0: {config}: {why}",)
     assert inventory.vgpu_present is True  # GPU 0's full config space still says so

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from labeller.cli import main
-from tests.nvidia.nvidia_node import h100, section
+from tests.builders import h100, section
 
 NVIDIA_PROFILES = ("dgx-h100", "dgx-a100-mig-mixed", "a100-mig-single", "t4-time-slicing", "h100-pcie-driver-2part")
 
@@ -77,10 +77,11 @@ def test_builtin_profiles_are_listed_with_one_line_descriptions() -> None:
         assert len(line.split(None, 1)[1]) > 10
 
 
-def test_mixed_profile_counts_every_physical_gpu() -> None:
+def test_mixed_profile_counts_what_each_resource_offers() -> None:
     labels = json.loads(CliRunner().invoke(main, ["labels", "--simulate", "dgx-a100-mig-mixed", "--format", "json"]).output)
+    # gpu.count: the 4 whole GPUs advertised as nvidia.com/gpu (GFD would count all 8 physical GPUs);
     # 2 GPUs x 7 1g.5gb + 2 GPUs x (3g.20gb + 2g.10gb + 2 x 1g.5gb)
-    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/mig-1g.5gb.count"]) == ("8", "18")
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/mig-1g.5gb.count"]) == ("4", "18")
     assert (labels["nvidia.com/mig-3g.20gb.count"], labels["nvidia.com/mig-2g.10gb.count"]) == ("2", "2")
     assert labels["nvidia.com/mig-3g.20gb.memory"] == "20096"
 

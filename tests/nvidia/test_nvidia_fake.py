@@ -10,8 +10,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from tests.nvidia.nvidia_node import A100_40GB_BYTES, H100_BYTES, a100, build, h100, mig_1g5gb, section
-from vendors import fake_nvml
+from tests.builders import A100_40GB_BYTES, H100_BYTES, a100, build, h100, mig_1g5gb, section
+from vendors.nvidia import simulate as fake_nvml
 
 
 @pytest.fixture

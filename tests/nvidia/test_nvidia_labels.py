@@ -9,10 +9,11 @@ import pytest
 import structlog
 
 from labeller.config import Config, SharedResource, Sharing, parse_config
-from labeller.inventory import NVIDIA_VENDOR_ID, Inventory, MigDevice, NvidiaGpu, NvidiaInventory, PciGpu
-from labeller.nvidia_labels import family, sanitise
-from labeller.rules import node_labels
-from tests.nvidia.nvidia_node import A100_40GB_BYTES, H100_BYTES, T4_BYTES
+from labeller.inventory import Inventory, PciGpu
+from tests.builders import A100_40GB_BYTES, H100_BYTES, T4_BYTES, label_set_of
+from vendors.nvidia.facts import PCI_VENDOR_ID
+from vendors.nvidia.labels import family, sanitise
+from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 
 H100 = NvidiaGpu(0, "NVIDIA H100 80GB HBM3", "GPU-h0", H100_BYTES, (9, 0), "0000:1b:00.0", 0, True, False,
                  pci_class=0x030200)
@@ -35,8 +36,8 @@ def with_mig(gpu: NvidiaGpu, *migs: MigDevice) -> NvidiaGpu:
 
 def labels(*members: NvidiaGpu, config: dict[str, Any] | Config | None = None, driver: str = "550.54.15",
            cuda: int = 12040, machine: str | None = "DGXH100", vgpu: bool = False) -> dict[str, str]:
-    inventory = Inventory(nvidia=NvidiaInventory(driver, cuda, tuple(members), vgpu_present=vgpu), machine=machine)
-    result = node_labels(inventory, parse_config(config) if isinstance(config, dict) else config or Config())
+    inventory = Inventory(parts=(NvidiaInventory(driver, cuda, tuple(members), vgpu_present=vgpu),), machine=machine)
+    result = label_set_of(inventory, parse_config(config) if isinstance(config, dict) else config or Config())
     assert result.conflicts == []
     return result.labels
 
@@ -146,11 +147,20 @@ def test_mps_with_mig_enabled_is_not_capable_instead_of_failing() -> None:
     assert any(entry["log_level"] == "error" and entry.get("vendor") == "nvidia" for entry in logs)
 
 
-def test_mig_enabled_gpus_are_not_shared_as_whole_gpus() -> None:
+def test_mig_enabled_gpus_under_strategy_none_are_labelled_as_advertised() -> None:
+    # NVIDIA's plugin advertises a MIG-enabled GPU whole under migStrategy none, and time-slicing
+    # replicates it; GFD would label replicas=0 and sharing-strategy=none, contradicting that.
     sharing = {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
     subset(labels(with_mig(A100, MIG_1G5GB), config=sharing),
-           {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.replicas": "0",
-            "nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/gpu.count": "1"})
+           {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED", "nvidia.com/gpu.replicas": "4",
+            "nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.count": "1"})
+
+
+def test_every_gpu_in_mig_under_strategy_mixed_offers_no_whole_gpu() -> None:
+    found = labels(with_mig(A100, MIG_1G5GB), config={"flags": {"migStrategy": "mixed"}})
+    subset(found, {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "0",
+                   "nvidia.com/gpu.replicas": "0", "nvidia.com/gpu.sharing-strategy": "none",
+                   "nvidia.com/mig-1g.5gb.count": "1"})
 
 
 def test_mig_single() -> None:
@@ -208,7 +218,7 @@ def test_mig_mixed() -> None:
               "sharing": {"timeSlicing": {"resources": [{"name": "mig-1g.5gb", "replicas": 3}]}}}
     found = labels(*members, config=config)
     subset(found, {
-        "nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.count": "3",  # every physical GPU
+        "nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.count": "1",  # the one GPU offered whole
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.replicas": "1",
         "nvidia.com/mig-1g.5gb.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED", "nvidia.com/mig-1g.5gb.count": "2",
         "nvidia.com/mig-1g.5gb.replicas": "3", "nvidia.com/mig-1g.5gb.sharing-strategy": "time-slicing",
@@ -257,23 +267,24 @@ def test_vgpu_present() -> None:
     assert labels(H100, vgpu=True)["nvidia.com/vgpu.present"] == "true"
 
 
-def test_heterogeneous_node_describes_the_most_numerous_model() -> None:
+def test_heterogeneous_node_describes_the_most_numerous_model_and_counts_every_gpu_offered() -> None:
     members = [H100, *(replace(gpu, index=gpu.index + 1) for gpu in gpus(A100, 2))]
     with structlog.testing.capture_logs() as logs:
         found = labels(*members)
-    subset(found, {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "2",
+    # nvidia.com/gpu advertises all 3 GPUs; GFD would count only the 2 of the model it names
+    subset(found, {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.count": "3",
                    "nvidia.com/gpu.memory": "40536", "nvidia.com/gpu.family": "ampere"})
     assert any(entry["log_level"] == "warning" and "models" in entry for entry in logs)
 
 
 def test_heterogeneous_tie_goes_to_the_lowest_index() -> None:
     found = labels(replace(A100, index=1), replace(H100, index=0))
-    subset(found, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "1"})
+    subset(found, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "2"})
 
 
 def test_pci_only_gpus_get_presence_only() -> None:
-    inventory = Inventory(pci_gpus=(PciGpu("0000:1b:00.0", NVIDIA_VENDOR_ID, 0x2330, 0x030200),))
-    assert node_labels(inventory, Config()).labels == {"nvidia.com/gpu.present": "true"}
+    inventory = Inventory(pci_gpus=(PciGpu("0000:1b:00.0", PCI_VENDOR_ID, 0x2330, 0x030200),))
+    assert label_set_of(inventory, Config()).labels == {"nvidia.com/gpu.present": "true"}
 
 
 def test_labels_group_switch_turns_nvidia_labels_off() -> None:

@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 
 from labeller.config import Config, parse_config
-from labeller.discovery_options import Node, open_node
+from labeller.node import Node, open_node
 from labeller.inventory import Inventory
 from labeller.plugin.app import DevicePlugin, PluginSettings
-from labeller.plugin.health import HealthPolicy
 from labeller.plugin.prober import Prober
-from labeller.plugin.resources import advertised_resources
-from labeller.reconcile import Backoff
+from labeller.runtime import Backoff
+from tests.builders import offer_of
 from tests.fakes.kubelet import FakeKubelet
 
 
@@ -45,26 +44,33 @@ class Running:
     inventory: Inventory
     config: Config
     host_root: Path
-    nvml: ModuleType | None
+    handles: dict[str, Any]  # the simulated node's stand-ins
+
+    @property
+    def nvml(self) -> ModuleType:
+        """The simulated pynvml, with its test hooks (inject_xid, set_lost)."""
+        module = self.handles["nvidia"]
+        assert isinstance(module, ModuleType)
+        return module
 
 
 @contextmanager
-def simulated(profile: str, config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, ModuleType | None]]:
+def simulated(profile: str, config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, dict[str, Any]]]:
     with open_node(Path("/"), profile, None) as node:
-        yield node.probe(), parse_config(config) if config is not None else node.config, node.host_root, node.nvml
+        yield node.probe(), parse_config(config) if config is not None else node.config, node.host_root, node.handles
 
 
 @contextmanager
 def running_plugin(sock_dir: Path, profile: str, config: dict[str, Any] | None = None, *,
-                   recovery_seconds: float = 0.3, policy: HealthPolicy | None = None,
+                   recovery_seconds: float = 0.3, health_env: dict[str, str] | None = None,
                    poll_seconds: float = 0.05) -> Iterator[Running]:
-    with simulated(profile, config) as (inventory, cfg, host_root, nvml):
+    with simulated(profile, config) as (inventory, cfg, host_root, handles):
         settings = PluginSettings(sock_dir, recovery_seconds=recovery_seconds, health_poll_seconds=poll_seconds,
-                                  tick_seconds=0.05, policy=policy or HealthPolicy())
+                                  tick_seconds=0.05, health_env=health_env or {})
         plugin = DevicePlugin(settings)
-        plugin.serve(advertised_resources(inventory, cfg), cfg, host_root, nvml)
+        plugin.serve(offer_of(inventory, cfg).resources, cfg, host_root, handles)
         with plugin:
-            yield Running(plugin, inventory, cfg, host_root, nvml)
+            yield Running(plugin, inventory, cfg, host_root, handles)
 
 
 @dataclass
@@ -80,7 +86,7 @@ def probing_plugin(sock_dir: Path, node: Node, config_path: Path | None = None, 
                    backoff: Backoff | None = None, recovery_seconds: float = 0.3) -> Iterator[Probing]:
     """The plugin as ``gpu-labeller device-plugin`` runs it: the prober loop on a thread, feeding the supervisor."""
     settings = PluginSettings(sock_dir, recovery_seconds=recovery_seconds, health_poll_seconds=0.05, tick_seconds=0.05,
-                              policy=HealthPolicy())
+                              health_env={})
     stop, reload, exit_code = threading.Event(), threading.Event(), []
     with DevicePlugin(settings) as plugin:
         prober = Prober(node, plugin, config_path, backoff or Backoff(0.05, 0.2))

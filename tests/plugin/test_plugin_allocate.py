@@ -11,14 +11,17 @@ from labeller.config import parse_config
 from labeller.inventory import Inventory
 from labeller.plugin.allocate import Allocator, RequestError
 from labeller.plugin.api import api_pb2 as pb
-from labeller.plugin.resources import advertised_resources
-from tests.plugin.builders import amd, amd_gpu, amd_node, nvidia, nvidia_gpu
+from tests.builders import amd, amd_gpu, amd_node, nvidia, nvidia_gpu, offer_of
+from vendors import VENDORS
 
 
 def allocator(inventory: Inventory, raw: dict[str, Any] | None = None, host_root: Path = Path("/nonexistent"),
               index: int = 0) -> Allocator:
+    """The Allocator the plugin builds for the ``index``-th resource the node offers."""
     config = parse_config(raw)
-    return Allocator(advertised_resources(inventory, config)[index], config.plugin, config.sharing, host_root)
+    resource = offer_of(inventory, config).resources[index]
+    vendor = next(v for v in VENDORS if v.name == resource.vendor)
+    return Allocator(resource, config.sharing, vendor.allocator(config, host_root))
 
 
 def specs(response: pb.ContainerAllocateResponse) -> list[tuple[str, str, str]]:

@@ -119,7 +119,7 @@ def test_serves_registers_reloads_on_sighup_and_stops_on_sigterm(sock_dir: Path,
         assert 'gpu_labeller_plugin_devices{health="Healthy",resource="nvidia.com/gpu.shared"} 24.0' in metrics
         config.write_text("version: v1\nsharing: {timeSlicing: {replicas: 3}}\n")  # a bad config ...
         plugin.proc.send_signal(signal.SIGHUP)
-        plugin.event("config reload failed, serving on with the old config")
+        plugin.event("config reload failed, keeping the old config")
         assert plugin.proc.poll() is None and kubelet.allocatable("nvidia.com/gpu.shared") == 24
         since = time.monotonic()
         config.write_text("version: v1\n")  # SIGHUP: the config is read again, sharing is gone

@@ -7,14 +7,10 @@ from typing import Any
 
 import pytest
 
-from labeller.plugin.health import (
-    APPLICATION_XIDS,
-    HealthBoard,
-    HealthPolicy,
-    NvmlChecker,
-)
-from labeller.plugin.resources import advertised_resources
+from labeller.plugin.health import HealthBoard, checks_enabled
+from tests.builders import nvidia_part, offer_of
 from tests.plugin.conftest import simulated
+from vendors.nvidia.health import APPLICATION_XIDS, HealthPolicy, NvmlChecker
 
 
 @pytest.mark.parametrize(("env", "critical", "ignored", "checks"), [
@@ -27,14 +23,14 @@ from tests.plugin.conftest import simulated
 ])
 def test_policy_from_env(env: dict[str, str], critical: list[int], ignored: list[int], checks: bool) -> None:
     policy = HealthPolicy.from_env(env)
-    assert policy.checks is checks
+    assert checks_enabled(env) is checks
     assert all(policy.xid_is_critical(x) for x in critical)
     assert not any(policy.xid_is_critical(x) for x in ignored)
 
 
 def test_disable_all_xids_still_watches_lost_gpus() -> None:
-    policy = HealthPolicy.from_env({"DP_DISABLE_HEALTHCHECKS": "xids"})
-    assert policy.checks and not policy.watch_xids
+    env = {"DP_DISABLE_HEALTHCHECKS": "xids"}
+    assert checks_enabled(env) and not HealthPolicy.from_env(env).watch_xids
 
 
 class Clock:
@@ -75,14 +71,14 @@ def test_recovery_zero_means_never() -> None:
 
 @pytest.fixture
 def mig_checker() -> Iterator[tuple[NvmlChecker, HealthBoard, Any, list[str]]]:
-    with simulated("dgx-a100-mig-mixed") as (inventory, config, _, nvml):
-        physical = {d.physical.health_key: d.physical for r in advertised_resources(inventory, config)
+    with simulated("dgx-a100-mig-mixed") as (inventory, config, _, handles):
+        nvml = handles["nvidia"]
+        physical = {d.physical.health_key: d.physical for r in offer_of(inventory, config).resources
                     for d in r.devices}
         board = HealthBoard(physical, recovery_seconds=0)
-        assert nvml is not None
         checker = NvmlChecker(nvml, physical.values(), board, HealthPolicy())
         assert checker.start()
-        gpus = [g.uuid for g in inventory.nvidia.gpus]  # type: ignore[union-attr]
+        gpus = [g.uuid for g in nvidia_part(inventory).gpus]
         yield checker, board, nvml, gpus
         checker.stop()
 

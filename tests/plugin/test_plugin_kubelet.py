@@ -12,9 +12,9 @@ import structlog
 
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
-from labeller.plugin.health import HealthPolicy
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
+from tests.builders import amd_part, nvidia_part
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import running_plugin
 
@@ -52,7 +52,7 @@ def test_devices_carry_numa(sock_dir: Path, kubelet: FakeKubelet) -> None:
         stream = stub(sock_dir, "nvidia-gpu.sock").ListAndWatch(pb.Empty())
         first = next(stream)
         stream.cancel()
-        numa = {g.uuid: g.numa_node for g in running.inventory.nvidia.gpus}  # type: ignore[union-attr]
+        numa = {g.uuid: g.numa_node for g in nvidia_part(running.inventory).gpus}
         assert {d.ID: [n.ID for n in d.topology.nodes] for d in first.devices} == {u: [n] for u, n in numa.items()}
         assert {d.health for d in first.devices} == {"Healthy"}
 
@@ -61,7 +61,7 @@ def test_allocate_nvidia_prefers_nvlink_and_numa(sock_dir: Path, kubelet: FakeKu
     with running_plugin(sock_dir, "dgx-h100") as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
         response, (ids,) = kubelet.admit(GPU, [4])
-        numa = {g.uuid: g.numa_node for g in running.inventory.nvidia.gpus}  # type: ignore[union-attr]
+        numa = {g.uuid: g.numa_node for g in nvidia_part(running.inventory).gpus}
         assert len({numa[i] for i in ids}) == 1  # all-to-all NVLink: NUMA decides
         assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
         with pytest.raises(AdmissionError, match="Requested: 5, Available: 4"):
@@ -71,7 +71,7 @@ def test_allocate_nvidia_prefers_nvlink_and_numa(sock_dir: Path, kubelet: FakeKu
 def test_allocate_time_slicing_replicas(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "t4-time-slicing") as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
-        uuid = running.inventory.nvidia.gpus[0].uuid  # type: ignore[union-attr]
+        uuid = nvidia_part(running.inventory).gpus[0].uuid
         response, chosen = kubelet.admit(GPU, [1, 2])
         assert [len(ids) for ids in chosen] == [1, 2] and all(i.startswith(uuid + "::") for c in chosen for i in c)
         assert [c.envs["NVIDIA_VISIBLE_DEVICES"] for c in response.container_responses] == [uuid, uuid]
@@ -81,7 +81,7 @@ def test_allocate_mig_mixed(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "dgx-a100-mig-mixed") as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/mig-3g.20gb") == 2)
         response, (ids,) = kubelet.admit("nvidia.com/mig-3g.20gb", [1])
-        migs = {m.uuid: m.profile for g in running.inventory.nvidia.gpus for m in g.mig_devices}  # type: ignore[union-attr]
+        migs = {m.uuid: m.profile for g in nvidia_part(running.inventory).gpus for m in g.mig_devices}
         assert migs[ids[0]] == "3g.20gb"
         assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ids[0]
 
@@ -90,7 +90,7 @@ def test_allocate_amd_partitions(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "mi300x-x8-cpx") as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(AMD) == 63)
         response, (ids,) = kubelet.admit(AMD, [2])
-        renders = {n.render_minor for g in running.inventory.amd.gpus for n in g.nodes}  # type: ignore[union-attr]
+        renders = {n.render_minor for g in amd_part(running.inventory).gpus for n in g.nodes}
         paths = [(d.container_path, d.permissions) for d in response.container_responses[0].devices]
         assert paths[0] == ("/dev/kfd", "rwm") and len(paths) == 3
         assert all(p.startswith("/dev/dri/renderD") and int(p[16:]) in renders and perm == "rwm" for p, perm in paths[1:])
@@ -102,7 +102,7 @@ def test_bad_requests_get_invalid_argument(sock_dir: Path, kubelet: FakeKubelet)
                                           "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
     with running_plugin(sock_dir, "t4-time-slicing", config) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
-        uuid = running.inventory.nvidia.gpus[0].uuid  # type: ignore[union-attr]
+        uuid = nvidia_part(running.inventory).gpus[0].uuid
         plugin = stub(sock_dir, "nvidia-gpu.sock")
         for ids, message in [(["GPU-nope"], "unknown device ID"), ([f"{uuid}::0", f"{uuid}::1"], "maximum request"),
                              ([], "no device IDs")]:
@@ -131,9 +131,9 @@ def _wait_health(kubelet: FakeKubelet, resource: str, healthy: int, timeout: flo
 def test_xid_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "dgx-h100", recovery_seconds=0.5) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
-        nvml, uuid = running.nvml, running.inventory.nvidia.gpus[3].uuid  # type: ignore[union-attr]
-        nvml.inject_xid(uuid, 13)  # type: ignore[union-attr]  # application XID: ignored
-        nvml.inject_xid(uuid, 79)  # type: ignore[union-attr]
+        nvml, uuid = running.nvml, nvidia_part(running.inventory).gpus[3].uuid
+        nvml.inject_xid(uuid, 13)  # application XID: ignored
+        nvml.inject_xid(uuid, 79)
         assert _wait_health(kubelet, GPU, 7) < 1.0
         assert kubelet.devices(GPU)[uuid] == "Unhealthy" and kubelet.capacity(GPU) == 8
         assert 0.3 < _wait_health(kubelet, GPU, 8) < 2.0
@@ -142,19 +142,19 @@ def test_xid_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
 def test_lost_gpu_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "t4-time-slicing", recovery_seconds=0.3) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
-        nvml, uuid = running.nvml, running.inventory.nvidia.gpus[0].uuid  # type: ignore[union-attr]
-        nvml.set_lost(uuid, True)  # type: ignore[union-attr]
+        nvml, uuid = running.nvml, nvidia_part(running.inventory).gpus[0].uuid
+        nvml.set_lost(uuid, True)
         assert _wait_health(kubelet, GPU, 0) < 1.0  # every replica of the lost GPU
         time.sleep(0.5)
         assert kubelet.allocatable(GPU) == 0  # still lost: no recovery
-        nvml.set_lost(uuid, False)  # type: ignore[union-attr]
+        nvml.set_lost(uuid, False)
         _wait_health(kubelet, GPU, 4)
 
 
 def test_amd_kfd_node_disappears_and_returns(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "mi210-x8", recovery_seconds=0.2) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(AMD) == 8)
-        node = running.inventory.amd.gpus[2].nodes[0].kfd_node  # type: ignore[union-attr]
+        node = amd_part(running.inventory).gpus[2].nodes[0].kfd_node
         path = running.host_root / f"sys/class/kfd/kfd/topology/nodes/{node}"
         saved = path.with_name("saved")
         path.rename(saved)
@@ -164,10 +164,9 @@ def test_amd_kfd_node_disappears_and_returns(sock_dir: Path, kubelet: FakeKubele
 
 
 def test_health_checks_disabled(sock_dir: Path, kubelet: FakeKubelet) -> None:
-    policy = HealthPolicy.from_env({"DP_DISABLE_HEALTHCHECKS": "all"})
-    with running_plugin(sock_dir, "dgx-h100", policy=policy) as running:
+    with running_plugin(sock_dir, "dgx-h100", health_env={"DP_DISABLE_HEALTHCHECKS": "all"}) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
-        running.nvml.inject_xid(running.inventory.nvidia.gpus[0].uuid, 79)  # type: ignore[union-attr]
+        running.nvml.inject_xid(nvidia_part(running.inventory).gpus[0].uuid, 79)
         time.sleep(0.3)
         assert kubelet.allocatable(GPU) == 8
 

@@ -9,8 +9,8 @@ import pytest
 
 from labeller.config import parse_config
 from labeller.plugin.preferred import preferred
-from labeller.plugin.resources import Resource, advertised_resources
-from tests.plugin.builders import nvidia, nvidia_gpu
+from labeller.offer import Resource
+from tests.builders import nvidia, nvidia_gpu, offer_of
 from tests.plugin.conftest import simulated
 
 
@@ -20,7 +20,7 @@ def islands() -> Resource:
     for i in range(8):
         island = [j for j in range(i % 2, 8, 2) if j != i]
         gpus.append(nvidia_gpu(i, numa=0 if i < 4 else 1, peers=tuple(island)))
-    return advertised_resources(nvidia(*gpus), parse_config(None))[0]
+    return list(offer_of(nvidia(*gpus), parse_config(None)).resources)[0]
 
 
 ALL8 = [f"GPU-{i}" for i in range(8)]
@@ -37,7 +37,7 @@ def test_nvlink_pair_prefers_same_numa() -> None:
 
 
 def test_without_links_numa_decides() -> None:
-    resource = advertised_resources(nvidia(*(nvidia_gpu(i, numa=i % 2) for i in range(4))), parse_config(None))[0]
+    resource = offer_of(nvidia(*(nvidia_gpu(i, numa=i % 2) for i in range(4))), parse_config(None)).resources[0]
     assert sorted(preferred(resource, ["GPU-0", "GPU-1", "GPU-2", "GPU-3"], ["GPU-1"], 2)) == ["GPU-1", "GPU-3"]
 
 
@@ -59,7 +59,7 @@ def test_every_answer_is_a_valid_subset() -> None:
 
 def test_xgmi_on_the_mi210_capture() -> None:
     with simulated("mi210-x8") as (inventory, config, _, _):
-        (resource,) = advertised_resources(inventory, config)
+        (resource,) = list(offer_of(inventory, config).resources)
     ids = [d.id for d in resource.devices]
     by_id = {d.id: d.physical for d in resource.devices}
     got = preferred(resource, ids, [], 2)
@@ -73,7 +73,7 @@ def test_xgmi_on_the_mi210_capture() -> None:
 
 def test_partitions_of_one_gpu_together() -> None:
     with simulated("mi300x-x8-cpx") as (inventory, config, _, _):
-        (resource,) = advertised_resources(inventory, config)
+        (resource,) = list(offer_of(inventory, config).resources)
     ids = [d.id for d in resource.devices]
     got = preferred(resource, ids[3:], [], 4)  # greedy path: C(60, 4) is large
     assert len({resource.device(i).physical.gpu for i in got}) == 1  # type: ignore[union-attr]
@@ -81,7 +81,7 @@ def test_partitions_of_one_gpu_together() -> None:
 
 def shared(policy: str = "distributed") -> tuple[Resource, str]:
     raw: dict[str, Any] = {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
-    return advertised_resources(nvidia(nvidia_gpu(0), nvidia_gpu(1), nvidia_gpu(2)), parse_config(raw))[0], policy
+    return offer_of(nvidia(nvidia_gpu(0), nvidia_gpu(1), nvidia_gpu(2)), parse_config(raw)).resources[0], policy
 
 
 def test_replicas_distributed_spread_over_gpus() -> None:

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import structlog
 
-from labeller.discovery_options import Node, open_node
+from labeller.node import Node, open_node
 from labeller.inventory import Inventory, ProbeError
 from labeller.plugin.prober import carried_forward, failed_vendors, not_ready
-from labeller.plugin.resources import advertised_resources
-from labeller.reconcile import Backoff
+from labeller.runtime import Backoff
 from tests.fakes.kubelet import FakeKubelet
+from tests.builders import offer_of
 from tests.plugin.conftest import probing_plugin, simulated
 from tests.plugin.profile_files import l40s_node, mi210_node, write_yaml
 
@@ -51,24 +51,24 @@ def test_not_ready_gives_the_probe_reports_reason(tmp_path: Path, nvml_error: st
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(2, nvml_error=nvml_error))
     with simulated(str(profile)) as (inventory, config, _, _):
-        found = not_ready(inventory, advertised_resources(inventory, config))
+        found = not_ready(inventory, list(offer_of(inventory, config).resources))
         assert failed_vendors(inventory) == {"nvidia"}
     assert found is not None and found.startswith(reason)
 
 
 def test_not_ready_when_nothing_can_be_served() -> None:
     with simulated("dgx-a100-mig-mixed", {"flags": {"migStrategy": "single"}}) as (inventory, config, _, _):
-        assert not_ready(inventory, advertised_resources(inventory, config)) == \
+        assert not_ready(inventory, list(offer_of(inventory, config).resources)) == \
             "8 GPU(s) on the PCI bus but none the plugin can serve with this config"
     assert not_ready(Inventory(), []) == "no GPU found"
     with simulated("dgx-h100") as (inventory, config, _, _):
-        assert not_ready(inventory, advertised_resources(inventory, config)) is None
+        assert not_ready(inventory, list(offer_of(inventory, config).resources)) is None
         assert failed_vendors(inventory) == set()
 
 
 def test_a_failed_vendor_keeps_what_it_served() -> None:
     with simulated("mixed-l40s-mi210") as (inventory, config, _, _):
-        served = advertised_resources(inventory, config)
+        served = list(offer_of(inventory, config).resources)
     nvidia, amd = served
     assert carried_forward(served, [amd], {"nvidia"}) == [amd, nvidia]
     assert carried_forward(served, [amd], set()) == [amd]  # a vendor that answered: as probed
@@ -94,7 +94,7 @@ def test_waits_for_the_kfd_topology_then_serves(sock_dir: Path, kubelet: FakeKub
 def test_a_probe_that_fails_as_a_whole_serves_nothing_then_changes_nothing(
         sock_dir: Path, kubelet: FakeKubelet) -> None:
     with open_node(Path("/"), "dgx-h100", None) as opened:
-        node = FlakyNode(opened.host_root, opened.config, opened.nvml, failures=2)
+        node = FlakyNode(opened.host_root, opened.config, opened.handles, failures=2)
         with structlog.testing.capture_logs() as logs, probing_plugin(sock_dir, node) as run:
             assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
             assert [e["detail"] for e in _waits(logs)] == ["/sys/bus/pci/devices is empty: is the host's /sys mounted?"] * 2
@@ -129,7 +129,7 @@ def test_a_vendor_that_stops_answering_keeps_its_devices(sock_dir: Path, kubelet
 def test_retries_back_off_with_jitter_up_to_the_cap(sock_dir: Path, kubelet: FakeKubelet) -> None:
     base, cap = 0.02, 0.08
     with open_node(Path("/"), "dgx-h100", None) as opened:
-        node = FlakyNode(opened.host_root, opened.config, opened.nvml, failures=10**6)
+        node = FlakyNode(opened.host_root, opened.config, opened.handles, failures=10**6)
         with structlog.testing.capture_logs() as logs, \
                 probing_plugin(sock_dir, node, backoff=Backoff(base, cap, random.Random(7))):
             assert kubelet.wait_for(lambda: len(_waits(logs)) >= 10)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from labeller.discovery_options import open_node
+from labeller.node import open_node
 from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.conftest import Probing, probing_plugin
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
@@ -78,7 +78,7 @@ def test_an_unhealthy_gpu_stays_unhealthy_across_a_reload(sock_dir: Path, kubele
                                                           tmp_path: Path) -> None:
     with two_gpus_two_replicas(sock_dir, kubelet, tmp_path, recovery_seconds=60) as (run, _, config):
         sick = sorted(kubelet.devices(GPU))[0].split("::")[0]
-        run.node.nvml.inject_xid(sick, 79)  # type: ignore[union-attr]
+        run.node.handles["nvidia"].inject_xid(sick, 79)
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2)
         write_yaml(config, time_slicing(4))
         run.reload.set()

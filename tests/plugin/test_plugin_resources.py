@@ -7,19 +7,20 @@ from typing import Any
 import pytest
 
 from labeller.config import parse_config
-from labeller.plugin.resources import advertised_resources
-from tests.plugin.builders import amd, amd_gpu, amd_node, bus, nvidia, nvidia_gpu
+from vendors.amd.devices import AmdDevice
+from vendors.nvidia.devices import NvidiaDevice
+from tests.builders import amd, amd_gpu, amd_node, bus, nvidia, nvidia_gpu, offer_of
 
 
 def names(inventory: Any, raw: dict[str, Any] | None = None) -> dict[str, list[str]]:
-    return {r.name: [d.id for d in r.devices] for r in advertised_resources(inventory, parse_config(raw))}
+    return {r.name: [d.id for d in r.devices] for r in list(offer_of(inventory, parse_config(raw)).resources)}
 
 
 def test_full_gpus_by_uuid_or_index() -> None:
     inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1, numa=1))
     assert names(inventory) == {"nvidia.com/gpu": ["GPU-0", "GPU-1"]}
     assert names(inventory, {"flags": {"plugin": {"deviceIDStrategy": "index"}}}) == {"nvidia.com/gpu": ["0", "1"]}
-    (resource,) = advertised_resources(inventory, parse_config(None))
+    (resource,) = list(offer_of(inventory, parse_config(None)).resources)
     assert resource.socket_name == "nvidia-gpu.sock"
     assert [d.physical.numa_node for d in resource.devices] == [0, 1]
 
@@ -29,7 +30,7 @@ def test_time_slicing_replicas_and_rename() -> None:
     sharing: dict[str, Any] = {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 3}]}}}
     assert names(inventory, sharing)["nvidia.com/gpu"] == [f"GPU-{g}::{n}" for g in range(2) for n in range(3)]
     sharing["sharing"]["timeSlicing"]["renameByDefault"] = True
-    (resource,) = advertised_resources(inventory, parse_config(sharing))
+    (resource,) = list(offer_of(inventory, parse_config(sharing)).resources)
     assert resource.name == "nvidia.com/gpu.shared" and resource.socket_name == "nvidia-gpu.shared.sock"
     assert resource.replicas == 3 and len(resource.devices) == 6
     assert {d.physical.health_key for d in resource.devices} == {"GPU-0", "GPU-1"}
@@ -59,7 +60,7 @@ def test_mig_single_without_mig_is_none() -> None:
 
 def test_mig_mixed_one_resource_per_profile() -> None:
     inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1, mig=("1g.5gb", "1g.5gb", "2g.10gb+me")), nvidia_gpu(2, mig=()))
-    resources = advertised_resources(inventory, parse_config({"flags": {"migStrategy": "mixed"}}))
+    resources = list(offer_of(inventory, parse_config({"flags": {"migStrategy": "mixed"}})).resources)
     assert {r.name: [d.id for d in r.devices] for r in resources} == {
         "nvidia.com/gpu": ["GPU-0"],
         "nvidia.com/mig-1g.5gb": ["MIG-1-0", "MIG-1-1"],
@@ -68,7 +69,9 @@ def test_mig_mixed_one_resource_per_profile() -> None:
     assert [r.socket_name for r in resources] == ["nvidia-gpu.sock", "nvidia-mig-1g.5gb.sock",
                                                   "nvidia-mig-2g.10gb.me.sock"]
     mig = resources[1].devices[0].physical
-    assert (mig.gpu, mig.gpu_uuid, mig.minor_number, mig.mig) == (bus(1), "GPU-1", 1, (1, 0))
+    assert isinstance(mig, NvidiaDevice)
+    assert (mig.gpu, mig.nvml_gpu.uuid, mig.nvml_gpu.minor_number, mig.mig_ids) == (bus(1), "GPU-1", 1, (1, 0))
+    assert mig.partition == "1g.5gb"
 
 
 def test_amd_whole_gpus_and_partitions() -> None:
@@ -76,12 +79,13 @@ def test_amd_whole_gpus_and_partitions() -> None:
         amd_gpu("0000:03:00.0", amd_node(2, 0x300, render=128, card=1, links=((3, 11), (0, 2)))),
         amd_gpu("0000:05:00.0", amd_node(3, 0x500, render=129, card=2), amd_node(4, 0x501, render=130, card=3), numa=1),
     )
-    (resource,) = advertised_resources(inventory, parse_config(None))
+    (resource,) = list(offer_of(inventory, parse_config(None)).resources)
     assert resource.name == "amd.com/gpu" and resource.socket_name == "amd-gpu.sock"
     assert [d.id for d in resource.devices] == ["0000:03:00.0", "0000:05:00.0", "0000:05:00.1"]
     first = resource.devices[0].physical
+    assert isinstance(first, AmdDevice)
     assert first.fabric_peers == ("0000:05:00.0",)  # XGMI only; the PCIe link to the CPU node is not a peer
-    assert (first.kfd_node, first.card, first.render_minor, first.health_key) == (2, 1, 128, "kfd:2")
+    assert (first.node.kfd_node, first.node.card, first.node.render_minor, first.health_key) == (2, 1, 128, "kfd:2")
 
 
 def test_amd_time_slicing_uses_the_same_config_format() -> None:
@@ -91,5 +95,5 @@ def test_amd_time_slicing_uses_the_same_config_format() -> None:
 
 
 def test_no_devices_no_resources() -> None:
-    assert advertised_resources(nvidia(), parse_config(None)) == []
-    assert advertised_resources(amd(), parse_config(None)) == []
+    assert list(offer_of(nvidia(), parse_config(None)).resources) == []
+    assert list(offer_of(amd(), parse_config(None)).resources) == []

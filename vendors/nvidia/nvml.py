@@ -1,14 +1,13 @@
 """NVIDIA backend: what NVML (pynvml) says about each GPU, read the way GPU Feature Discovery does.
 
 Only the ``nvml`` module object passed in (or the real ``pynvml``) is used for calls, error
-classes and constants, so ``vendors.fake_nvml`` can stand in for simulations and tests. NVML is
+classes and constants, so ``vendors.nvidia.simulate`` can stand in for simulations and tests. NVML is
 initialised and shut down on every probe, as GFD does on every labelling pass.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 import uuid as uuidlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,48 +16,15 @@ from typing import Any
 
 import structlog
 
-from labeller.inventory import NVIDIA_VENDOR_ID, BackendReport, BackendStatus, MigDevice, NvidiaGpu, NvidiaInventory, PciGpu
+from labeller.config import Config
+from labeller.inventory import BackendReport, BackendStatus, PciGpu
+from vendors.nvidia.facts import MIB, PCI_VENDOR_ID, compute_instance_profiles, gpu_instance_profiles, mig_memory_gb, mig_profile_name
+from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 from vendors.pci import devices_dir, normalise_bdf
 from vendors.plausible import MAX_COMPUTE_MAJOR, MAX_COMPUTE_MINOR, MAX_MEMORY_BYTES, first_problem, outside
 from vendors.sysfs import CONFIG_SPACE_LIMIT, Untrusted, read_bytes
 
 log = structlog.get_logger(__name__)
-
-MIB = 1024 * 1024
-GIB = 1024 * 1024 * 1024
-
-# GPU instance profile constant -> (GPU slices, profile-name suffix), as go-nvlib's NewProfile.
-_GI_PROFILES: dict[str, tuple[int, str]] = {
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE": (1, ""),
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": (1, "+me"),
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": (1, ""),
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX": (1, "+gfx"),
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME": (1, "-me"),
-    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME": (1, "+me.all"),
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE": (2, ""),
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1": (2, "+me"),
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX": (2, "+gfx"),
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME": (2, "-me"),
-    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME": (2, "+me.all"),
-    "NVML_GPU_INSTANCE_PROFILE_3_SLICE": (3, ""),
-    "NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX": (3, "+gfx"),
-    "NVML_GPU_INSTANCE_PROFILE_4_SLICE": (4, ""),
-    "NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX": (4, "+gfx"),
-    "NVML_GPU_INSTANCE_PROFILE_6_SLICE": (6, ""),
-    "NVML_GPU_INSTANCE_PROFILE_7_SLICE": (7, ""),
-    "NVML_GPU_INSTANCE_PROFILE_8_SLICE": (8, ""),
-}
-# Compute instance profile constant -> compute slices.
-_CI_PROFILES: dict[str, int] = {
-    "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE": 1,
-    "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1": 1,
-    "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE": 2,
-    "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE": 3,
-    "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE": 4,
-    "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE": 6,
-    "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE": 7,
-    "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE": 8,
-}
 
 # PCI config space, for the vGPU check (GFD internal/vgpu).
 _PCI_CONFIG_SIZE = 256  # Linux shows only the first 64 bytes to readers without CAP_SYS_ADMIN
@@ -73,20 +39,6 @@ _HOST_DRIVER_FIELD = 10
 
 
 # --- pure helpers ---------------------------------------------------------------------------------
-
-def mig_memory_gb(memory_mib: int, parent_total_bytes: int) -> int:
-    """The "<GB>gb" of a MIG profile name, as go-nvlib computes it (rounded to eighths of the GPU)."""
-    fraction = memory_mib * MIB / parent_total_bytes
-    fraction = math.ceil(fraction * 8) / 8
-    total_gb = -(-parent_total_bytes // GIB)  # ceiling division
-    return math.floor(fraction * total_gb + 0.5)  # Go's math.Round: halves away from zero, not to even
-
-
-def mig_profile_name(gpu_slices: int, compute_slices: int, memory_gb: int, suffix: str = "") -> str:
-    """"1g.5gb", "1c.3g.20gb", "1g.10gb+me": the compute count is only written when it differs."""
-    base = f"{gpu_slices}g.{memory_gb}gb" if compute_slices == gpu_slices else f"{compute_slices}c.{gpu_slices}g.{memory_gb}gb"
-    return base + suffix
-
 
 def text(value: str | bytes) -> str:
     """Older pynvml versions return bytes from getters and struct fields such as PciInfo.busId."""
@@ -158,10 +110,6 @@ def vgpu_state(host_root: Path, nvidia_pci: tuple[PciGpu, ...], nvml_says: Mappi
 
 # --- NVML readers ---------------------------------------------------------------------------------
 
-def _constants(nvml: ModuleType, table: dict[str, Any]) -> dict[int, Any]:
-    return {getattr(nvml, name): value for name, value in table.items() if hasattr(nvml, name)}
-
-
 def _versioned(nvml: ModuleType, call: Any, *args: Any) -> Any:
     """pynvml's profile-info calls default to their v2 symbols; drivers before them have only v1."""
     try:
@@ -199,8 +147,8 @@ def _mig_profile(nvml: ModuleType, parent: Any, gi_id: int, ci_id: int, memory_m
     compute_instance = nvml.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, ci_id)
     gi_index = _gi_profile_index(nvml, parent, nvml.nvmlGpuInstanceGetInfo(gpu_instance).profileId)
     ci_index = _ci_profile_index(nvml, gpu_instance, nvml.nvmlComputeInstanceGetInfo(compute_instance).profileId)
-    gi_profiles = _constants(nvml, _GI_PROFILES)
-    ci_profiles = _constants(nvml, _CI_PROFILES)
+    gi_profiles = gpu_instance_profiles(nvml)
+    ci_profiles = compute_instance_profiles(nvml)
     if gi_index not in gi_profiles or ci_index not in ci_profiles:
         raise nvml.NVMLError(nvml.NVML_ERROR_NOT_FOUND)
     gpu_slices, suffix = gi_profiles[gi_index]
@@ -385,8 +333,10 @@ def _read_gpus(nvml: ModuleType, pci_by_bdf: dict[str, PciGpu]) -> tuple[list[Nv
 
 # --- probe ----------------------------------------------------------------------------------------
 
-def _load_pynvml() -> ModuleType:
-    return importlib.import_module("pynvml")  # lazily: only real hosts pay for it
+def load(nvml: ModuleType | None) -> ModuleType:
+    """The pynvml API to call: a simulation's module, else the real pynvml (imported on first use,
+    so that nodes without NVIDIA GPUs never load it)."""
+    return nvml if nvml is not None else importlib.import_module("pynvml")
 
 
 def _init_failure(nvml: ModuleType, exc: Exception, on_pci: int) -> BackendReport:
@@ -421,9 +371,10 @@ def _inventory(nvml: ModuleType, host_root: Path, nvidia_pci: tuple[PciGpu, ...]
     return inventory, BackendReport("nvidia", "ok", detail, tuple(problems))
 
 
-def probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | None = None
+def probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], config: Config | None = None, nvml: ModuleType | None = None
           ) -> tuple[NvidiaInventory | None, BackendReport]:
-    """Describe the node's NVIDIA GPUs through NVML. Never raises: failures become the report."""
+    """Describe the node's NVIDIA GPUs through NVML (``nvml``: a simulation's pynvml, else the real
+    one). Never raises: failures become the report."""
     try:
         return _probe(host_root, pci_gpus, nvml)
     except Exception as exc:  # a backend must never take discovery down; the report carries the reason
@@ -433,12 +384,11 @@ def probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | None
 
 def _probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | None
            ) -> tuple[NvidiaInventory | None, BackendReport]:
-    nvidia_pci = tuple(gpu for gpu in pci_gpus if gpu.vendor_id == NVIDIA_VENDOR_ID)
-    if nvml is None:
-        try:
-            nvml = _load_pynvml()
-        except ImportError as exc:
-            return None, BackendReport("nvidia", "error" if nvidia_pci else "absent", f"pynvml not importable: {exc}")
+    nvidia_pci = tuple(gpu for gpu in pci_gpus if gpu.vendor_id == PCI_VENDOR_ID)
+    try:
+        nvml = load(nvml)
+    except ImportError as exc:
+        return None, BackendReport("nvidia", "error" if nvidia_pci else "absent", f"pynvml not importable: {exc}")
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:

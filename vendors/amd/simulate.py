@@ -19,8 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from labeller.inventory import AMD_VENDOR_ID
-from vendors.amd import (
+from vendors.amd.facts import (
     AMDGPU_MODULE,
     DEBUGFS_DRI,
     DRM_CLASS,
@@ -30,9 +29,11 @@ from vendors.amd import (
     LINK_XGMI,
     PARTITIONS_BY_MODE,
     PCI_AMDGPU_DRIVER,
+    PCI_VENDOR_ID,
     pci_address,
     physical_function,
 )
+from vendors.amd.probe import Enricher, EnrichedGpu
 from vendors.sim_pci import write_device, write_host_bridge
 from vendors.sysfs import Untrusted, read_properties, read_text
 
@@ -201,7 +202,7 @@ def _properties(values: Mapping[str, int]) -> str:
 
 
 def write_pci_device(root: Path, bdf: str, device_id: int, revision: int, numa_node: int) -> None:
-    write_device(root, bdf, AMD_VENDOR_ID, device_id, PCI_CLASS_DISPLAY_OTHER, revision=revision, numa_node=numa_node)
+    write_device(root, bdf, PCI_VENDOR_ID, device_id, PCI_CLASS_DISPLAY_OTHER, revision=revision, numa_node=numa_node)
 
 
 def _write_module(root: Path, driver_version: str | None, driver_src_version: str | None) -> None:
@@ -261,7 +262,7 @@ def _gpu_node(topology: Path, item: _Placed, all_nodes: list[_Placed], cpu_nodes
         "cpu_cores_count": 0, "simd_count": gpu.simd_per_partition, "mem_banks_count": 1, "caches_count": 0,
         "io_links_count": len(links), "p2p_links_count": 0, "cpu_core_id_base": 0,
         "simd_id_base": 2147487744 + 16 * item.kfd_node, "max_waves_per_simd": 8, "wave_front_size": 64,
-        "simd_per_cu": gpu.simd_per_cu, "gfx_target_version": gpu.gfx_target_version, "vendor_id": AMD_VENDOR_ID,
+        "simd_per_cu": gpu.simd_per_cu, "gfx_target_version": gpu.gfx_target_version, "vendor_id": PCI_VENDOR_ID,
         "device_id": gpu.device_id, "location_id": item.bus << 8 | item.partition, "domain": 0,
         "drm_render_minor": 128 + item.kfd_node - cpu_nodes, "hive_id": 1 if gpu.xgmi else 0,
         "local_mem_size": 0, "unique_id": 0x1000 + item.gpu_index, "num_xcc": xcc,
@@ -282,7 +283,7 @@ def _drm_card(root: Path, item: _Placed, card: int, render_minor: int, bdf: str)
     if item.partition:
         return
     gpu = item.gpu
-    _write(device / "vendor", f"0x{AMD_VENDOR_ID:04x}")
+    _write(device / "vendor", f"0x{PCI_VENDOR_ID:04x}")
     _write(device / "device", f"0x{gpu.device_id:04x}")
     _write(device / "revision", f"0x{gpu.revision:02x}")
     _write(device / "numa_node", str(gpu.numa_node))
@@ -385,8 +386,18 @@ def copy_tree(name: str, root: Path, base_dir: Path, revision: int) -> None:
     _pci_from_topology(root, revision)
 
 
-def build(section: Any, root: Path, base_dir: Path) -> None:
-    """Write the AMD part of a simulated node under ``root``; ValueError naming the key on bad input."""
+def no_enrichment(host_root: Path) -> list[EnrichedGpu]:
+    """A simulated node's enricher: pyamdgpuinfo would describe the host's own GPUs, never these."""
+    return []
+
+
+def absent() -> Enricher:
+    return no_enrichment
+
+
+def build(section: Any, root: Path, base_dir: Path) -> Enricher:
+    """Write the AMD part of a simulated node under ``root`` and return its stand-in (an enricher
+    that finds nothing); ValueError naming the key on bad input."""
     section = _check_keys(section, SECTION_KEYS, "amd")
     write_host_bridge(root)
     sysfs = _string(section, "sysfs", "amd")
@@ -398,7 +409,8 @@ def build(section: Any, root: Path, base_dir: Path) -> None:
         copy_tree(sysfs, root, base_dir, _int(section, "revision", "amd", default=0, minimum=0))
         if driver_version or driver_src_version:
             _write_module(root, driver_version, driver_src_version)
-        return
+        return no_enrichment
     if "revision" in section:
         raise ValueError("amd.revision: only for sysfs trees; inline GPUs set gpus[*].revision")
     generate(parse_gpus(section["gpus"], base_dir), root, driver_version, driver_src_version)
+    return no_enrichment

@@ -2,7 +2,7 @@
 
 ``Daemon`` runs the loop: probe on an interval (and on SIGHUP), compare with the live labels that a
 ``Sink`` reports, write through the sink only when they differ. The decisions it takes are pure
-functions in ``labeller.reconcile``; the I/O is in ``labeller.sinks``. The Kubernetes client is
+functions in ``labeller.daemon.reconcile``; the I/O is in ``labeller.daemon.sinks``. The Kubernetes client is
 reached only through ``labeller.kube``, imported by the caller.
 """
 
@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 import structlog
 
 from labeller.inventory import ProbeError
-from labeller.reconcile import Backoff, Change, FightGuard, Labels, Live, ProbeResult, desired_after, managers_text, plan
-from labeller.sinks import NodeMissing, NodeWatcher, NotOurs, PermissionLog, Sink
+from labeller.daemon.reconcile import Change, FightGuard, Labels, Live, ProbeResult, desired_after, managers_text, plan
+from labeller.runtime import Backoff
+from labeller.daemon.sinks import NodeMissing, NodeWatcher, NotOurs, PermissionLog, Sink
 
 if TYPE_CHECKING:
     from labeller.kube import Kube, KubeError
-    from labeller.metrics import Metrics
+    from labeller.daemon.metrics import Metrics
 
 log = structlog.get_logger("gpu_labeller.daemon")
 
@@ -44,7 +45,7 @@ class Daemon:
     """One node's reconcile loop. ``run()`` until ``stop()``; ``reconcile_once()`` for ``--once``."""
 
     def __init__(self, node: str, probe: Callable[[], ProbeResult], sink: Sink, metrics: Metrics,
-                 options: Options | None = None, reload: Callable[[], None] | None = None,
+                 options: Options | None = None, reload: Callable[[], object] | None = None,
                  kube: Kube | None = None, watcher: NodeWatcher | None = None,
                  fights: FightGuard | None = None) -> None:
         self.node, self.probe_fn, self.sink, self.metrics = node, probe, sink, metrics

@@ -6,8 +6,9 @@ Each kind yields, from a list of per-GPU values:
 - new style (``labels.amd``): ``amd.com/gpu.<kind>=<value>`` when there is one distinct value,
   else ``amd.com/gpu.<kind>.<value>=<count>`` per value and no plain key.
 
-Counts follow AMD: cu-count, simd-count and vram count KFD nodes (so partitions), device-id,
-family and product-name count physical GPUs (partitions have no PCI files there).
+Counts follow AMD: cu-count, simd-count and vram count KFD compute nodes (so partitions): the
+devices ``amd.com/gpu`` offers (labeller.offer), so labels and plugin count the same nodes;
+device-id, family and product-name count physical GPUs (partitions have no PCI files there).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from labeller.config import Config
-from labeller.inventory import AmdGpu, AmdInventory, Inventory
+from labeller.inventory import Inventory
 from labeller.labels import Labeler, Labels, is_valid_value, sanitise_value
+from labeller.offer import Offer
+from vendors.amd.devices import VENDOR, AmdDevice
+from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 
 BETA = "beta.amd.com/gpu."
 NEW = "amd.com/gpu."
@@ -58,14 +62,19 @@ def count_labels(kind: str, values: Iterable[str], config: Config) -> Labels:
 
 
 def _gpus(inventory: Inventory) -> tuple[AmdGpu, ...]:
-    return inventory.amd.gpus if inventory.amd else ()
+    part = inventory.part(AmdInventory)
+    return part.gpus if part is not None else ()
+
+
+def _offered_nodes(offer: Offer) -> list[AmdComputeNode]:
+    return [d.node for r in offer.of_vendor(VENDOR) for d in r.physical_devices if isinstance(d, AmdDevice)]
 
 
 def _per_node(kind: str, value_of: Callable[[int, int, int | None], str | None]) -> Labeler:
-    """A labeler over KFD nodes; ``value_of(simd_count, simd_per_cu, vram_bytes)``."""
+    """A labeler over the KFD nodes offered; ``value_of(simd_count, simd_per_cu, vram_bytes)``."""
 
-    def labeler(inventory: Inventory, config: Config) -> Labels:
-        values = (value_of(n.simd_count, n.simd_per_cu, n.vram_bytes) for g in _gpus(inventory) for n in g.nodes)
+    def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+        values = (value_of(n.simd_count, n.simd_per_cu, n.vram_bytes) for n in _offered_nodes(offer))
         return count_labels(kind, (v for v in values if v), config)
 
     labeler.__name__ = f"amd_{kind.replace('-', '_')}_labels"
@@ -73,7 +82,7 @@ def _per_node(kind: str, value_of: Callable[[int, int, int | None], str | None])
 
 
 def _per_gpu(kind: str, value_of: Callable[[AmdGpu], str | None]) -> Labeler:
-    def labeler(inventory: Inventory, config: Config) -> Labels:
+    def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
         values = (value_of(gpu) for gpu in _gpus(inventory))
         return count_labels(kind, (v for v in values if v), config)
 
@@ -92,10 +101,11 @@ product_name_labels = _per_gpu("product-name", lambda gpu: product_name_value(gp
 def _driver_label(kind: str, value_of: Callable[[AmdInventory], str]) -> Labeler:
     """amd.com only; AMD writes the empty value when the module has no such file (in-tree amdgpu)."""
 
-    def labeler(inventory: Inventory, config: Config) -> Labels:
-        if not config.labels.amd or not _gpus(inventory) or inventory.amd is None:
+    def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+        part = inventory.part(AmdInventory)
+        if not config.labels.amd or part is None or not part.gpus:
             return {}
-        value = value_of(inventory.amd)
+        value = value_of(part)
         return {f"{NEW}{kind}": value if is_valid_value(value) else sanitise_value(value)}
 
     labeler.__name__ = f"amd_{kind.replace('-', '_')}_labels"
@@ -106,7 +116,7 @@ driver_version_labels = _driver_label("driver-version", lambda amd: amd.driver_v
 driver_src_version_labels = _driver_label("driver-src-version", lambda amd: amd.driver_src_version)
 
 
-def firmware_labels(inventory: Inventory, config: Config) -> Labels:
+def firmware_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """``beta.amd.com/gpu.firmware.<BLOCK>.{feat,fw}.<decimal>=<count>``; opt-in via ``labels.firmware``."""
     if not config.labels.firmware:
         return {}
@@ -118,7 +128,7 @@ def firmware_labels(inventory: Inventory, config: Config) -> Labels:
     return {key: str(count) for key, count in counts.items()}
 
 
-def compute_memory_partition_labels(inventory: Inventory, config: Config) -> Labels:
+def compute_memory_partition_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """``<compute>_<memory>`` only when every GPU that reports both agrees (AMD emits nothing otherwise)."""
     modes = {f"{g.compute_partition}_{g.memory_partition}" for g in _gpus(inventory)
              if g.compute_partition and g.memory_partition}
@@ -127,7 +137,7 @@ def compute_memory_partition_labels(inventory: Inventory, config: Config) -> Lab
     return {f"{NEW}compute-memory-partition": modes.pop()}
 
 
-def partitioning_supported_labels(inventory: Inventory, config: Config) -> Labels:
+def partitioning_supported_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """From the first GPU in PCI address order, as AMD's sorted ``pci:amdgpu`` glob gives it."""
     gpus = sorted(_gpus(inventory), key=lambda g: g.bdf)
     if not config.labels.amd or not gpus:

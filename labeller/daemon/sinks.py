@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from labeller.outputs import render, write_atomic
-from labeller.reconcile import Backoff, Change, Live
+from labeller.daemon.reconcile import Change, Live
+from labeller.runtime import Backoff
 
 if TYPE_CHECKING:
     from labeller.kube import Forbidden, Kube, Obj

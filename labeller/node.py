@@ -1,48 +1,31 @@
-"""The discovery options every command shares (--host-root, --simulate, --config)."""
+"""The node a command works on: this machine, a mounted host root, or a simulated node; with its
+config. ``Node`` probes it and derives its offer and labels, through the registered vendors."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import click
 import structlog
 
+from labeller import offer as offers
 from labeller.config import Config, ConfigError, load_config, parse_document
 from labeller.discovery import discover
 from labeller.inventory import Inventory
+from labeller.labels import LabelSet
+from labeller.offer import Offer
+from labeller.options import BadInput
+from labeller.rules import node_labels
+from labeller.vendor import Vendor
+from vendors import VENDORS
 
 if TYPE_CHECKING:
     from vendors.simulate import SimulatedNode, SimulatedProfile
 
-F = TypeVar("F", bound=Callable[..., Any])
 log = structlog.get_logger(__name__)
-
-
-class BadInput(click.ClickException):
-    """Bad user input (config, profile, flag value): one line on stderr, exit code 2."""
-
-    exit_code = 2
-
-
-def discovery_options(func: F) -> F:
-    func = click.option(
-        "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="CONFIG_FILE",
-        help="Config file (NVIDIA device-plugin config v1 format plus a 'labeller' section). [env: CONFIG_FILE]",
-    )(func)
-    func = click.option(
-        "--simulate", metavar="PROFILE|FILE", envvar="GPU_LABELLER_SIMULATE",
-        help="Replay a built-in profile (see 'gpu-labeller profiles') or a profile file instead of this machine. [env: GPU_LABELLER_SIMULATE]",
-    )(func)
-    func = click.option(
-        "--host-root", type=click.Path(path_type=Path, file_okay=False), default=Path("/"), show_default=True,
-        envvar="HOST_ROOT", help="Where the host's filesystem is mounted (a DaemonSet mounts it at e.g. /host). [env: HOST_ROOT]",
-    )(func)
-    return func
 
 
 @dataclass
@@ -55,14 +38,22 @@ class Node:
 
     host_root: Path
     config: Config
-    nvml: ModuleType | None = None
+    handles: dict[str, Any] = field(default_factory=dict)  # a simulated node's stand-ins, by vendor
     simulation: SimulatedProfile | None = None
     config_from_profile: bool = False
+    vendors: Sequence[Vendor] = VENDORS
 
     def probe(self) -> Inventory:
         if self.simulation is not None:
             self._follow_profile(self.simulation)
-        return discover(self.host_root, self.nvml, firmware=self.config.labels.firmware)
+        return discover(self.host_root, self.config, self.vendors, self.handles)
+
+    def offer(self, inventory: Inventory) -> Offer:
+        """What the node offers (labeller.offer): what the plugin serves and the labels count."""
+        return offers.derive(inventory, self.config, self.vendors)
+
+    def labels(self, inventory: Inventory, offer: Offer) -> LabelSet:
+        return node_labels(inventory, self.config, offer, self.vendors)
 
     def _follow_profile(self, simulation: SimulatedProfile) -> None:
         from vendors.simulate import ProfileError
@@ -81,7 +72,7 @@ class Node:
             return
         if changed:
             node = simulation.node
-            self.host_root, self.nvml = node.host_root, node.nvml
+            self.host_root, self.handles = node.host_root, node.handles
             if self.config_from_profile:
                 self.config = _profile_config(node, where)
             log.info("profile changed; simulated node rebuilt", reason="profile-changed", profile=where)
@@ -116,7 +107,7 @@ def open_node(host_root: Path, simulate: str | None, config_path: Path | None) -
             node = simulation.node
             if config_path is None:
                 config = _profile_config(node, simulate)
-            yield Node(node.host_root, config, node.nvml, simulation if simulation.follows_file else None,
+            yield Node(node.host_root, config, node.handles, simulation if simulation.follows_file else None,
                        config_from_profile=config_path is None)
     except ProfileError as exc:
         raise BadInput(str(exc)) from None

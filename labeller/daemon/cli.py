@@ -5,23 +5,22 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 import click
 import structlog
 
-from labeller.config import load_config
-from labeller.daemon import Daemon, Options
-from labeller.discovery_options import BadInput, Node, discovery_options, open_node
+from labeller.daemon.loop import Daemon, Options
+from labeller.node import Node, open_node
+from labeller.options import BadInput, discovery_options
 from labeller.kube import Conflict, Forbidden, Kube, KubeError, Observer
 from labeller.labels import FIELD_MANAGER
-from labeller.metrics import Metrics, PortUnavailable, start_http_server
+from labeller.daemon.metrics import Metrics
+from labeller.runtime import PortUnavailable, install_signals, reload_config, start_http_server
 from labeller.params import Duration
-from labeller.reconcile import Change, Live, ProbeResult, managers_text, owned, plan
-from labeller.sinks import (
+from labeller.daemon.reconcile import Change, Live, ProbeResult, managers_text, owned, plan
+from labeller.daemon.sinks import (
     FeaturesFileSink,
     NodeCache,
     NodeFeatureSink,
@@ -31,7 +30,6 @@ from labeller.sinks import (
     PermissionLog,
     Sink,
 )
-from labeller.rules import node_labels
 
 log = structlog.get_logger("gpu_labeller.daemon")
 
@@ -42,7 +40,7 @@ DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/
 def probe_labels(node: Node) -> ProbeResult:
     """Probe the hardware and compute the owned labels; ``partial`` when the inventory is incomplete."""
     inventory = node.probe()
-    label_set = node_labels(inventory, node.config)
+    label_set = node.labels(inventory, node.offer(inventory))
     label_set.log_problems(log)
     not_owned = sorted(key for key in label_set.labels if key not in owned(label_set.labels))
     if not_owned:
@@ -66,11 +64,6 @@ def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | 
                        f"({exc.message.rstrip('.')}); {suggestion}") from None
 
 
-def _reloader(node: Node, config_path: Path | None) -> None:
-    if config_path is not None:
-        node.config = load_config(config_path)
-
-
 def _sink(output: str, kube: Kube | None, node_name: str, features_file: Path, namespace: str,
           interval: float, once: bool) -> tuple[Sink, NodeWatcher | None]:
     """The output, and for the Node output (unless --once) the watch that keeps its cache of the live labels."""
@@ -83,18 +76,6 @@ def _sink(output: str, kube: Kube | None, node_name: str, features_file: Path, n
         return NodeSink(kube, node_name), None  # one GET, no watch
     cache = NodeCache()
     return NodeSink(kube, node_name, cache), NodeWatcher(kube, node_name, cache)
-
-
-def _install_signals(daemon: Daemon) -> None:
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        daemon.stop()
-
-    def on_hup(signum: int, frame: FrameType | None) -> None:
-        daemon.request_reload()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, on_hup)
 
 
 @click.command()
@@ -134,7 +115,7 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
         sink, watcher = _sink(output, kube, node_name, features_file, namespace, interval, once)
         options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run, events=events)
         daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
-                        reload=lambda: _reloader(node, config_path), kube=kube, watcher=watcher)
+                        reload=lambda: reload_config(node, config_path), kube=kube, watcher=watcher)
         if once:
             sys.exit(_run_once(daemon))
         _serve(daemon, metrics, metrics_port, metrics_bind)
@@ -150,7 +131,7 @@ def _run_once(daemon: Daemon) -> int:
 
 
 def _serve(daemon: Daemon, metrics: Metrics, port: int, bind: str) -> None:
-    _install_signals(daemon)
+    install_signals(daemon.stop, daemon.request_reload)
     try:
         start_http_server(port, bind, ready=lambda: daemon.ready, healthy=daemon.healthy, registry=metrics.registry)
     except PortUnavailable as exc:

@@ -26,13 +26,18 @@ from typing import Any
 
 import pynvml as real
 
-from vendors.nvidia import mig_memory_gb, mig_profile_name
+from vendors.nvidia.facts import (
+    COMPUTE_CLASS,
+    PCI_VENDOR_ID,
+    WHOLE_GPU,
+    compute_instance_profiles,
+    gpu_instance_profiles,
+    mig_memory_gb,
+    mig_profile_name,
+)
 from vendors.pci import normalise_bdf
 from vendors.sim_pci import write_device, write_host_bridge
 
-NVIDIA_VENDOR = 0x10DE
-COMPUTE_CLASS = 0x030200
-WHOLE_GPU = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that concerns the whole GPU
 MAX_MIG_DEVICES = 7
 # Fake instance-profile ids: offset from the profile indices so a caller that mixes ids and
 # indices up (go-nvlib matches ids, then names profiles by index) fails loudly.
@@ -46,33 +51,13 @@ MIG_KEYS = ("profile", "uuid", "memory_mib", "multiprocessors", "slices_gi", "sl
             "compute_instance_id", "repeat")
 SECTION_KEYS = ("driver_version", "cuda_driver_version", "nvml_error", "gpus")
 _PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<suffix>\+me|\+me\.all|\+gfx|-me)?$")
-# (GPU slices, name suffix) of a profile name -> the GPU-instance profile NVML would report for it.
-_GI_BY_SLICES_AND_SUFFIX = {
-    (1, ""): "1_SLICE", (2, ""): "2_SLICE", (3, ""): "3_SLICE", (4, ""): "4_SLICE", (6, ""): "6_SLICE",
-    (7, ""): "7_SLICE", (8, ""): "8_SLICE", (1, "+me"): "1_SLICE_REV1", (2, "+me"): "2_SLICE_REV1",
-    (1, "+me.all"): "1_SLICE_ALL_ME", (2, "+me.all"): "2_SLICE_ALL_ME", (1, "-me"): "1_SLICE_NO_ME",
-    (2, "-me"): "2_SLICE_NO_ME", (1, "+gfx"): "1_SLICE_GFX", (2, "+gfx"): "2_SLICE_GFX", (3, "+gfx"): "3_SLICE_GFX",
-    (4, "+gfx"): "4_SLICE_GFX",
-}
-# Instance profiles (pynvml constant names without their prefix) -> slices they span.
-_GI_SLICES = {"1_SLICE": 1, "2_SLICE": 2, "3_SLICE": 3, "4_SLICE": 4, "6_SLICE": 6, "7_SLICE": 7, "8_SLICE": 8,
-              "1_SLICE_REV1": 1, "1_SLICE_REV2": 1, "2_SLICE_REV1": 2, "1_SLICE_ALL_ME": 1, "2_SLICE_ALL_ME": 2,
-              "1_SLICE_NO_ME": 1, "2_SLICE_NO_ME": 2, "1_SLICE_GFX": 1, "2_SLICE_GFX": 2, "3_SLICE_GFX": 3,
-              "4_SLICE_GFX": 4}
-_CI_SLICES = {"1_SLICE": 1, "2_SLICE": 2, "3_SLICE": 3, "4_SLICE": 4, "6_SLICE": 6, "7_SLICE": 7, "8_SLICE": 8}
 SUPPORTED_EVENTS: int = (real.nvmlEventTypeSingleBitEccError | real.nvmlEventTypeDoubleBitEccError
                          | real.nvmlEventTypePState | real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeClock)
 
 
-def _gi_constants() -> dict[str, int]:
-    """Short GPU-instance profile name ("1_SLICE_REV1") -> pynvml constant, for those this pynvml has."""
-    return {name: getattr(real, "NVML_GPU_INSTANCE_PROFILE_" + name) for name in _GI_SLICES
-            if hasattr(real, "NVML_GPU_INSTANCE_PROFILE_" + name)}
-
-
-def _ci_constants() -> dict[str, int]:
-    return {name: getattr(real, "NVML_COMPUTE_INSTANCE_PROFILE_" + name) for name in _CI_SLICES
-            if hasattr(real, "NVML_COMPUTE_INSTANCE_PROFILE_" + name)}
+def _profile_index(table: dict[int, Any], wanted: Any) -> int | None:
+    """The first NVML profile index whose entry in ``table`` is ``wanted`` (as NVML would report it)."""
+    return next((index for index, value in sorted(table.items()) if value == wanted), None)
 
 
 # --- the simulated hardware ----------------------------------------------------------------------
@@ -229,8 +214,8 @@ def _parse_profile(value: Any, where: str) -> tuple[int, int, int, str]:
 
 def _mig(entry: Mapping[str, Any], where: str, parent_bytes: int, gpu: int, i: int) -> FakeMig:
     gpu_slices, compute_slices, gb, suffix = _parse_profile(entry.get("profile"), f"{where}.profile")
-    gi_index = _gi_constants().get(_GI_BY_SLICES_AND_SUFFIX.get((gpu_slices, suffix), ""))
-    ci_index = _ci_constants().get(next((name for name, n in _CI_SLICES.items() if n == compute_slices), ""))
+    gi_index = _profile_index(gpu_instance_profiles(real), (gpu_slices, suffix))
+    ci_index = _profile_index(compute_instance_profiles(real), compute_slices)
     if gi_index is None or ci_index is None or compute_slices > gpu_slices:
         raise _fail(f"{where}.profile", f"no NVML instance profile for {entry['profile']!r}")
     memory_mib = _positive_int(entry.get("memory_mib"), f"{where}.memory_mib")
@@ -416,7 +401,7 @@ def _config_space(gpu: FakeGpu) -> bytes:
     """256 bytes of config space: vendor/device, a capability list, and NVIDIA's "VF" capability for a
     vGPU, with one record before the host driver's (record 0), as the layout allows."""
     config = bytearray(256)
-    config[0:2] = NVIDIA_VENDOR.to_bytes(2, "little")
+    config[0:2] = PCI_VENDOR_ID.to_bytes(2, "little")
     config[0x06] = 0x10  # status: capability list present
     config[0x34] = 0x60
     config[0x60:0x62] = bytes([0x01, 0x68])  # power management -> next
@@ -436,7 +421,7 @@ def write_sysfs(gpus: list[FakeGpu], root: Path, driver_loaded: bool) -> None:
     """The GPUs' PCI entries (bound to ``nvidia`` when the driver is loaded), and the host bridge."""
     write_host_bridge(root)
     for gpu in gpus:
-        write_device(root, gpu.bus_id, NVIDIA_VENDOR, gpu.pci_device_id, gpu.pci_class, revision=0xA1,
+        write_device(root, gpu.bus_id, PCI_VENDOR_ID, gpu.pci_device_id, gpu.pci_class, revision=0xA1,
                      numa_node=gpu.numa_node, driver="nvidia" if driver_loaded else None, config=_config_space(gpu))
 
 
@@ -561,7 +546,7 @@ class FakeNvml:
         info.busId = _bus_id_nvml(gpu.bus_id)
         info.busIdLegacy = _bus_id_nvml(gpu.bus_id)
         info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
-        info.pciDeviceId = (gpu.pci_device_id << 16) | NVIDIA_VENDOR
+        info.pciDeviceId = (gpu.pci_device_id << 16) | PCI_VENDOR_ID
         return info
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
@@ -649,7 +634,7 @@ class FakeNvml:
         gpu = self._gpu(handle)
         if gpu.mig_mode == "unsupported":
             raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
-        slices = {index: _GI_SLICES[name] for name, index in _gi_constants().items()}
+        slices = {index: count for index, (count, _) in gpu_instance_profiles(real).items()}
         if profile not in slices:
             raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
         info = real.c_nvmlGpuInstanceProfileInfo_v2_t()
@@ -659,7 +644,7 @@ class FakeNvml:
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gpu_instance: FakeGpuInstance, profile: int,
                                                      engine_profile: int, version: int = 2) -> Any:
         self._gpu(gpu_instance.gpu)
-        slices = {index: _CI_SLICES[name] for name, index in _ci_constants().items()}
+        slices = compute_instance_profiles(real)
         if profile not in slices or engine_profile != real.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
         info = real.c_nvmlComputeInstanceProfileInfo_v2_t()
@@ -791,12 +776,12 @@ def _module(state: FakeNvml) -> ModuleType:
     return module
 
 
-def without_library() -> ModuleType:
+def absent() -> ModuleType:
     """The fake of a node with no NVIDIA driver: nvmlInit fails with LIBRARY_NOT_FOUND."""
     return _module(FakeNvml("", 0, [], real.NVML_ERROR_LIBRARY_NOT_FOUND))
 
 
-def build(section: Any, root: Path) -> ModuleType:
+def build(section: Any, root: Path, base_dir: Path | None = None) -> ModuleType:
     """Validate a profile's ``nvidia:`` section, write its PCI sysfs entries under ``root``, return the fake."""
     section = _mapping(section, "nvidia", SECTION_KEYS)
     init_error = None if section.get("nvml_error") is None else _error_code(section["nvml_error"], "nvidia.nvml_error")

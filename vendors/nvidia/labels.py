@@ -1,7 +1,10 @@
-"""NVIDIA labels, exactly as GPU Feature Discovery (GFD) v0.20 computes them.
+"""NVIDIA labels, as GPU Feature Discovery (GFD) v0.20 computes them.
 
-Each labeler owns its own keys. All of them stay silent unless NVML described at least one GPU:
-a node where only the PCI scan saw NVIDIA GPUs gets just ``nvidia.com/gpu.present`` (rules.py).
+Each labeler owns its own keys; they run only with the ``nvidia`` label group on. All but the
+timestamp stay silent unless NVML described at least one GPU: a node where only the PCI scan saw
+NVIDIA GPUs gets just ``nvidia.com/gpu.present`` (labeller.rules). The resource labels
+(``gpu.count``, ``gpu.replicas``, ``gpu.sharing-strategy``, ``-SHARED``, ``mig-<profile>.*``) read
+what the node offers (labeller.offer), the same objects the device plugin serves.
 
 Where GFD is ambiguous we choose, and say so:
 - Several GPU models on one node: GFD lets whichever name it iterates last win. We describe the
@@ -13,20 +16,24 @@ Where GFD is ambiguous we choose, and say so:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 import structlog
 
 from labeller.config import Config
-from labeller.inventory import Inventory, MigDevice, NvidiaGpu, NvidiaInventory
+from labeller.inventory import Inventory
 from labeller.labels import Labeler, Labels
+from labeller.offer import Offer, Resource
+from vendors.nvidia.devices import GPU, VENDOR, NvidiaDevice
+from vendors.nvidia.facts import COMPUTE_CLASS, GRAPHICS_CLASS, MIB, PCI_VENDOR_ID, name_in_labels
+from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 
 log = structlog.get_logger(__name__)
 
-GPU = "nvidia.com/gpu"
-MIB = 1024 * 1024
-COMPUTE_CLASS = 0x030200
-GRAPHICS_CLASS = 0x030000
+TIMESTAMP = "nvidia.com/gfd.timestamp"
+# GFD computes its timestamp once per process start, not per pass; so do we.
+_PROCESS_START = int(time.time())
 
 # compute capability major -> family of (minor), as GFD getArchFamily; other majors are "undefined".
 _FAMILIES: dict[int, Callable[[int], str]] = {
@@ -58,7 +65,7 @@ def product_name(*parts: str) -> str:
 def mig_product_name(gpu_name: str, mig: MigDevice) -> str:
     """"NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me": the profile as in the resource name, where GFD's
     GetName writes "+" as "." (sanitise would otherwise drop it)."""
-    return product_name(gpu_name, "MIG", mig.name_in_labels)
+    return product_name(gpu_name, "MIG", name_in_labels(mig.profile))
 
 
 def family(major: int, minor: int) -> str:
@@ -66,17 +73,19 @@ def family(major: int, minor: int) -> str:
     return rule(minor) if rule else "undefined"
 
 
-def _gpus(inventory: Inventory) -> tuple[NvidiaGpu, ...]:
-    return inventory.nvidia.gpus if inventory.nvidia else ()
-
-
 def _nvidia(inventory: Inventory) -> NvidiaInventory | None:
-    return inventory.nvidia if inventory.nvidia and inventory.nvidia.gpus else None
+    part = inventory.part(NvidiaInventory)
+    return part if part is not None and part.gpus else None
+
+
+def _gpus(inventory: Inventory) -> tuple[NvidiaGpu, ...]:
+    part = _nvidia(inventory)
+    return part.gpus if part is not None else ()
 
 
 # --- models --------------------------------------------------------------------------------------
 
-def models(gpus: tuple[NvidiaGpu, ...]) -> dict[str, list[NvidiaGpu]]:
+def models(gpus: Sequence[NvidiaGpu]) -> dict[str, list[NvidiaGpu]]:
     """GPUs grouped by NVML name, in order of each model's lowest NVML index."""
     grouped: dict[str, list[NvidiaGpu]] = {}
     for gpu in sorted(gpus, key=lambda g: g.index):
@@ -84,7 +93,7 @@ def models(gpus: tuple[NvidiaGpu, ...]) -> dict[str, list[NvidiaGpu]]:
     return grouped
 
 
-def primary_model(gpus: tuple[NvidiaGpu, ...]) -> list[NvidiaGpu]:
+def primary_model(gpus: Sequence[NvidiaGpu]) -> list[NvidiaGpu]:
     """The model the node-wide gpu.* labels describe: most GPUs, then lowest NVML index."""
     grouped = models(gpus)
     if len(grouped) > 1:
@@ -95,7 +104,7 @@ def primary_model(gpus: tuple[NvidiaGpu, ...]) -> list[NvidiaGpu]:
 
 # --- small labelers -------------------------------------------------------------------------------
 
-def machine_labels(inventory: Inventory, config: Config) -> Labels:
+def machine_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     if _nvidia(inventory) is None or not config.labels.machine:
         return {}
     # As GFD: "unknown" only when the name cannot be read; an empty one stays empty.
@@ -127,23 +136,23 @@ def _runtime_version_labels(cuda_version: int) -> Labels:
     }
 
 
-def version_labels(inventory: Inventory, config: Config) -> Labels:
+def version_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     nvidia = _nvidia(inventory)
     if nvidia is None:
         return {}
     return _driver_version_labels(nvidia.driver_version) | _runtime_version_labels(nvidia.cuda_driver_version)
 
 
-def mig_capability_labels(inventory: Inventory, config: Config) -> Labels:
+def mig_capability_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     if _nvidia(inventory) is None:
         return {}
     return {"nvidia.com/mig.capable": str(any(gpu.mig_capable for gpu in _gpus(inventory))).lower()}
 
 
-def mps_capability_labels(inventory: Inventory, config: Config) -> Labels:
+def mps_capability_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     if _nvidia(inventory) is None:
         return {}
-    capable = config.sharing.strategy == "mps"
+    capable = any(resource.strategy == "mps" for resource in offer.of_vendor(VENDOR))
     if capable and any(gpu.mig_enabled for gpu in _gpus(inventory)):
         log.error("MPS sharing is configured but a GPU has MIG enabled; mps.capable=false "
                   "(GFD would fail the whole labelling pass)", vendor="nvidia")
@@ -151,7 +160,7 @@ def mps_capability_labels(inventory: Inventory, config: Config) -> Labels:
     return {"nvidia.com/mps.capable": str(capable).lower()}
 
 
-def gpu_mode_labels(inventory: Inventory, config: Config) -> Labels:
+def gpu_mode_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """compute/graphics from each GPU's PCI class; disagreement or an unknown class gives unknown."""
     if _nvidia(inventory) is None:
         return {}
@@ -160,7 +169,7 @@ def gpu_mode_labels(inventory: Inventory, config: Config) -> Labels:
     return {"nvidia.com/gpu.mode": seen.pop() if len(seen) == 1 else "unknown"}
 
 
-def clique_labels(inventory: Inventory, config: Config) -> Labels:
+def clique_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """Only when every fabric-attached GPU reports the same cluster UUID and clique id."""
     cliques = {gpu.clique for gpu in _gpus(inventory) if gpu.clique}
     if len(cliques) > 1:
@@ -169,7 +178,7 @@ def clique_labels(inventory: Inventory, config: Config) -> Labels:
     return {"nvidia.com/gpu.clique": cliques.pop()} if len(cliques) == 1 else {}
 
 
-def vgpu_labels(inventory: Inventory, config: Config) -> Labels:
+def vgpu_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     nvidia = _nvidia(inventory)
     if nvidia is None or nvidia.vgpu_present is None:  # unknown: no label rather than a guess
         return {}
@@ -181,37 +190,39 @@ def vgpu_labels(inventory: Inventory, config: Config) -> Labels:
     return labels
 
 
-def mig_strategy_labels(inventory: Inventory, config: Config) -> Labels:
+def mig_strategy_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     if _nvidia(inventory) is None or config.mig_strategy == "none":
         return {}
     return {"nvidia.com/mig.strategy": config.mig_strategy}
 
 
-# --- resource labels: nvidia.com/gpu.* and nvidia.com/mig-<profile>.* ----------------------------
+def timestamp_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+    """``gfd.timestamp`` (off by default: a changing value would make every restart a write)."""
+    present = inventory.pci_gpus_of(PCI_VENDOR_ID) or _nvidia(inventory) is not None
+    return {TIMESTAMP: str(_PROCESS_START)} if config.labels.timestamp and present else {}
 
-def _sharing_labels(prefix: str, product: str, replicas: int, config: Config) -> Labels:
-    """product (+-SHARED), replicas and sharing-strategy of one resource."""
-    shared = replicas > 1
-    if shared and not config.sharing.rename_by_default:
+
+# --- resource labels: nvidia.com/gpu.* and nvidia.com/mig-<profile>.*, from the offer -----------
+
+def _sharing_labels(prefix: str, product: str, resource: Resource | None) -> Labels:
+    """product (+``-SHARED``), replicas and sharing-strategy of what is offered under ``prefix``;
+    ``resource`` None: nothing is (GFD's ``replicas=0``)."""
+    if resource is not None and resource.shared and not resource.renamed:
         product += "-SHARED"
     return {
         f"{prefix}.product": product,
-        f"{prefix}.replicas": str(replicas),
-        f"{prefix}.sharing-strategy": config.sharing.strategy if shared else "none",
+        f"{prefix}.replicas": str(resource.replicas if resource is not None else 0),
+        f"{prefix}.sharing-strategy": resource.strategy if resource is not None else "none",
     }
 
 
-def _full_gpu_labels(model: list[NvidiaGpu], config: Config) -> Labels:
-    """One model's labels. Sharing applies only if some GPU of the model is not MIG-enabled."""
-    first = model[0]
-    shareable = any(not gpu.mig_enabled for gpu in model)
-    replicas = config.sharing.replicas_for(GPU) if shareable else 0
-    labels = _sharing_labels(GPU, product_name(first.name), replicas, config)
-    labels[f"{GPU}.count"] = str(len(model))
-    if first.memory_bytes // MIB:
-        labels[f"{GPU}.memory"] = str(first.memory_bytes // MIB)
-    if first.compute_capability and first.compute_capability[0]:
-        major, minor = first.compute_capability
+def _model_labels(gpu: NvidiaGpu) -> Labels:
+    """memory, family and compute capability of one model."""
+    labels: Labels = {}
+    if gpu.memory_bytes // MIB:
+        labels[f"{GPU}.memory"] = str(gpu.memory_bytes // MIB)
+    if gpu.compute_capability and gpu.compute_capability[0]:
+        major, minor = gpu.compute_capability
         labels |= {f"{GPU}.family": family(major, minor),
                    f"{GPU}.compute.major": str(major), f"{GPU}.compute.minor": str(minor)}
     return labels
@@ -231,67 +242,55 @@ def _mig_attribute_labels(prefix: str, mig: MigDevice) -> Labels:
     }
 
 
-def _mig_single_problem(gpus: tuple[NvidiaGpu, ...]) -> str | None:
-    enabled = [gpu for gpu in gpus if gpu.mig_enabled]
-    if len(enabled) != len(gpus):
-        return "some GPUs have MIG enabled and some do not"
-    if any(not gpu.mig_devices for gpu in enabled):
-        return "a MIG-enabled GPU has no MIG devices"
-    if len({mig.profile for gpu in enabled for mig in gpu.mig_devices}) > 1:
-        return "more than one MIG profile on the node"
-    return None
+def _devices(resource: Resource | None) -> list[NvidiaDevice]:
+    if resource is None:
+        return []
+    return [d for d in resource.physical_devices if isinstance(d, NvidiaDevice)]
 
 
-def _mig_single_labels(gpus: tuple[NvidiaGpu, ...], config: Config) -> Labels:
-    """MIG devices advertised as nvidia.com/gpu; the labels then describe one MIG device."""
-    problem = _mig_single_problem(gpus)
-    if problem is not None:
+def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+    """nvidia.com/gpu.{product,count,replicas,sharing-strategy,memory,family,compute.*}: what
+    ``nvidia.com/gpu`` offers (whole GPUs, or MIG devices under ``single``); the GPUs themselves,
+    with count 0, when it offers nothing (every GPU in MIG under ``mixed``)."""
+    part = _nvidia(inventory)
+    if part is None:
+        return {}
+    resource = offer.resource(GPU)
+    devices = _devices(resource)
+    offered = list({d.nvml_gpu.uuid: d.nvml_gpu for d in devices}.values())
+    model = primary_model(offered or part.gpus)[0]
+    labels = _model_labels(model)
+    withheld = offer.withheld.get(GPU)
+    if withheld is not None:
         log.warning("MIG strategy single needs every GPU MIG-enabled with one profile; labels set to INVALID",
-                    vendor="nvidia", reason=problem)
-        first_enabled = next(gpu for gpu in gpus if gpu.mig_enabled)  # GFD names the first MIG-enabled GPU
-        return {f"{GPU}.product": product_name(first_enabled.name, "MIG", "INVALID"), f"{GPU}.count": "0",
-                f"{GPU}.replicas": "0", f"{GPU}.sharing-strategy": "", f"{GPU}.memory": "0"}
-    migs = [mig for gpu in gpus for mig in gpu.mig_devices]
-    parent = next(gpu for gpu in gpus if gpu.mig_devices)
-    labels = _sharing_labels(GPU, mig_product_name(parent.name, migs[0]), config.sharing.replicas_for(GPU), config)
-    labels[f"{GPU}.count"] = str(len(migs))
-    return labels | _mig_attribute_labels(GPU, migs[0])
+                    vendor=VENDOR, reason=withheld)
+        first_enabled = next(gpu for gpu in part.gpus if gpu.mig_enabled)  # GFD names the first MIG-enabled GPU
+        return labels | {f"{GPU}.product": product_name(first_enabled.name, "MIG", "INVALID"), f"{GPU}.count": "0",
+                         f"{GPU}.replicas": "0", f"{GPU}.sharing-strategy": "", f"{GPU}.memory": "0"}
+    migs = [d for d in devices if d.mig is not None]
+    if migs and migs[0].mig is not None:  # migStrategy single: the labels describe one MIG device
+        mig = migs[0].mig
+        return (labels | _sharing_labels(GPU, mig_product_name(migs[0].nvml_gpu.name, mig), resource)
+                | {f"{GPU}.count": str(len(migs))} | _mig_attribute_labels(GPU, mig))
+    return labels | _sharing_labels(GPU, product_name(model.name), resource) | {f"{GPU}.count": str(len(devices))}
 
 
-def gpu_resource_labels(inventory: Inventory, config: Config) -> Labels:
-    """nvidia.com/gpu.{product,count,replicas,sharing-strategy,memory,family,compute.*} (+ MIG single)."""
-    if _nvidia(inventory) is None:
-        return {}
-    gpus = _gpus(inventory)
-    model = primary_model(gpus)
-    labels = _full_gpu_labels(model, config)
-    if config.mig_strategy == "single" and any(gpu.mig_enabled for gpu in gpus):
-        labels |= _mig_single_labels(gpus, config)
-    return labels
-
-
-def mig_mixed_labels(inventory: Inventory, config: Config) -> Labels:
-    """One nvidia.com/mig-<profile>.* set per distinct MIG profile on the node."""
-    if _nvidia(inventory) is None or config.mig_strategy != "mixed":
-        return {}
-    by_profile: dict[str, list[tuple[NvidiaGpu, MigDevice]]] = {}
-    for gpu in _gpus(inventory):
-        if gpu.mig_enabled and not gpu.mig_devices:
-            log.warning("MIG-enabled GPU has no MIG devices; ignored", vendor="nvidia", device=gpu.uuid)
-        for mig in gpu.mig_devices if gpu.mig_enabled else ():
-            by_profile.setdefault(mig.profile, []).append((gpu, mig))
+def mig_mixed_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+    """One nvidia.com/mig-<profile>.* set per MIG resource offered (``migStrategy: mixed``)."""
     labels: Labels = {}
-    for members in by_profile.values():
-        parent, mig = members[0]
-        prefix = mig.resource_name
-        replicas = config.sharing.replicas_for(prefix)
-        labels |= _sharing_labels(prefix, mig_product_name(parent.name, mig), replicas, config)
-        labels[f"{prefix}.count"] = str(len(members))
-        labels |= _mig_attribute_labels(prefix, mig)
+    for resource in offer.of_vendor(VENDOR):
+        devices = [d for d in _devices(resource) if d.mig is not None]
+        if resource.base == GPU or not devices or devices[0].mig is None:
+            continue
+        first, mig = devices[0], devices[0].mig
+        labels |= _sharing_labels(resource.base, mig_product_name(first.nvml_gpu.name, mig), resource)
+        labels[f"{resource.base}.count"] = str(len(devices))
+        labels |= _mig_attribute_labels(resource.base, mig)
     return labels
 
 
 LABELERS: tuple[Labeler, ...] = (
+    timestamp_labels,
     machine_labels,
     version_labels,
     mig_capability_labels,

@@ -1,0 +1,34 @@
+"""Command-line plumbing every command shares: the one-line bad-input error and the discovery
+options (--host-root, --simulate, --config)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class BadInput(click.ClickException):
+    """Bad user input (config, profile, flag value): one line on stderr, exit code 2."""
+
+    exit_code = 2
+
+
+def discovery_options(func: F) -> F:
+    func = click.option(
+        "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="CONFIG_FILE",
+        help="Config file (NVIDIA device-plugin config v1 format plus a 'labeller' section). [env: CONFIG_FILE]",
+    )(func)
+    func = click.option(
+        "--simulate", metavar="PROFILE|FILE", envvar="GPU_LABELLER_SIMULATE",
+        help="Replay a built-in profile (see 'gpu-labeller profiles') or a profile file instead of this machine. [env: GPU_LABELLER_SIMULATE]",
+    )(func)
+    func = click.option(
+        "--host-root", type=click.Path(path_type=Path, file_okay=False), default=Path("/"), show_default=True,
+        envvar="HOST_ROOT", help="Where the host's filesystem is mounted (a DaemonSet mounts it at e.g. /host). [env: HOST_ROOT]",
+    )(func)
+    return func

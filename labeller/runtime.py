@@ -1,0 +1,153 @@
+"""What the long-running commands (``run``, ``device-plugin``, and later ones) share: signal
+handling, validate-then-swap config reloads, backoff with jitter, and the HTTP server for
+``/healthz``, ``/readyz`` and ``/metrics``."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from labeller.config import ConfigError, load_config
+
+if TYPE_CHECKING:
+    from labeller.node import Node
+
+log = structlog.get_logger(__name__)
+
+
+# --- signals -------------------------------------------------------------------------------------
+
+def install_signals(stop: Callable[[], None], reload: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT call ``stop``, SIGHUP calls ``reload``; both should just set an event."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal received", reason="signal", signal=signal.Signals(signum).name)
+        (reload if signum == signal.SIGHUP else stop)()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+
+
+# --- reload --------------------------------------------------------------------------------------
+
+def reload_config(node: Node, config_path: Path | None) -> bool:
+    """Validate, then swap: ``node.config`` becomes the file's only when it loads; a bad file is
+    logged once and the config in force stays. True when the node has its (new) config."""
+    if config_path is None:
+        return True  # the defaults, or a simulated profile's own config (re-read with the profile)
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        log.error("config reload failed, keeping the old config", reason="bad-config", error=str(exc))
+        return False
+    node.config = config
+    log.info("config reloaded", reason="sighup", config=str(config_path))
+    return True
+
+
+# --- backoff -------------------------------------------------------------------------------------
+
+class Backoff:
+    """Retry delays with full jitter: ``next()`` in [base/2, ceiling], the ceiling doubling from
+    ``base_s``. While failures have lasted less than ``quick_for_s`` the ceiling stops at
+    ``quick_cap_s`` (retry fast through a short outage), then it doubles on up to ``cap_s``.
+    ``attempts`` counts the failures since the last ``reset()``."""
+
+    def __init__(self, base_s: float = 0.2, cap_s: float = 30.0, rng: random.Random | None = None, *,
+                 quick_cap_s: float = 1.0, quick_for_s: float = 0.0) -> None:
+        self.base_s, self.cap_s = base_s, cap_s
+        self.quick_cap_s, self.quick_for_s = quick_cap_s, quick_for_s
+        self.attempts = 0
+        self.failing_since: float | None = None
+        self._doublings = 0  # stops growing at the ceiling, so leaving the quick phase doubles from there
+        self._rng = rng or random.Random()
+
+    def next(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        if self.failing_since is None:
+            self.failing_since = now
+        self.attempts += 1
+        limit = self.quick_cap_s if now - self.failing_since < self.quick_for_s else self.cap_s
+        ceiling = min(limit, self.base_s * 2.0 ** self._doublings)
+        if ceiling < limit:
+            self._doublings += 1
+        return float(self._rng.uniform(min(self.base_s / 2, ceiling), ceiling))
+
+    def reset(self) -> None:
+        self.attempts = self._doublings = 0
+        self.failing_since = None
+
+
+
+# --- health and metrics over HTTP ----------------------------------------------------------------
+
+class PortUnavailable(OSError):
+    """The health/metrics port cannot be bound (in use, no permission); the message is one line."""
+
+
+class HealthServer:
+    """A running health/metrics server; ``port`` is the bound port (useful with port 0)."""
+
+    def __init__(self, server: ThreadingHTTPServer, thread: threading.Thread) -> None:
+        self._server, self._thread = server, thread
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler(ready: Callable[[], bool], healthy: Callable[[], bool],
+             registry: CollectorRegistry | None) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                self._answer(*(200, b"ok\n") if healthy() else (503, b"loop stalled\n"))
+            elif path == "/readyz":
+                self._answer(*(200, b"ready\n") if ready() else (503, b"not ready\n"))
+            elif path == "/metrics" and registry is not None:
+                self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            else:
+                self._answer(404, b"not found\n")
+
+        def _answer(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+def start_http_server(port: int, bind: str = "0.0.0.0", ready: Callable[[], bool] = lambda: True,
+                      healthy: Callable[[], bool] = lambda: True,
+                      registry: CollectorRegistry | None = None) -> HealthServer:
+    """Serve /healthz, /readyz and /metrics (when ``registry`` is given) on a daemon thread.
+
+    Raises PortUnavailable naming the address when it cannot be bound."""
+    try:
+        server = ThreadingHTTPServer((bind, port), _handler(ready, healthy, registry))
+    except OSError as exc:
+        raise PortUnavailable(f"--metrics-port {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True)
+    thread.start()
+    return HealthServer(server, thread)

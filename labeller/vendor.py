@@ -1,0 +1,103 @@
+"""The contract a vendor package fulfils, as NFD's feature sources do: one package per vendor.
+
+``vendors/<name>/__init__.py`` builds one ``Vendor`` out of its own functions (probe, label rules,
+device groups, allocation, health) and ``vendors.VENDORS`` registers it. The model never imports a
+vendor package; the commands hand the registry to it. Adding a vendor means adding a package and
+one line in the registry.
+
+Everything a vendor returns is plain data of this module or ``labeller.offer``, so the device
+plugin turns it into gRPC messages without knowing the vendor, and the dry run needs no grpc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from labeller.inventory import BackendReport, Inventory, PciGpu, VendorPart
+from labeller.labels import Labeler
+
+if TYPE_CHECKING:
+    from labeller.config import Config
+    from labeller.offer import DeviceGroup, PhysicalDevice
+
+DEVICE_PERMISSIONS = "rwm"  # "rw" without "m" breaks some frameworks (PyTorch on AMD), see the README
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    host_path: str
+    container_path: str
+    permissions: str = DEVICE_PERMISSIONS
+
+
+@dataclass
+class ContainerEdits:
+    """What the container runtime must give one container: the Allocate answer, vendor-neutral."""
+
+    envs: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    devices: list[DeviceNode] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi_devices: list[str] = field(default_factory=list)  # fully qualified CDI names
+
+
+class HealthReporter(Protocol):
+    """Where health checks report (the plugin's health board)."""
+
+    def mark_unhealthy(self, keys: Iterable[str], reason: str) -> None: ...
+
+    def answering(self, keys: Iterable[str]) -> None: ...
+
+
+class Checker(Protocol):
+    """A vendor's health check of the devices it was given. ``poll`` runs every few hundred ms;
+    ``wait_for_event`` (when ``watches_events``) blocks for the next driver event."""
+
+    def start(self) -> bool: ...  # False: the driver cannot be asked at all; checks stay off
+
+    def poll(self) -> None: ...
+
+    @property
+    def watches_events(self) -> bool: ...
+
+    def wait_for_event(self, timeout_ms: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+# (host root, the GPUs on the PCI bus, config, simulation handle) -> (the vendor's part, its report).
+# Never raises: a failure is the report.
+Prober = Callable[[Path, tuple[PciGpu, ...], "Config", Any], tuple[VendorPart | None, BackendReport]]
+# The resources a vendor offers before sharing is applied (see labeller.offer).
+DeviceGroups = Callable[[Inventory, "Config"], "list[DeviceGroup]"]
+# One container's devices -> what the container gets; built once per served resource.
+Allocate = Callable[["Sequence[PhysicalDevice]"], ContainerEdits]
+AllocatorFactory = Callable[["Config", Path], Allocate]
+# (devices, reporter, host root, simulation handle, environment) -> a checker, or None when off.
+HealthFactory = Callable[["Sequence[PhysicalDevice]", HealthReporter, Path, Any, Mapping[str, str]], Checker | None]
+
+
+@dataclass(frozen=True)
+class Vendor:
+    name: str  # "nvidia": also the profile section and the backend report's name
+    pci_vendor_id: int
+    pci_classes: tuple[int, ...]  # PCI base classes that are this vendor's GPUs (0x03 display, 0x12 accelerator)
+    presence_label: str  # "nvidia.com/gpu.present"
+    labels_enabled: Callable[[Config], bool]  # whether any of its label groups is on
+    probe: Prober
+    labelers: tuple[Labeler, ...]
+    device_groups: DeviceGroups
+    allocator: AllocatorFactory
+    health: HealthFactory
+    health_source: str  # for people: what marks this vendor's devices Unhealthy
+    simulator: str  # module with build(section, root, base_dir) and absent(): imported only to simulate

@@ -1,0 +1,213 @@
+"""NVIDIA device health, as NVIDIA's plugin checks it: XID critical-error events through NVML's
+event API, plus a poll that marks a GPU that stops answering NVML (lost) Unhealthy.
+
+Application XIDs (13, 31, 43, 45, 68, 109) are ignored; ``DP_DISABLE_HEALTHCHECKS`` and
+``DP_ENABLE_HEALTHCHECKS`` work as in NVIDIA's plugin (``HealthPolicy``). A MIG device's event
+marks only that MIG device when NVML names its instance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import structlog
+
+from labeller.offer import PhysicalDevice
+from labeller.vendor import HealthReporter
+from vendors.nvidia.devices import NvidiaDevice
+from vendors.nvidia.facts import WHOLE_GPU
+from vendors.nvidia.nvml import load
+
+log = structlog.get_logger(__name__)
+
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+# NVML errors that mean the GPU is gone or broken (not: no permission, not supported, ...)
+LOST_ERRORS = ("GPU_IS_LOST", "GPU_NOT_FOUND", "NOT_FOUND", "RESET_REQUIRED", "IRQ_ISSUE")
+
+
+def _xids(value: str) -> frozenset[int]:
+    out = set()
+    for part in value.split(","):
+        part = part.strip()
+        if part.isdigit():
+            out.add(int(part))
+        elif part:
+            log.warning("ignoring a health-check XID that is not a number", value=part)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    """Which XIDs count, from NVIDIA's environment switches.
+
+    ``DP_DISABLE_HEALTHCHECKS``: ``all`` or ``xids`` turns XID checks off (with ``all`` the plugin
+    runs no checks at all, see labeller.plugin.health); otherwise a comma list of XIDs to ignore on
+    top of the application XIDs. ``DP_ENABLE_HEALTHCHECKS``: a comma list of XIDs that are always
+    critical, even when disabled by either list.
+    """
+
+    all_xids_disabled: bool = False
+    ignored: frozenset[int] = APPLICATION_XIDS
+    forced: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> HealthPolicy:
+        disable = env.get("DP_DISABLE_HEALTHCHECKS", "").strip().lower()
+        forced = _xids(env.get("DP_ENABLE_HEALTHCHECKS", ""))
+        if disable in ("all", "xids"):
+            return cls(all_xids_disabled=True, forced=forced)
+        return cls(ignored=APPLICATION_XIDS | _xids(disable), forced=forced)
+
+    def xid_is_critical(self, xid: int) -> bool:
+        if xid in self.forced:
+            return True
+        return not self.all_xids_disabled and xid not in self.ignored
+
+    @property
+    def watch_xids(self) -> bool:
+        return not self.all_xids_disabled or bool(self.forced)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlChecker:
+    """XID events and lost-GPU polling through a pynvml-API module (real or simulated)."""
+
+    def __init__(self, nvml: ModuleType, devices: Iterable[PhysicalDevice], board: HealthReporter,
+                 policy: HealthPolicy):
+        self._nvml, self._board, self._policy = nvml, board, policy
+        self._keys_of_gpu: dict[str, list[str]] = {}
+        self._mig: dict[tuple[str, int, int], str] = {}
+        for device in devices:
+            if not isinstance(device, NvidiaDevice):
+                continue
+            uuid = device.nvml_gpu.uuid
+            self._keys_of_gpu.setdefault(uuid, []).append(device.health_key)
+            if device.mig_ids is not None:
+                self._mig[(uuid, *device.mig_ids)] = device.health_key
+        self._handles: dict[str, Any] = {}
+        self._event_set: Any = None
+        self._initialised = False
+
+    def start(self) -> bool:
+        """Initialise NVML and register for XID events; False when NVML cannot be used at all."""
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            log.error("NVML unavailable; continuing with health checks disabled", error=str(exc))
+            return False
+        self._initialised = True
+        if not self._policy.watch_xids:
+            return True
+        try:
+            self._event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            log.error("cannot create an NVML event set; XID health checks disabled", error=str(exc))
+            return True
+        for uuid, keys in self._keys_of_gpu.items():
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                mask = nvml.nvmlEventTypeXidCriticalError & nvml.nvmlDeviceGetSupportedEventTypes(handle)
+                if mask:
+                    nvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+                else:
+                    log.warning("GPU does not report XID events", device=uuid)
+                self._handles[uuid] = handle
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
+                    log.warning("GPU does not support NVML events", device=uuid)
+                else:
+                    self._board.mark_unhealthy(keys, f"cannot register for NVML events: {exc}")
+        return True
+
+    def stop(self) -> None:
+        nvml = self._nvml
+        if self._event_set is not None:
+            try:
+                nvml.nvmlEventSetFree(self._event_set)
+            except nvml.NVMLError:
+                pass
+            self._event_set = None
+        if self._initialised:
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError:
+                pass
+            self._initialised = False
+
+    @property
+    def watches_events(self) -> bool:
+        return self._event_set is not None
+
+    def wait_for_event(self, timeout_ms: int) -> None:
+        """Wait up to ``timeout_ms`` for one NVML event and act on it."""
+        nvml = self._nvml
+        try:
+            event = nvml.nvmlEventSetWait(self._event_set, timeout_ms)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == nvml.NVML_ERROR_TIMEOUT:
+                return
+            self._board.mark_unhealthy(self._all_keys(), f"NVML event wait failed: {exc}")
+            time.sleep(timeout_ms / 1000)
+            return
+        if not event.eventType & nvml.nvmlEventTypeXidCriticalError:
+            log.debug("non-XID NVML event ignored", event_type=int(event.eventType))
+            return
+        xid = int(event.eventData)
+        try:
+            uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+        except nvml.NVMLError as exc:
+            self._board.mark_unhealthy(self._all_keys(), f"XID {xid} on a GPU NVML cannot name: {exc}")
+            return
+        if not self._policy.xid_is_critical(xid):
+            log.info("XID ignored (application error or disabled)", device=uuid, xid=xid)
+            return
+        keys = self._keys_for_event(uuid, int(event.gpuInstanceId), int(event.computeInstanceId))
+        if not keys:
+            self._board.mark_unhealthy(self._all_keys(), f"XID {xid} on unknown GPU {uuid}")
+            return
+        self._board.mark_unhealthy(keys, f"XID {xid}")
+
+    def _keys_for_event(self, uuid: str, gi: int, ci: int) -> list[str]:
+        if gi == WHOLE_GPU:
+            return list(self._keys_of_gpu.get(uuid, ()))
+        return [key for (gpu, g, c), key in self._mig.items()
+                if gpu == uuid and g == gi and (ci == WHOLE_GPU or c == ci)] or list(self._keys_of_gpu.get(uuid, ()))
+
+    def _all_keys(self) -> list[str]:
+        return [key for keys in self._keys_of_gpu.values() for key in keys]
+
+    def poll(self) -> None:
+        """A GPU that NVML calls lost (or not found, or needing a reset) is Unhealthy; one that
+        answers may recover. Other errors (permissions, unsupported) prove nothing either way."""
+        nvml = self._nvml
+        if not self._initialised:
+            return
+        gone = {getattr(nvml, f"NVML_ERROR_{name}", None) for name in LOST_ERRORS} - {None}
+        for uuid, keys in self._keys_of_gpu.items():
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                nvml.nvmlDeviceGetMemoryInfo(handle)
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) in gone:
+                    self._board.mark_unhealthy(keys, f"GPU does not answer NVML: {exc}")
+                else:
+                    log.debug("NVML health poll inconclusive", device=uuid, error=str(exc))
+                continue
+            self._board.answering(keys)
+
+
+
+
+def checker(devices: Sequence[PhysicalDevice], board: HealthReporter, host_root: Path, handle: Any,
+            env: Mapping[str, str]) -> NvmlChecker:
+    """The NVIDIA checker for ``devices`` (``handle``: a simulation's pynvml, else the real one)."""
+    return NvmlChecker(load(handle), devices, board, HealthPolicy.from_env(env))

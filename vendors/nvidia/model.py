@@ -1,0 +1,73 @@
+"""What NVML says about a node's NVIDIA GPUs: plain, immutable data (the NVIDIA part of the inventory).
+
+Built by ``vendors.nvidia.nvml``; read by the label rules, the device groups and the plugin's
+allocation and health checks of this package. Field units are in the names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from labeller.inventory import VendorPart
+from vendors.nvidia.facts import mig_resource
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device of an NVIDIA GPU, with the attributes NVML reports for it."""
+
+    index: int  # position under its parent (nvmlDeviceGetMigDeviceHandleByIndex)
+    uuid: str  # "MIG-..."
+    profile: str  # NVIDIA profile name as go-nvlib prints it, e.g. "1g.10gb", "1g.10gb+me"
+    memory_mib: int  # memorySizeMB attribute
+    multiprocessors: int = 0
+    slices_gi: int = 0
+    slices_ci: int = 0
+    engines_copy: int = 0
+    engines_decoder: int = 0
+    engines_encoder: int = 0
+    engines_jpeg: int = 0
+    engines_ofa: int = 0
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def resource_name(self) -> str:
+        """MIG-mixed resource and label prefix, e.g. "nvidia.com/mig-1g.10gb.me"."""
+        return mig_resource(self.profile)
+
+
+@dataclass(frozen=True)
+class NvidiaGpu:
+    """One physical NVIDIA GPU as NVML describes it."""
+
+    index: int  # NVML index
+    name: str  # nvmlDeviceGetName, raw (e.g. "NVIDIA H100 80GB HBM3")
+    uuid: str  # "GPU-..."
+    memory_bytes: int  # nvmlDeviceGetMemoryInfo().total; 0 when unknown
+    compute_capability: tuple[int, int] | None  # (major, minor); None when unknown
+    pci_bus_id: str  # normalised like PciGpu.bdf: "0000:18:00.0"
+    minor_number: int | None = None  # /dev/nvidia<minor>
+    mig_capable: bool = False  # nvmlDeviceGetMigMode succeeded
+    mig_enabled: bool = False  # current MIG mode is enabled
+    mig_devices: tuple[MigDevice, ...] = ()
+    nvlink_peers: tuple[str, ...] = ()  # bus ids of the far end, one entry per active link
+    numa_node: int | None = None
+    pci_class: int | None = None  # from sysfs; decides gpu.mode
+    clique: str | None = None  # "<clusterUUID>.<cliqueId>" for fabric-attached GPUs
+    vgpu_guest: bool | None = None  # NVML virtualization mode is VGPU; None when NVML cannot say
+
+
+@dataclass(frozen=True)
+class NvidiaInventory(VendorPart):
+    """NVIDIA's part of the inventory: what NVML (and PCI config space) said."""
+
+    vendor: ClassVar[str] = "nvidia"
+    driver_version: str  # "550.54.15"
+    cuda_driver_version: int  # nvmlSystemGetCudaDriverVersion, e.g. 12040
+    gpus: tuple[NvidiaGpu, ...]
+    # A GPU is a vGPU: its PCI config space has NVIDIA's "VF" capability (or, where only the first
+    # 64 bytes are readable, NVML says so). None: could not be determined, vgpu labels are omitted.
+    vgpu_present: bool | None = False
+    vgpu_host_driver: tuple[str, str] | None = None  # (version, branch) from the capability's record
