@@ -14,26 +14,25 @@ import structlog
 from labeller.daemon.loop import Daemon, Options
 from labeller.node import Node, open_node
 from labeller.options import BadInput, discovery_options
-from labeller.kube import Conflict, Forbidden, Kube, KubeError, Observer
+from labeller.kube import Kube, KubeError, Observer
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.metrics import Metrics
 from labeller.runtime import PortUnavailable, install_signals, reload_config, start_http_server
 from labeller.params import Duration
-from labeller.daemon.reconcile import Change, Live, ProbeResult, managers_text, owned, plan
+from labeller.daemon.reconcile import Change, Live, Owned, ProbeResult, managers_text, owned, plan
 from labeller.daemon.sinks import (
-    FeaturesFileSink,
-    NodeCache,
-    NodeFeatureSink,
+    OUTPUTS,
     NodeMissing,
     NodeSink,
-    NodeWatcher,
+    PermissionDenied,
     PermissionLog,
-    Sink,
+    SinkError,
+    Stale,
+    make_sink,
 )
 
 log = structlog.get_logger("gpu_labeller.daemon")
 
-OUTPUTS = ("node", "features-file", "nodefeature")
 DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/gpu-labeller")
 
 
@@ -42,14 +41,15 @@ def probe_labels(node: Node) -> ProbeResult:
     inventory = node.probe()
     label_set = node.labels(inventory, node.offer(inventory))
     label_set.log_problems(log)
-    not_owned = sorted(key for key in label_set.labels if key not in owned(label_set.labels))
+    labels = owned(label_set.labels)  # the one ownership filter on the way in
+    not_owned = sorted(set(label_set.labels) - set(labels))
     if not_owned:
         log.warning("labels outside the owned prefixes are never written", reason="not-owned", labels=not_owned)
     problems = [f"{r.backend}: {r.status} {r.detail}".strip() for r in inventory.reports
                 if r.status in ("error", "unavailable") or r.problems]
     if inventory.partial:
         log.warning("inventory is partial", reason="partial-probe", problems=problems)
-    return ProbeResult(owned(label_set.labels), partial=inventory.partial)
+    return ProbeResult(labels, partial=inventory.partial)
 
 
 def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | None = None) -> Kube:
@@ -62,20 +62,6 @@ def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | 
         suggestion = "give --kubeconfig FILE (env KUBECONFIG)" + (f", or {alternative}" if alternative else "")
         raise BadInput(f"no Kubernetes credentials: no kubeconfig given and no in-cluster service account "
                        f"({exc.message.rstrip('.')}); {suggestion}") from None
-
-
-def _sink(output: str, kube: Kube | None, node_name: str, features_file: Path, namespace: str,
-          interval: float, once: bool) -> tuple[Sink, NodeWatcher | None]:
-    """The output, and for the Node output (unless --once) the watch that keeps its cache of the live labels."""
-    if output == "features-file":
-        return FeaturesFileSink(features_file, expiry_s=max(4 * interval, 300.0)), None
-    assert kube is not None  # run() loads credentials for every output but the features.d file
-    if output == "nodefeature":
-        return NodeFeatureSink(kube, node_name, namespace), None
-    if once:
-        return NodeSink(kube, node_name), None  # one GET, no watch
-    cache = NodeCache()
-    return NodeSink(kube, node_name, cache), NodeWatcher(kube, node_name, cache)
 
 
 @click.command()
@@ -112,10 +98,11 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
         kube = connect(kubeconfig, "use --output features-file without --events, which needs none",
                        observer=metrics.observe_request)
     with open_node(host_root, simulate, config_path) as node:
-        sink, watcher = _sink(output, kube, node_name, features_file, namespace, interval, once)
-        options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run, events=events)
+        sink = make_sink(output, node_name, kube, features_file=features_file, namespace=namespace,
+                         interval_s=interval, follow=not once, events=events)
+        options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run)
         daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
-                        reload=lambda: reload_config(node, config_path), kube=kube, watcher=watcher)
+                        reload=lambda: reload_config(node, config_path))
         if once:
             sys.exit(_run_once(daemon))
         _serve(daemon, metrics, metrics_port, metrics_bind)
@@ -176,22 +163,22 @@ def clean_node(kube: Kube, name: str, permissions: PermissionLog, include_foreig
         for attempt in range(3):  # a Node changed under the merge patch (409): look again
             sink = NodeSink(kube, name)
             before = after = sink.live()
-            change = plan(before, {}, probe_ok=True, include_foreign=include_foreign)
+            change = plan(before, Owned({}), probe_ok=True, include_foreign=include_foreign)
             try:
                 if change.needed and not dry_run:
                     sink.write(change)
-                    after = sink.cache.snapshot()[2]  # the Node as the last write's answer shows it
+                    after = sink.last_seen()
                 break
-            except Conflict:
+            except Stale:
                 if attempt == 2:
                     raise
     except NodeMissing:
         log.error("node not found", node=name, reason="node-not-found")
         return False
-    except Forbidden as exc:
+    except PermissionDenied as exc:
         permissions.report(exc, node=name)
         return False
-    except KubeError as exc:
+    except SinkError as exc:
         log.error("cleanup failed", node=name, reason="api-error", error=str(exc))
         return False
     for line in cleanup_report(name, before, after, change, dry_run):

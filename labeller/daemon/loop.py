@@ -2,8 +2,8 @@
 
 ``Daemon`` runs the loop: probe on an interval (and on SIGHUP), compare with the live labels that a
 ``Sink`` reports, write through the sink only when they differ. The decisions it takes are pure
-functions in ``labeller.daemon.reconcile``; the I/O is in ``labeller.daemon.sinks``. The Kubernetes client is
-reached only through ``labeller.kube``, imported by the caller.
+functions in ``labeller.daemon.reconcile``; the I/O is in ``labeller.daemon.sinks``, whose errors are
+the only ones it handles: the loop never sees the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -13,18 +13,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import structlog
 
+from labeller.daemon.reconcile import Change, FightGuard, Labels, Live, Owned, ProbeResult, desired_after, managers_text, plan
+from labeller.daemon.sinks import NodeMissing, NotOurs, PermissionDenied, PermissionLog, Sink, SinkError, Unavailable
 from labeller.inventory import ProbeError
-from labeller.daemon.reconcile import Change, FightGuard, Labels, Live, ProbeResult, desired_after, managers_text, plan
 from labeller.runtime import Backoff
-from labeller.daemon.sinks import NodeMissing, NodeWatcher, NotOurs, PermissionLog, Sink
 
 if TYPE_CHECKING:
-    from labeller.kube import Kube, KubeError
     from labeller.daemon.metrics import Metrics
 
 log = structlog.get_logger("gpu_labeller.daemon")
@@ -37,8 +35,6 @@ class Options:
     interval_s: float = 60.0
     start_jitter_s: float = 2.0
     dry_run: bool = False
-    events: bool = False
-    event_namespace: str = "default"
 
 
 class Daemon:
@@ -46,17 +42,16 @@ class Daemon:
 
     def __init__(self, node: str, probe: Callable[[], ProbeResult], sink: Sink, metrics: Metrics,
                  options: Options | None = None, reload: Callable[[], object] | None = None,
-                 kube: Kube | None = None, watcher: NodeWatcher | None = None,
                  fights: FightGuard | None = None) -> None:
         self.node, self.probe_fn, self.sink, self.metrics = node, probe, sink, metrics
         self.options = options or Options()
-        self.reload_fn, self.kube, self.watcher = reload, kube, watcher
+        self.reload_fn = reload
         self.log = log.bind(node=node)
         self.wake, self.stopped = threading.Event(), threading.Event()
-        self.desired: Labels = {}
+        self.desired = Owned({})
         self.probe_ok = False
         self.probe_error: str | None = None
-        self.last_good: Labels | None = None
+        self.last_good: Owned | None = None
         self.last_applied: Labels | None = None
         self.ready = False
         self.heartbeat = time.monotonic()
@@ -73,8 +68,6 @@ class Daemon:
         self._reported_adopted: set[str] = set()
         self._reported_not_ours: str | None = None
         self._last_dry_run: Change | None = None
-        if watcher is not None:
-            watcher.attach(self.kick, self.stopped, self.permissions)
 
     # -- control, safe from signal handlers and other threads
     def stop(self) -> None:
@@ -99,15 +92,15 @@ class Daemon:
         try:
             result = self.probe_fn()
         except ProbeError as exc:  # the whole probe cannot be trusted; the message says why
-            result = ProbeResult({}, error=str(exc))
+            result = ProbeResult(Owned({}), error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a probe must never take the daemon down
-            result = ProbeResult({}, error=f"{type(exc).__name__}: {exc}")
+            result = ProbeResult(Owned({}), error=f"{type(exc).__name__}: {exc}")
         result = ProbeResult(result.labels, result.partial, result.error, time.monotonic() - start)
         self.metrics.observe_probe(result)
         self.desired = desired_after(result, self.last_good)
         self.probe_ok = result.ok
         if result.ok:
-            self.last_good = dict(self.desired)
+            self.last_good = Owned(dict(self.desired))
         self._report_probe(result)
 
     def _report_probe(self, result: ProbeResult) -> None:
@@ -136,8 +129,6 @@ class Daemon:
     # -- reconciling
     def reconcile_once(self) -> str:
         """Compare live and desired labels and write when they differ. Returns the outcome."""
-        from labeller.kube import Forbidden, KubeError
-
         outcome = "failed"
         try:
             outcome = self._reconcile()
@@ -147,12 +138,10 @@ class Daemon:
         except NotOurs as exc:
             outcome = "not-ours"
             self._report_not_ours(str(exc))
-        except Forbidden as exc:
+        except PermissionDenied as exc:
             self.permissions.report(exc, node=self.node)
-        except KubeError as exc:
+        except SinkError as exc:  # Unavailable, Stale: try again
             self._report_api_error(exc)
-        except OSError as exc:
-            self.log.error("cannot write output", reason="io-error", error=str(exc))
         self.metrics.reconciles.labels(outcome=outcome).inc()
         if outcome in SUCCESS:
             if self._api_failing:
@@ -221,8 +210,6 @@ class Daemon:
                 self.log.info("label taken over: gpu-labeller applies it from now on", reason="adopted", label=key,
                               previous_managers=managers_text(names))
         self.log.info("labels updated", reason="labels-changed", output=self.sink.name, **change.summary())
-        if self.options.events:
-            self._emit_event(change)
 
     def _report_foreign(self, foreign: dict[str, tuple[str, ...]]) -> None:
         """Count the keys under our prefixes that other managers set; log each once, with its managers."""
@@ -233,41 +220,24 @@ class Daemon:
             self.log.info("labels under gpu-labeller's prefixes that other managers set are left alone",
                           reason="foreign-labels", labels=new)
 
-    def _report_api_error(self, exc: KubeError) -> None:
+    def _report_api_error(self, exc: SinkError) -> None:
         """A warning when failures begin; quiet (debug) while they last: retries come every second."""
         level = self.log.debug if self._api_failing else self.log.warning
         self._api_failing = True
-        level("API request failed", reason="api-error", status=exc.status, error=exc.message)
+        level("output failed", reason="api-error", output=self.sink.name, error=str(exc),
+              status=exc.status if isinstance(exc, Unavailable) else None)
 
     def _report_not_ours(self, message: str) -> None:
         if message != self._reported_not_ours:
             self._reported_not_ours = message
             self.log.error(message, reason="not-ours", output=self.sink.name)
 
-    def _emit_event(self, change: Change) -> None:
-        from labeller.kube import KubeError
-
-        if self.kube is None:
-            return
-        counts = f"{len(change.added)} added, {len(change.changed)} changed, {len(change.removed)} removed"
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{self.node}.{time.time_ns():x}", "namespace": self.options.event_namespace},
-                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node},
-                "reason": "GPULabelsChanged", "message": f"gpu-labeller: {counts}", "type": "Normal",
-                "source": {"component": "gpu-labeller", "host": self.node},
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        try:
-            self.kube.create_event(self.options.event_namespace, body)
-        except KubeError as exc:
-            self.log.warning("could not record an event", reason="event-failed", error=exc.message)
-
     # -- the loop
     def run(self) -> None:
         if self.options.start_jitter_s > 0 and self.stopped.wait(random.uniform(0, self.options.start_jitter_s)):
             return
-        if self.watcher is not None:  # after the jitter: a restarting fleet must not list-and-watch at once
-            self.watcher.start()
+        # after the jitter: a restarting fleet must not list-and-watch at once
+        self.sink.start(self.kick, self.stopped, self.permissions)
         next_probe = time.monotonic()
         while not self.stopped.is_set():
             self.wake.clear()

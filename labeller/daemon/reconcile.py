@@ -14,25 +14,29 @@ import random
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NewType
 
 from labeller.labels import FIELD_MANAGER, owns
 
 Labels = dict[str, str]
+# Labels whose keys gpu-labeller may write: only ``owned()`` makes them. The probe's labels pass
+# through it once on the way in (daemon.cli.probe_labels), a target's live labels once in the sink
+# (Live), and ``plan`` takes nothing else, so a foreign key can never reach a write.
+Owned = NewType("Owned", Labels)
 Manager = tuple[str, str]  # (field manager, operation: "Apply" or "Update")
 APPLIED_BY_US: Manager = (FIELD_MANAGER, "Apply")
 
 
-def owned(labels: Mapping[str, str]) -> Labels:
+def owned(labels: Mapping[str, str]) -> Owned:
     """The labels among ``labels`` whose keys gpu-labeller may write (by key prefix)."""
-    return {key: value for key, value in labels.items() if owns(key)}
+    return Owned({key: value for key, value in labels.items() if owns(key)})
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     """What one probe produced: the owned labels, and whether they are the whole truth."""
 
-    labels: Labels
+    labels: Owned
     partial: bool = False
     error: str | None = None
     duration_s: float = 0.0
@@ -42,7 +46,7 @@ class ProbeResult:
         return self.error is None and not self.partial
 
 
-def desired_after(result: ProbeResult, last_good: Labels | None) -> Labels:
+def desired_after(result: ProbeResult, last_good: Owned | None) -> Owned:
     """The labels to aim for after a probe.
 
     Complete probe: its labels. Partial probe: the last good set, plus keys only this probe found
@@ -50,10 +54,10 @@ def desired_after(result: ProbeResult, last_good: Labels | None) -> Labels:
     plan then keeps whatever is live, because a failed probe never removes).
     """
     if result.ok:
-        return owned(result.labels)
-    base = dict(last_good or {})
+        return result.labels
+    base = last_good or Owned({})
     if result.error is None:
-        return {**owned(result.labels), **base}
+        return Owned({**result.labels, **base})
     return base
 
 
@@ -86,7 +90,7 @@ def label_managers(managed_fields: Iterable[Any]) -> dict[str, frozenset[Manager
 class Live:
     """The labels under gpu-labeller's prefixes on a target now, and who set each of them."""
 
-    labels: Labels = field(default_factory=dict)
+    labels: Owned = field(default_factory=lambda: Owned({}))
     managers: Mapping[str, frozenset[Manager]] = field(default_factory=dict)
     resource_version: str = field(default="", compare=False)  # of the object it was read from
 
@@ -160,7 +164,7 @@ class Change:
                 "adopted": sorted(self.adopted), "relinquished": list(self.relinquished)}
 
 
-def plan(live: Live, desired: Mapping[str, str], probe_ok: bool, include_foreign: bool = False) -> Change:
+def plan(live: Live, desired: Owned, probe_ok: bool, include_foreign: bool = False) -> Change:
     """What to write so that the live labels become ``desired``.
 
     Computed keys are applied and so taken over (adopted) from whoever set them. Keys gpu-labeller
@@ -168,7 +172,7 @@ def plan(live: Live, desired: Mapping[str, str], probe_ok: bool, include_foreign
     ``include_foreign`` (``cleanup --include-foreign``). After a failed or partial probe
     (``probe_ok`` False) nothing is removed: the labels gpu-labeller manages stay in the applied set.
     """
-    want = owned(desired)
+    want = dict(desired)
     ours = {key: value for key, value in live.labels.items() if live.ours(key)}
     if not probe_ok:
         want = {**ours, **want}

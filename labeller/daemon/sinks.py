@@ -1,8 +1,12 @@
 """Where the daemon's labels go: the Node (server-side apply, with a watch-fed cache of the live
-labels), NFD's features.d file, or an NFD ``NodeFeature`` object.
+labels), NFD's features.d file, or an NFD ``NodeFeature`` object; ``EventSink`` wraps any of them
+to record a Kubernetes Event per change. ``make_sink`` builds what ``run`` asks for.
 
-The Kubernetes client is reached only through ``labeller.kube``, imported lazily, so the
-features.d output and the dry-run path never import it.
+A sink reads what is there now (``live``, the ownership boundary on the way in: only keys under
+gpu-labeller's prefixes, with who set each) and carries out a ``Change`` (``write``). It raises only
+the ``SinkError`` kinds below, whatever API or file lies behind it, so the loop never sees the
+client's errors. The Kubernetes client is reached only through ``labeller.kube``, imported
+lazily, so the features.d output and the dry-run path never import it.
 """
 
 from __future__ import annotations
@@ -10,15 +14,16 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from labeller.outputs import render, write_atomic
 from labeller.daemon.reconcile import Change, Live
+from labeller.outputs import render, write_atomic
 from labeller.runtime import Backoff
 
 if TYPE_CHECKING:
@@ -28,20 +33,70 @@ log = structlog.get_logger("gpu_labeller.daemon")
 
 WRITTEN_BY = "# Written by gpu-labeller"  # first line of every features.d file gpu-labeller writes
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-labeller")  # label on every NodeFeature it creates
+OUTPUTS = ("node", "features-file", "nodefeature")
 
 
-class NodeMissing(Exception):
+# --- what a sink may raise -----------------------------------------------------------------------
+
+class SinkError(Exception):
+    """The output could not be read or written; ``str()`` says why, in one line."""
+
+
+class Unavailable(SinkError):
+    """Try again later: the API did not answer or failed (5xx, 429, timeouts), or the file could not be written."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Stale(SinkError):
+    """The target changed between reading and writing (a 409): read again and plan again."""
+
+
+class PermissionDenied(SinkError):
+    """A 403. RBAC refused ``verb`` on ``resource`` to ``identity``; or, with ``identity`` None,
+    something else refused (an admission policy): ``message`` says what."""
+
+    def __init__(self, verb: str, resource: str, identity: str | None, message: str) -> None:
+        super().__init__(message)
+        self.verb, self.resource, self.identity, self.message = verb, resource, identity, message
+
+    @classmethod
+    def of(cls, exc: Forbidden) -> PermissionDenied:
+        return cls(exc.verb, exc.resource, exc.identity, exc.message)
+
+
+class NodeMissing(SinkError):
     """The Node object does not exist (yet)."""
 
 
-class NotOurs(Exception):
+class NotOurs(SinkError):
     """The output's target exists but gpu-labeller did not write it: it is never replaced or removed."""
+
+
+@contextmanager
+def _api_errors() -> Iterator[None]:
+    """The Kubernetes adapter's errors, as sink errors."""
+    from labeller.kube import Conflict, Forbidden, KubeError
+
+    try:
+        yield
+    except Forbidden as exc:
+        raise PermissionDenied.of(exc) from None
+    except Conflict as exc:
+        raise Stale(exc.message) from None
+    except KubeError as exc:
+        raise Unavailable(str(exc), exc.status) from None
 
 
 class Sink(Protocol):
     """Where labels go. ``live`` says what is there now and who set it; ``write`` carries out a Change."""
 
     name: str
+
+    def start(self, on_change: Callable[[], None], stop: threading.Event, permissions: PermissionLog) -> None:
+        """Begin following the target, if it can change under us: ``on_change`` whenever it does."""
 
     def live(self) -> Live: ...
 
@@ -58,7 +113,7 @@ class PermissionLog:
         self._lock = threading.Lock()
         self._reported: set[tuple[str, str]] = set()
 
-    def report(self, exc: Forbidden, **context: Any) -> None:
+    def report(self, exc: PermissionDenied, **context: Any) -> None:
         key = (exc.verb, exc.resource if exc.identity else exc.message)
         with self._lock:
             if key in self._reported:
@@ -130,24 +185,14 @@ class NodeWatcher:
     within about a second of the API answering again), then back off up to 10 s.
     """
 
-    def __init__(self, kube: Kube, node: str, cache: NodeCache, watch_timeout_s: int = 300) -> None:
+    def __init__(self, kube: Kube, node: str, cache: NodeCache, notify: Callable[[], None], stop: threading.Event,
+                 permissions: PermissionLog, watch_timeout_s: int = 300) -> None:
         self.kube, self.node, self.cache = kube, node, cache
-        self.notify: Callable[[], None] = lambda: None
-        self.stop = threading.Event()
-        self.permissions = PermissionLog()
+        self.notify, self.stop, self.permissions = notify, stop, permissions
         self.watch_timeout_s = watch_timeout_s
         self.backoff = Backoff(base_s=0.2, cap_s=10.0, quick_cap_s=1.0, quick_for_s=60.0)
         self._failing_since: float | None = None
         self.thread = threading.Thread(target=self._run, name=f"watch-{node}", daemon=True)
-
-    def attach(self, notify: Callable[[], None], stop: threading.Event, permissions: PermissionLog | None = None) -> None:
-        """Wake ``notify`` on every change; end when ``stop`` is set; report 403s through ``permissions``."""
-        self.notify, self.stop = notify, stop
-        if permissions is not None:
-            self.permissions = permissions
-
-    def start(self) -> None:
-        self.thread.start()
 
     def _run(self) -> None:
         from labeller.kube import Forbidden, Gone, KubeError
@@ -160,7 +205,7 @@ class NodeWatcher:
                 log.info("watch expired, listing again", node=self.node, reason="gone")
             except Forbidden as exc:
                 self.cache.forget()
-                self.permissions.report(exc, node=self.node)
+                self.permissions.report(PermissionDenied.of(exc), node=self.node)
                 self._failing_since = self._failing_since or time.monotonic()
             except KubeError as exc:
                 self.cache.forget()
@@ -199,48 +244,60 @@ class NodeWatcher:
 
 
 class NodeSink:
-    """Server-side apply to the Node, reading the live labels from the watch cache (GET when the watch
-    has not listed the node within ``sync_wait_s``)."""
+    """Server-side apply to the Node. With ``watch`` (the daemon) it lists and watches its Node from
+    ``start`` on and reads the live labels from that cache, falling back to a GET when the watch has
+    not listed the node within ``sync_wait_s``; without (``--once``, ``cleanup``) every ``live`` is a GET."""
 
     name = "node"
 
-    def __init__(self, kube: Kube, node: str, cache: NodeCache | None = None, sync_wait_s: float = 0.5) -> None:
+    def __init__(self, kube: Kube, node: str, *, watch: bool = False, sync_wait_s: float = 0.5,
+                 watch_timeout_s: int = 300) -> None:
         self.kube, self.node = kube, node
-        self.cache = cache or NodeCache()
-        self.sync_wait_s = sync_wait_s if cache is not None else 0.0  # no cache given: nothing fills it
+        self.cache = NodeCache()
+        self.watch, self.watch_timeout_s = watch, watch_timeout_s
+        self.sync_wait_s = sync_wait_s if watch else 0.0
+        self.watcher: NodeWatcher | None = None
+
+    def start(self, on_change: Callable[[], None], stop: threading.Event, permissions: PermissionLog) -> None:
+        if self.watch and self.watcher is None:
+            self.watcher = NodeWatcher(self.kube, self.node, self.cache, on_change, stop, permissions,
+                                       self.watch_timeout_s)
+            self.watcher.thread.start()
 
     def live(self) -> Live:
         synced, exists, live = self.cache.snapshot()
-        if not synced:
-            if not self.cache.wait_synced(self.sync_wait_s):
+        if not synced or self.watcher is None:
+            if self.watcher is None or not self.cache.wait_synced(self.sync_wait_s):
                 self._refresh()
             synced, exists, live = self.cache.snapshot()
         if not exists:
-            raise NodeMissing(self.node)
+            raise NodeMissing(f"node {self.node} not found")
         return live
 
     def _refresh(self) -> None:
         from labeller.kube import NotFound
 
-        try:
-            self.cache.put(self.kube.get_node(self.node))
-        except NotFound:
-            self.cache.put(None)
+        with _api_errors():
+            try:
+                self.cache.put(self.kube.get_node(self.node))
+            except NotFound:
+                self.cache.put(None)
 
     def write(self, change: Change) -> None:
         """Apply ``change.labels`` when needed, then merge-patch out the keys an apply cannot drop."""
         from labeller.kube import NotFound
 
         answer = None
-        try:
-            if change.apply:
-                answer = self.kube.apply_node_labels(self.node, change.labels)
-                self.cache.put(answer)
-            if change.patch_out:
-                answer = self._patch_out(change.patch_out)
-        except NotFound:
-            self.cache.put(None)
-            raise NodeMissing(self.node) from None
+        with _api_errors():
+            try:
+                if change.apply:
+                    answer = self.kube.apply_node_labels(self.node, change.labels)
+                    self.cache.put(answer)
+                if change.patch_out:
+                    answer = self._patch_out(change.patch_out)
+            except NotFound:
+                self.cache.put(None)
+                raise NodeMissing(f"node {self.node} not found") from None
         if answer is not None:
             self.cache.put(answer)
 
@@ -252,6 +309,10 @@ class NodeSink:
         if not still:
             return None
         return self.kube.remove_node_labels(self.node, still, live.resource_version or None)
+
+    def last_seen(self) -> Live:
+        """The Node as the last read or write's answer showed it."""
+        return self.cache.snapshot()[2]
 
     def close(self) -> None:
         self.kube.close()
@@ -268,12 +329,17 @@ class FeaturesFileSink:
     def __init__(self, path: Path, expiry_s: float) -> None:
         self.path, self.expiry_s = path, expiry_s
 
+    def start(self, on_change: Callable[[], None], stop: threading.Event, permissions: PermissionLog) -> None:
+        return None  # only gpu-labeller writes the file: nothing to follow
+
     def _ours(self) -> str | None:
         """Our file's text; None when there is none."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise Unavailable(f"{self.path}: cannot read: {exc.strerror or exc}") from None
         if not data.startswith(WRITTEN_BY.encode()):
             raise NotOurs(f"{self.path} exists and gpu-labeller did not write it (no '{WRITTEN_BY}' first line); "
                           "it is left as it is")
@@ -303,7 +369,10 @@ class FeaturesFileSink:
     def write(self, change: Change) -> None:
         self._ours()  # a file that appeared since live() is not ours to replace either
         expiry = datetime.now(UTC) + timedelta(seconds=self.expiry_s)
-        write_atomic(self.path, render(change.labels, "nfd", expiry=expiry))
+        try:
+            write_atomic(self.path, render(change.labels, "nfd", expiry=expiry))
+        except OSError as exc:
+            raise Unavailable(f"{self.path}: cannot write: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         return None
@@ -321,8 +390,12 @@ class NodeFeatureSink:
         self.object_name = f"gpu-labeller-{node}"
         self._current: Obj | None = None
 
+    def start(self, on_change: Callable[[], None], stop: threading.Event, permissions: PermissionLog) -> None:
+        return None
+
     def live(self) -> Live:
-        current = self.kube.get_node_feature(self.namespace, self.object_name)
+        with _api_errors():
+            current = self.kube.get_node_feature(self.namespace, self.object_name)
         if current is None:
             self._current = None
             return Live()
@@ -341,11 +414,66 @@ class NodeFeatureSink:
                          "labels": {"nfd.node.kubernetes.io/node-name": self.node, key: value}},
             "spec": {"labels": dict(sorted(change.labels.items()))},
         }
-        if self._current is None:
-            self._current = self.kube.create_node_feature(self.namespace, body)
-        else:
-            body["metadata"]["resourceVersion"] = self._current["metadata"].get("resourceVersion")
-            self._current = self.kube.replace_node_feature(self.namespace, self.object_name, body)
+        with _api_errors():
+            if self._current is None:
+                self._current = self.kube.create_node_feature(self.namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = self._current["metadata"].get("resourceVersion")
+                self._current = self.kube.replace_node_feature(self.namespace, self.object_name, body)
 
     def close(self) -> None:
         self.kube.close()
+
+
+class EventSink:
+    """Any sink, plus a Kubernetes Event on the Node for each change written (``run --events``)."""
+
+    def __init__(self, inner: Sink, kube: Kube, node: str, namespace: str) -> None:
+        self.inner, self.kube, self.node, self.namespace = inner, kube, node, namespace
+        self.name = inner.name
+
+    def start(self, on_change: Callable[[], None], stop: threading.Event, permissions: PermissionLog) -> None:
+        self.inner.start(on_change, stop, permissions)
+
+    def live(self) -> Live:
+        return self.inner.live()
+
+    def write(self, change: Change) -> None:
+        from labeller.kube import KubeError
+
+        self.inner.write(change)
+        counts = f"{len(change.added)} added, {len(change.changed)} changed, {len(change.removed)} removed"
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": f"{self.node}.{time.time_ns():x}", "namespace": self.namespace},
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node},
+                "reason": "GPULabelsChanged", "message": f"gpu-labeller: {counts}", "type": "Normal",
+                "source": {"component": "gpu-labeller", "host": self.node},
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        try:
+            self.kube.create_event(self.namespace, body)
+        except KubeError as exc:  # the labels are written; a missing event is only reported
+            log.warning("could not record an event", node=self.node, reason="event-failed", error=exc.message)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def make_sink(output: str, node: str, kube: Kube | None, *, features_file: Path, namespace: str, interval_s: float,
+              follow: bool, events: bool = False, event_namespace: str = "default") -> Sink:
+    """The sink ``run --output`` names; ``follow``: the Node sink watches its Node (not for ``--once``).
+    ``kube`` may be None only for the features.d file without events (it needs no credentials)."""
+    sink: Sink
+    if output == "features-file":
+        sink = FeaturesFileSink(features_file, expiry_s=max(4 * interval_s, 300.0))
+    elif kube is None:
+        raise ValueError(f"--output {output} needs Kubernetes credentials")
+    elif output == "nodefeature":
+        sink = NodeFeatureSink(kube, node, namespace)
+    else:
+        sink = NodeSink(kube, node, watch=follow)
+    if events:
+        if kube is None:
+            raise ValueError("--events needs Kubernetes credentials")
+        sink = EventSink(sink, kube, node, event_namespace)
+    return sink

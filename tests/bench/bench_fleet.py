@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from labeller.daemon.loop import Daemon, Options
-from labeller.daemon.reconcile import ProbeResult
-from labeller.daemon.sinks import NodeCache, NodeSink, NodeWatcher
+from labeller.daemon.reconcile import ProbeResult, owned
+from labeller.daemon.sinks import NodeSink
 from labeller.kube import Kube
 from labeller.log import configure
 from labeller.daemon.metrics import Metrics
@@ -35,7 +35,7 @@ LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8", "nvidia
 
 
 def probe() -> ProbeResult:
-    return ProbeResult(dict(LABELS))
+    return ProbeResult(owned(LABELS))
 
 
 def start_fleet(api: FakeApiServer, kubeconfig: Path, nodes: int, jitter: float, interval: float) -> list[Daemon]:
@@ -43,9 +43,8 @@ def start_fleet(api: FakeApiServer, kubeconfig: Path, nodes: int, jitter: float,
     for i in range(nodes):
         name = f"node-{i:04d}"
         kube = Kube(str(kubeconfig), pool_size=1)
-        cache = NodeCache()
-        daemon = Daemon(name, probe, NodeSink(kube, name, cache), Metrics(),
-                        Options(interval_s=interval, start_jitter_s=jitter), watcher=NodeWatcher(kube, name, cache))
+        daemon = Daemon(name, probe, NodeSink(kube, name, watch=True), Metrics(),
+                        Options(interval_s=interval, start_jitter_s=jitter))
         threading.Thread(target=daemon.run, daemon=True).start()
         daemons.append(daemon)
     return daemons

@@ -32,7 +32,9 @@ from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.app import PluginSettings
 from tests.fakes.kubelet import FakeKubelet
+from tests.builders import nvidia_part
 from tests.plugin.conftest import running_plugin
+from vendors.nvidia.model import NvidiaInventory
 
 GPU = "nvidia.com/gpu"
 POLL = PluginSettings(Path()).health_poll_seconds  # the production health poll interval
@@ -117,10 +119,10 @@ def bench_health(trials: int) -> None:
         with FakeKubelet(sock_dir) as kubelet, running_plugin(sock_dir, "dgx-h100", recovery_seconds=0.05,
                                                                     poll_seconds=POLL) as run:
             assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
-            assert run.nvml is not None and run.inventory.nvidia is not None
+            assert run.nvml is not None and run.inventory.part(NvidiaInventory) is not None
             down, up = [], []
             for i in range(trials):
-                uuid = run.inventory.nvidia.gpus[i % 8].uuid
+                uuid = nvidia_part(run.inventory).gpus[i % 8].uuid
                 started = time.monotonic()
                 run.nvml.inject_xid(uuid, 79)
                 assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 7, 5)
@@ -132,7 +134,7 @@ def bench_health(trials: int) -> None:
                   f"{statistics.median(down) * 1000:.1f} ms, max {max(down) * 1000:.1f} ms  (budget 1 s)")
             print(f"[dgx-h100] recovery (0.05 s quiet period) -> Healthy seen: median "
                   f"{statistics.median(up) * 1000:.1f} ms, max {max(up) * 1000:.1f} ms")
-            uuid = run.inventory.nvidia.gpus[0].uuid
+            uuid = nvidia_part(run.inventory).gpus[0].uuid
             started = time.monotonic()
             run.nvml.set_lost(uuid, True)
             assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 7, 5)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from labeller.daemon.loop import Daemon, Options
-from labeller.daemon.reconcile import FightGuard, ProbeResult
-from labeller.daemon.sinks import NodeCache, NodeSink, NodeWatcher, Sink
+from labeller.daemon.reconcile import owned, FightGuard, ProbeResult
+from labeller.daemon.sinks import EventSink, NodeSink, Sink
 from labeller.kube import Kube
 from labeller.daemon.metrics import Metrics
 from tests.fakes.apiserver import FakeApiServer
@@ -37,7 +37,7 @@ class FakeProbe:
         self.calls += 1
         if self.error is not None:
             raise self.error
-        return ProbeResult(dict(self.labels), partial=self.partial)
+        return ProbeResult(owned(self.labels), partial=self.partial)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, step: float = 0.01) -> Any:
@@ -55,21 +55,16 @@ class Running:
 
     def __init__(self, api: FakeApiServer, kubeconfig: Path, probe: FakeProbe, node: str = NODE,
                  sink: Callable[[Kube], Sink] | None = None, fights: FightGuard | None = None,
-                 **options: Any) -> None:
+                 events: bool = False, **options: Any) -> None:
         self.api, self.probe, self.node = api, probe, node
         self.metrics = Metrics()
         self.kube = Kube(str(kubeconfig), observer=self.metrics.observe_request, request_timeout=(1.0, 1.0))
-        watcher = None
-        if sink is None:
-            cache = NodeCache()
-            made: Sink = NodeSink(self.kube, node, cache)
-            watcher = NodeWatcher(self.kube, node, cache, watch_timeout_s=30)
-        else:
-            made = sink(self.kube)
+        made = NodeSink(self.kube, node, watch=True, watch_timeout_s=30) if sink is None else sink(self.kube)
+        if events:
+            made = EventSink(made, self.kube, node, "default")
         options.setdefault("interval_s", 0.2)
         options.setdefault("start_jitter_s", 0.0)
-        self.daemon = Daemon(node, probe, made, self.metrics, Options(**options), kube=self.kube, watcher=watcher,
-                             fights=fights)
+        self.daemon = Daemon(node, probe, made, self.metrics, Options(**options), fights=fights)
         self.thread = threading.Thread(target=self.daemon.run, daemon=True)
 
     def start(self) -> Running:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-from labeller.kube import Conflict, Kube
+from labeller.daemon.sinks import Stale
+from labeller.kube import Kube
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.reconcile import Live, plan
 from labeller.daemon.sinks import NodeSink
@@ -138,7 +139,7 @@ def test_a_key_set_by_someone_else_after_the_plan_is_never_patched_out(api: Fake
     api.set_labels(NODE, {"nvidia.com/gpu.memory": "1"}, manager=FIELD_MANAGER)
     change = plan(stale.live(), {}, probe_ok=True)
     api.set_labels(NODE, {"nvidia.com/gpu.imex-domain": "x"}, manager="kubectl-label")  # the Node changes
-    with pytest.raises(Conflict):  # the merge patch carries the resourceVersion it was planned on
+    with pytest.raises(Stale):  # the merge patch carries the resourceVersion it was planned on
         stale.write(change)
     assert api.labels(NODE)["nvidia.com/gpu.memory"] == "1"
 

@@ -68,7 +68,8 @@ def test_no_change_when_everything_is_ours_and_right() -> None:
 
 
 def test_change_lists_added_changed_removed_and_applies_only_owned_keys() -> None:
-    change = plan(ours_only(owned(LIVE)), {"nvidia.com/gpu.count": "4", "nvidia.com/gpu.product": "A100", "team": "x"},
+    # the probe's labels reach plan only through owned(): "team" never gets there
+    change = plan(ours_only(owned(LIVE)), owned({"nvidia.com/gpu.count": "4", "nvidia.com/gpu.product": "A100", "team": "x"}),
                   probe_ok=True)
     assert change.added == {"nvidia.com/gpu.product": "A100"}
     assert change.changed == {"nvidia.com/gpu.count": ("8", "4")}
@@ -136,7 +137,7 @@ def test_no_gpus_means_an_empty_owned_set() -> None:
 
 def test_desired_after_each_kind_of_probe() -> None:
     good = {"nvidia.com/gpu.count": "8"}
-    assert desired_after(ProbeResult({"nvidia.com/gpu.count": "4", "team": "x"}), good) == {"nvidia.com/gpu.count": "4"}
+    assert desired_after(ProbeResult(owned({"nvidia.com/gpu.count": "4", "team": "x"})), good) == {"nvidia.com/gpu.count": "4"}
     partial = ProbeResult({"nvidia.com/gpu.count": "7", "nvidia.com/gpu.clique": "c"}, partial=True)
     assert desired_after(partial, good) == {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.clique": "c"}
     assert desired_after(ProbeResult({}, error="boom"), good) == good

@@ -83,7 +83,7 @@ def test_failed_writes_are_no_fight_and_the_label_returns_once_writes_work(
     assert daemon.metric("gpu_labeller_label_fights_total") == 0
     assert not [entry for entry in logs if entry.get("reason") == "label-fight"]
     if fault != "forbidden":
-        warnings = [entry for entry in logs if entry["event"] == "API request failed" and entry["log_level"] == "warning"]
+        warnings = [entry for entry in logs if entry["event"] == "output failed" and entry["log_level"] == "warning"]
         assert len(warnings) == 1
 
 
@@ -107,7 +107,7 @@ def test_labels_are_repaired_within_a_second_of_the_api_answering_again(api: Fak
     daemon.daemon.backoff = Backoff(base_s=30.0, cap_s=30.0)
     api.faults.add(Fault(drop=True))  # the API server stops answering
     api.drop_watches.set()
-    watcher = daemon.daemon.watcher
+    watcher = getattr(daemon.daemon.sink, "watcher", None)
     assert watcher is not None
     wait_for(lambda: not watcher.cache.snapshot()[0])  # the watch noticed: its cache is no longer trusted
     api.set_labels(NODE, {KEY: None})  # changed during the outage (straight in the store)

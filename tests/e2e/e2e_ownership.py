@@ -374,11 +374,13 @@ def step_forbidden_list_watch(cluster: Cluster, tmp: Path) -> None:
 
 
 def discover_raises_probe_error() -> bool:
+    from labeller.config import Config
     from labeller.discovery import discover
     from labeller.inventory import ProbeError
+    from vendors import VENDORS
 
     try:
-        discover(Path("/nonexistent"))
+        discover(Path("/nonexistent"), Config(), VENDORS)
     except ProbeError:
         return True
     return False
