@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from labeller import __version__
 from tests.core.cli import gpu_labeller
 from tests.builders import add_pci_device, empty_node
@@ -69,15 +71,18 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
     assert document["partial"] is False
 
 
-def test_dry_run_never_imports_the_kubernetes_client_or_grpc(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["labels"], ["resources"], ["probe"], ["labels", "--simulate", "dgx-h100"],
+                                     ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"]])
+def test_dry_run_never_imports_the_kubernetes_client_or_grpc(tmp_path: Path, command: list[str]) -> None:
+    args = command if "--simulate" in command else [*command, "--host-root", str(empty_node(tmp_path))]
     code = (
         "import sys\n"
         "from labeller.cli import main\n"
         "try:\n"
-        f"    main(['labels', '--host-root', {str(empty_node(tmp_path))!r}])\n"
+        f"    main({args!r})\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc')))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'google')))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -87,7 +92,7 @@ def test_dry_run_never_imports_the_kubernetes_client_or_grpc(tmp_path: Path) -> 
 def test_help_lists_every_command_without_loading_them() -> None:
     result = gpu_labeller("--help")
     assert result.returncode == 0
-    for command in ("labels", "probe", "profiles", "run", "cleanup", "device-plugin", "completion"):
+    for command in ("labels", "resources", "probe", "profiles", "run", "cleanup", "device-plugin", "completion"):
         assert f"  {command} " in result.stdout
 
 
@@ -132,3 +137,29 @@ def test_a_simulated_node_never_consults_this_machines_nvml(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     assert not marker.exists()
     assert "amd.com/gpu.present=true" in result.stdout and "nvidia.com" not in result.stdout
+
+
+def test_resources_says_what_the_plugin_would_advertise() -> None:
+    result = gpu_labeller("resources", "--simulate", "t4-time-slicing")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "nvidia.com/gpu: 4 devices (1 physical x 4 replicas, time-slicing), socket nvidia-gpu.sock"
+    assert lines[1].startswith("  health: NVML")
+    assert len(lines) == 2 + 4  # one line per device ID
+    assert [line.split()[0].rsplit("::", 1)[1] for line in lines[2:]] == ["0", "1", "2", "3"]
+
+
+def test_resources_names_what_is_withheld_and_why(tmp_path: Path) -> None:
+    config = tmp_path / "single.yaml"
+    config.write_text("version: v1\nflags:\n  migStrategy: single\n")
+    result = gpu_labeller("resources", "--simulate", "dgx-a100-mig-mixed", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "nvidia.com/gpu: nothing offered: some GPUs have MIG enabled and some do not\n"
+
+
+def test_resources_json_lists_each_device_with_its_physical_device() -> None:
+    result = gpu_labeller("resources", "--simulate", "mi300x-x8-cpx", "--format", "json")
+    (amd,) = json.loads(result.stdout)["resources"]
+    assert (amd["name"], amd["count"], amd["physical"], amd["replicas"]) == ("amd.com/gpu", 63, 63, 1)
+    assert {d["partition"] for d in amd["devices"]} == {"xcp"}  # the capture has no partition mode files
+    assert len({d["gpu"] for d in amd["devices"]}) == 8  # 63 partitions of 8 GPUs

@@ -32,8 +32,8 @@ def test_features_file_is_written_atomically_with_expiry_and_only_when_changed(t
     expiry = datetime.strptime(expiry_line.split("=", 1)[1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     assert 250 < (expiry - datetime.now(UTC)).total_seconds() <= 300
     assert {line for line in text.splitlines() if not line.startswith("#")} == {f"{k}={v}" for k, v in GPU_LABELS.items()}
-    mtime = path.stat().st_mtime_ns
-    time.sleep(0.4)
+    mtime, calls = path.stat().st_mtime_ns, probe.calls
+    wait_for(lambda: probe.calls >= calls + 3)
     assert path.stat().st_mtime_ns == mtime  # unchanged hardware: no rewrite
     assert [p.name for p in path.parent.iterdir()] == ["gpu-labeller"]  # no temporary files left
     probe.labels = {}
@@ -48,7 +48,7 @@ def test_node_feature_object_is_created_then_updated_only_when_changed(api: Fake
     assert obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1" and obj["kind"] == "NodeFeature"
     assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": NODE, "app.kubernetes.io/managed-by": "gpu-labeller"}
     assert obj["spec"]["labels"] == GPU_LABELS
-    time.sleep(0.3)
+    wait_for(lambda: api.log.count("get", "nodefeatures") >= 3)  # later passes read it again
     assert api.log.count("update", "nodefeatures") == 0 and api.log.count("create", "nodefeatures") == 1
     probe.labels = {"nvidia.com/gpu.present": "true"}
     wait_for(lambda: (api.node_feature("gpu-system", name) or {})["spec"]["labels"] == probe.labels)

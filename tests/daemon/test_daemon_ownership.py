@@ -38,7 +38,8 @@ def test_admin_labels_under_our_prefixes_survive_a_node_with_no_gpus(api: FakeAp
     wait_for(lambda: ours(api) == GPU_LABELS)
     probe.labels = {}  # a genuine, readable empty node: our own labels go, nobody else's
     wait_for(lambda: ours(api) == {})
-    time.sleep(0.3)
+    unchanged = daemon.metric("gpu_labeller_reconciles_total", outcome="unchanged")
+    wait_for(lambda: daemon.metric("gpu_labeller_reconciles_total", outcome="unchanged") >= unchanged + 2)
     assert api.labels(NODE) == {**OTHERS, **ADMIN}
     assert all(write.content_type.startswith("application/apply-patch") for write in api.log.writes())
     assert daemon.metric("gpu_labeller_foreign_labels") == 1  # gpu.imex-domain; vgpu.config* are not even ours by prefix
@@ -90,9 +91,9 @@ def test_a_computed_key_set_with_the_same_value_is_adopted_and_later_only_relinq
 def test_another_appliers_key_is_left_even_with_our_prefix(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     api.apply_as(NODE, "gpu-feature-discovery", {"nvidia.com/gpu.family": "hopper"})
-    start()
+    daemon = start()
     wait_for(lambda: ours(api) == {**GPU_LABELS, "nvidia.com/gpu.family": "hopper"})
-    time.sleep(0.3)
+    wait_for(lambda: daemon.metric("gpu_labeller_reconciles_total", outcome="unchanged") >= 2)  # later passes too
     assert api.managers_of(NODE, "nvidia.com/gpu.family") == {("gpu-feature-discovery", "Apply")}
 
 

@@ -113,7 +113,9 @@ def test_labels_are_repaired_within_a_second_of_the_api_answering_again(api: Fak
     api.set_labels(NODE, {KEY: None})  # changed during the outage (straight in the store)
     daemon.daemon.kick()
     wait_for(lambda: daemon.metric("gpu_labeller_reconciles_total", outcome="failed") >= 1, timeout=5)
-    time.sleep(2.0)  # the watch keeps retrying
+    failed = daemon.metric("gpu_labeller_api_requests_total", verb="list", code="0")
+    wait_for(lambda: daemon.metric("gpu_labeller_api_requests_total", verb="list", code="0") >= failed + 2,
+             timeout=5)  # the watch keeps retrying
     api.faults.clear()
     api.drop_watches.clear()
     began = time.monotonic()

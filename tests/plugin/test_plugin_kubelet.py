@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -209,9 +210,18 @@ def test_deleted_plugin_socket_is_recreated(sock_dir: Path, kubelet: FakeKubelet
         assert len(ids) == 1
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_starting_before_the_kubelet(sock_dir: Path) -> None:
     with running_plugin(sock_dir, "mi300x-x8-spx") as running:
-        time.sleep(0.3)  # a few failed registrations: no kubelet yet
+        assert wait_until(lambda: (sock_dir / "amd-gpu.sock").exists())  # serving, but no kubelet to register with
         assert not running.plugin.ready
         with FakeKubelet(sock_dir) as kubelet:  # a starting kubelet deletes the plugin socket too
             assert kubelet.wait_for(lambda: kubelet.allocatable(AMD) == 8, 3)

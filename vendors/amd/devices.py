@@ -17,6 +17,7 @@ from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 
 GPU = "amd.com/gpu"
 VENDOR = "amd"
+XCP = "xcp"  # a compute partition whose mode the partition files do not say (a raw KFD capture)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +44,8 @@ def devices(gpus: tuple[AmdGpu, ...]) -> list[AmdDevice]:
             out.append(AmdDevice(
                 vendor=VENDOR, health_key=f"kfd:{node.kfd_node}", visible_id=address, gpu=gpu.bdf,
                 numa_node=node.numa_node if node.numa_node is not None else gpu.numa_node,
-                fabric_peers=peers, partition=gpu.compute_partition if partitioned else None, node=node, amd_gpu=gpu,
+                fabric_peers=peers, partition=(gpu.compute_partition or XCP) if partitioned else None, node=node,
+                amd_gpu=gpu,
             ))
     return out
 

@@ -511,9 +511,6 @@ class FakeNvml:
         self._gpu(found)
         return found
 
-    def nvmlDeviceGetIndex(self, handle: Any) -> int:
-        return self._gpu(handle).index
-
     def nvmlDeviceGetName(self, handle: Any) -> str:
         gpu = self._gpu(handle)
         return f"{gpu.name} MIG {handle.profile}" if isinstance(handle, FakeMig) else gpu.name
@@ -537,7 +534,6 @@ class FakeNvml:
         gpu = self._gpu(handle)
         return self._pci_info(gpu)
 
-    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
     @staticmethod
     def _pci_info(gpu: FakeGpu) -> Any:
@@ -564,10 +560,6 @@ class FakeNvml:
         mode = real.NVML_DEVICE_MIG_ENABLE if gpu.mig_mode == "enabled" else real.NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
 
-    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> int:
-        self._gpu(handle)
-        return int(isinstance(handle, FakeMig))
-
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
         gpu = self._gpu(handle)
         return 0 if gpu.mig_mode == "unsupported" else MAX_MIG_DEVICES
@@ -580,9 +572,6 @@ class FakeNvml:
             raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
         return gpu.migs[index]
 
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> FakeGpu:
-        return self._gpu(self._mig(handle))
-
     def nvmlDeviceGetAttributes(self, handle: Any) -> Any:
         mig = self._mig(handle)
         a = mig.attributes
@@ -594,7 +583,6 @@ class FakeNvml:
             memorySizeMB=mig.memory_mib,
         )
 
-    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
 
     def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
         return self._mig(handle).gpu_instance_id
@@ -628,7 +616,6 @@ class FakeNvml:
         info.id, info.profileId = compute_instance.id, compute_instance.profile_index + CI_PROFILE_ID_OFFSET
         return info
 
-    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
         gpu = self._gpu(handle)
@@ -667,7 +654,6 @@ class FakeNvml:
         peer = next(other for other in self.gpus if other.bus_id == gpu.nvlink_peers[link])
         return self._pci_info(peer)
 
-    nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlDeviceGetNvLinkRemotePciInfo
 
     def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info_pointer: Any) -> int:
         """Fills the caller's struct, passed as pynvml callers pass it: byref(info)."""
@@ -681,15 +667,6 @@ class FakeNvml:
         return int(real.NVML_SUCCESS)
 
     nvmlDeviceGetGpuFabricInfoV = nvmlDeviceGetGpuFabricInfo
-
-    def nvmlDeviceGetTopologyCommonAncestor(self, first: Any, second: Any) -> int:
-        """Same GPU: INTERNAL; same NUMA node: NODE (a PCIe host bridge per socket); otherwise SYSTEM."""
-        a, b = self._gpu(first), self._gpu(second)
-        if a is b:
-            return int(real.NVML_TOPOLOGY_INTERNAL)
-        if a.numa_node is not None and a.numa_node == b.numa_node:
-            return int(real.NVML_TOPOLOGY_NODE)
-        return int(real.NVML_TOPOLOGY_SYSTEM)
 
     # events
     def nvmlEventSetCreate(self) -> FakeEventSet:
@@ -722,7 +699,6 @@ class FakeNvml:
                 event_set.ready.wait(remaining)
             return event_set.queue.popleft()
 
-    nvmlEventSetWait_v2 = nvmlEventSetWait
 
     def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
         self._initialised()
