@@ -30,7 +30,6 @@ class ConfigError(ValueError):
 class SharedResource:
     name: str  # fully qualified: "nvidia.com/gpu", "amd.com/gpu"
     replicas: int
-    devices: str | int | tuple[str, ...] = "all"  # "all", a count, or indices / UUIDs
 
 
 @dataclass(frozen=True)
@@ -181,13 +180,15 @@ def _qualified(name: str, path: str) -> str:
     return full
 
 
-def _devices(value: Any, path: str) -> str | int | tuple[str, ...]:
+def _only_all_devices(value: Any, path: str) -> None:
+    """``devices`` other than ``all`` is refused: replicating every device instead of the listed
+    ones would advertise what the config says is not shared."""
     if value == "all":
-        return "all"
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, list) and value and all(isinstance(v, (str, int)) for v in value):
-        return tuple(str(v) for v in value)
+        return
+    if (isinstance(value, int) and not isinstance(value, bool) and value > 0) or (
+            isinstance(value, list) and value and all(isinstance(v, (str, int)) for v in value)):
+        raise ConfigError(f"{path}: sharing a subset of a resource's devices is not served yet; "
+                          "use 'all' (every device of the resource is shared)")
     raise ConfigError(f"{path}: must be 'all', a positive count, or a list of GPU indices or UUIDs, got {value!r}")
 
 
@@ -214,7 +215,10 @@ def _shared_resources(block: Mapping[str, Any], path: str) -> tuple[SharedResour
         qualified = _qualified(name, f"{where}.name")
         if any(r.name == qualified for r in out):
             raise ConfigError(f"{where}.name: {qualified} is listed twice")
-        out.append(SharedResource(qualified, replicas, _devices(entry.get("devices", "all"), f"{where}.devices")))
+        _only_all_devices(entry.get("devices", "all"), f"{where}.devices")
+        if "rename" in entry:
+            raise ConfigError(f"{where}.rename: not served yet; renameByDefault: true registers <name>.shared")
+        out.append(SharedResource(qualified, replicas))
     return tuple(out)
 
 

@@ -11,6 +11,7 @@ plugin turns it into gRPC messages without knowing the vendor, and the dry run n
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,25 @@ Allocate = Callable[["Sequence[PhysicalDevice]"], ContainerEdits]
 AllocatorFactory = Callable[["Config", Path], Allocate]
 # (devices, reporter, host root, simulation handle, environment) -> a checker, or None when off.
 HealthFactory = Callable[["Sequence[PhysicalDevice]", HealthReporter, Path, Any, Mapping[str, str]], Checker | None]
+
+
+# Allocation and health checks serve only the device plugin: a vendor names their modules, imported
+# on first use, so that the dry run never loads them.
+def allocator_in(module: str) -> AllocatorFactory:
+    """``module.allocator``, imported when the first allocator is made."""
+    def make(config: Config, host_root: Path) -> Allocate:
+        factory: AllocatorFactory = importlib.import_module(module).allocator
+        return factory(config, host_root)
+    return make
+
+
+def checker_in(module: str) -> HealthFactory:
+    """``module.checker``, imported when the first checker is made."""
+    def make(devices: Sequence[PhysicalDevice], reporter: HealthReporter, host_root: Path, handle: Any,
+             env: Mapping[str, str]) -> Checker | None:
+        factory: HealthFactory = importlib.import_module(module).checker
+        return factory(devices, reporter, host_root, handle, env)
+    return make
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.app import PluginSettings
 from tests.fakes.kubelet import FakeKubelet
-from tests.builders import nvidia_part
+from tests.builders import amd_part, nvidia_part
 from tests.plugin.conftest import running_plugin
 from vendors.nvidia.model import NvidiaInventory
 
@@ -142,7 +142,7 @@ def bench_health(trials: int) -> None:
             run.nvml.set_lost(uuid, False)
         with FakeKubelet(sock_dir) as kubelet, running_plugin(sock_dir, "mi210-x8", poll_seconds=POLL) as run:
             assert kubelet.wait_for(lambda: kubelet.allocatable("amd.com/gpu") == 8)
-            node = run.host_root / "sys/class/kfd/kfd/topology/nodes" / str(run.inventory.amd.gpus[0].nodes[0].kfd_node)  # type: ignore[union-attr]
+            node = run.host_root / "sys/class/kfd/kfd/topology/nodes" / str(amd_part(run.inventory).gpus[0].nodes[0].kfd_node)
             started = time.monotonic()
             node.rename(node.with_name("gone"))
             assert kubelet.wait_for(lambda: kubelet.allocatable("amd.com/gpu") == 7, 5)

@@ -73,7 +73,7 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", [["labels"], ["resources"], ["probe"], ["labels", "--simulate", "dgx-h100"],
                                      ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"]])
-def test_dry_run_never_imports_the_kubernetes_client_or_grpc(tmp_path: Path, command: list[str]) -> None:
+def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path: Path, command: list[str]) -> None:
     args = command if "--simulate" in command else [*command, "--host-root", str(empty_node(tmp_path))]
     code = (
         "import sys\n"
@@ -82,7 +82,8 @@ def test_dry_run_never_imports_the_kubernetes_client_or_grpc(tmp_path: Path, com
         f"    main({args!r})\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'google')))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'google')\n"
+        "             or m.startswith('labeller.plugin') or m.rsplit('.', 1)[-1] in ('allocate', 'health')))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

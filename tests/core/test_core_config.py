@@ -78,6 +78,16 @@ def test_label_groups() -> None:
          "sharing.timeSlicing.resources[0].replicas: required integer"),
         ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "colour": 1}]}}},
          "sharing.timeSlicing.resources[0].colour: unknown key"),
+        # Replicating every GPU where the config lists some, or under another name than the one
+        # asked for, would advertise what the config says is not there: refused until served.
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": [0, 1]}]}}},
+         "sharing.timeSlicing.resources[0].devices: sharing a subset of a resource's devices is not served yet"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": 4}]}}},
+         "sharing.timeSlicing.resources[0].devices: sharing a subset"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": "some"}]}}},
+         "sharing.timeSlicing.resources[0].devices: must be 'all', a positive count, or a list"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "gpu-ts"}]}}},
+         "sharing.timeSlicing.resources[0].rename: not served yet"),
         ({"labeller": {"labels": {"intel": True}}}, "labeller.labels.intel: unknown key"),
         ([1, 2], "must be a mapping"),
     ],

@@ -178,7 +178,7 @@ class Daemon:
     def ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as answer:
-                return answer.status == 200
+                return bool(answer.status == 200)
         except (OSError, urllib.error.URLError):
             return False
 

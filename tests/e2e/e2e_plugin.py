@@ -104,7 +104,7 @@ class Run:
              "--pods", "0"], stdout=subprocess.PIPE, stderr=(self.logs / "dpkubelet.klog").open("a"), text=True)
         assert self.kubelet.stdout is not None
         self.kubelet_log = JsonLines(self.kubelet.stdout, self.logs / "dpkubelet.jsonl")
-        return self.kubelet_log.wait(named("kubelet_started"), timeout=30)["at"]
+        return float(self.kubelet_log.wait(named("kubelet_started"), timeout=30)["at"])
 
     def stop_kubelet(self) -> None:
         assert self.kubelet is not None

@@ -9,8 +9,8 @@ from typing import Any
 
 from labeller.config import Config
 from labeller.inventory import BackendReport, PciGpu
-from labeller.vendor import Vendor
-from vendors.amd import allocate, devices, health, labels, probe
+from labeller.vendor import Vendor, allocator_in, checker_in
+from vendors.amd import devices, labels, probe
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID
 from vendors.amd.model import AmdInventory
 
@@ -30,8 +30,8 @@ VENDOR = Vendor(
     probe=_probe,
     labelers=labels.LABELERS,
     device_groups=devices.groups,
-    allocator=allocate.allocator,
-    health=health.checker,
+    allocator=allocator_in("vendors.amd.allocate"),
+    health=checker_in("vendors.amd.health"),
     health_source="KFD topology: a compute node whose topology node disappears",
     simulator="vendors.amd.simulate",
 )

@@ -3,8 +3,8 @@ Allocate (allocate), XID and lost-GPU health (health), a simulated NVML (simulat
 
 from __future__ import annotations
 
-from labeller.vendor import Vendor
-from vendors.nvidia import allocate, devices, health, labels, nvml
+from labeller.vendor import Vendor, allocator_in, checker_in
+from vendors.nvidia import devices, labels, nvml
 from vendors.nvidia.facts import PCI_CLASSES, PCI_VENDOR_ID
 
 VENDOR = Vendor(
@@ -16,8 +16,8 @@ VENDOR = Vendor(
     probe=nvml.probe,
     labelers=labels.LABELERS,
     device_groups=devices.groups,
-    allocator=allocate.allocator,
-    health=health.checker,
+    allocator=allocator_in("vendors.nvidia.allocate"),
+    health=checker_in("vendors.nvidia.health"),
     health_source="NVML: XID critical-error events, and a poll for GPUs that stop answering",
     simulator="vendors.nvidia.simulate",
 )
