@@ -20,7 +20,7 @@ import structlog
 
 from labeller.inventory import Inventory, ProbeError
 from labeller.log import LEVELS, configure
-from labeller.node import Node, open_node
+from labeller.node import Node, chosen, open_node
 from labeller.offer import Offer
 from labeller.options import BadInput, discovery_options
 from labeller.outputs import FORMATS, render, write_atomic
@@ -120,9 +120,10 @@ def _probe(node: Node) -> Inventory:
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
               help="Write to this file instead of standard output: a regular file is replaced atomically, "
                    "a symlink's target is written, a device or FIFO is written through.")
-def labels(host_root: Path, simulate: str | None, config_path: Path | None, fmt: str, output: Path | None) -> None:
+def labels(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
+           config_name: str | None, fmt: str, output: Path | None) -> None:
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
-    with open_node(host_root, simulate, config_path) as node:
+    with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
         inventory = _probe(node)
         label_set = node.labels(inventory, node.offer(inventory))
     label_set.log_problems(log)
@@ -147,9 +148,10 @@ def _jsonable(value: Any) -> Any:
 
 @main.command()
 @discovery_options
-def probe(host_root: Path, simulate: str | None, config_path: Path | None) -> None:
+def probe(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
+          config_name: str | None) -> None:
     """Print the discovered inventory as JSON: what each backend saw, and why it found nothing."""
-    with open_node(host_root, simulate, config_path) as node:
+    with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
         inventory = _probe(node)
     parts = {part.vendor: part for part in inventory.parts}
     document = {
@@ -194,10 +196,11 @@ def offer_text(document: dict[str, Any]) -> str:
 @main.command()
 @discovery_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def resources(host_root: Path, simulate: str | None, config_path: Path | None, fmt: str) -> None:
+def resources(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
+              config_name: str | None, fmt: str) -> None:
     """Print what the device plugin would advertise on this node: each resource, its devices and
     their IDs, replicas and health checks (dry run: serves nothing, touches no cluster)."""
-    with open_node(host_root, simulate, config_path) as node:
+    with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
         document = offer_document(node.offer(_probe(node)), node)
     emit(json.dumps(document, indent=2) + "\n" if fmt == "json" else offer_text(document))
 

@@ -43,6 +43,10 @@ OWNED_PREFIXES: tuple[str, ...] = (
     "nvidia.com/gfd.timestamp",
     "amd.com/gpu.",
     "beta.amd.com/gpu.",
+    # the named config in force and whether it is the one asked for (labeller.namedconfigs); the
+    # node label that asks, nvidia.com/device-plugin.config, is never ours (NOT_OWNED_KEYS)
+    "nvidia.com/device-plugin.config.state",
+    "nvidia.com/device-plugin.config.applied",
 )
 # Keys the GPU Operator and its managers read or write: never written or removed, not even by
 # `cleanup --include-foreign`, whichever prefix they fall under.

@@ -16,6 +16,7 @@ from labeller.config import Config, ConfigError, load_config, parse_document
 from labeller.discovery import discover
 from labeller.inventory import Inventory
 from labeller.labels import LabelSet
+from labeller.namedconfigs import Chooser, ConfigDir, Selection
 from labeller.offer import Offer
 from labeller.options import BadInput
 from labeller.rules import node_labels
@@ -42,6 +43,7 @@ class Node:
     simulation: SimulatedProfile | None = None
     config_from_profile: bool = False
     vendors: Sequence[Vendor] = VENDORS
+    selection: Selection | None = None  # the named config in force, when configs come from a directory
 
     def probe(self) -> Inventory:
         if self.simulation is not None:
@@ -53,7 +55,19 @@ class Node:
         return offers.derive(inventory, self.config, self.vendors)
 
     def labels(self, inventory: Inventory, offer: Offer) -> LabelSet:
-        return node_labels(inventory, self.config, offer, self.vendors)
+        """The node's labels; with a named config, also its state labels (on a node that has others)."""
+        label_set = node_labels(inventory, self.config, offer, self.vendors)
+        if self.selection is not None and label_set.labels:
+            state = self.selection.labels()
+            label_set.labels.update(state.labels)
+            label_set.dropped.update(state.dropped)
+        return label_set
+
+    def select(self, selection: Selection) -> bool:
+        """Put a named config in force; True when the config changed."""
+        changed = selection.config != self.config
+        self.config, self.selection = selection.config, selection
+        return changed
 
     def _follow_profile(self, simulation: SimulatedProfile) -> None:
         from vendors.simulate import ProfileError
@@ -91,23 +105,51 @@ def _profile_config(node: SimulatedNode, where: str) -> Config:
 
 
 @contextmanager
-def open_node(host_root: Path, simulate: str | None, config_path: Path | None) -> Iterator[Node]:
-    """Resolve the discovery options into a Node; bad input becomes a BadInput (exit code 2)."""
+def open_node(host_root: Path, simulate: str | None, config_path: Path | None,
+              selection: Selection | None = None) -> Iterator[Node]:
+    """Resolve the discovery options into a Node; bad input becomes a BadInput (exit code 2).
+    ``selection``: a named config from a config directory, instead of ``config_path``."""
     try:
-        config = load_config(config_path)
+        config = selection.config if selection is not None else load_config(config_path)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
     if simulate is None:
-        yield Node(host_root, config)
+        yield Node(host_root, config, selection=selection)
         return
     from vendors.simulate import ProfileError, SimulatedProfile
 
     try:
         with SimulatedProfile(simulate) as simulation:
             node = simulation.node
-            if config_path is None:
+            from_profile = config_path is None and selection is None
+            if from_profile:
                 config = _profile_config(node, simulate)
             yield Node(node.host_root, config, node.handles, simulation if simulation.follows_file else None,
-                       config_from_profile=config_path is None)
+                       config_from_profile=from_profile, selection=selection)
     except ProfileError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def named_configs(config_path: Path | None, config_dir: Path | None, config_name: str | None) -> Chooser | None:
+    """The named configs ``--config-dir`` gives (None without it); BadInput for a combination that
+    makes no sense."""
+    if config_dir is None:
+        if config_name:
+            raise BadInput("--config-name needs --config-dir (the directory of named configs)")
+        return None
+    if config_path is not None:
+        raise BadInput(f"give --config FILE or --config-dir DIR, not both (got {config_path} and {config_dir})")
+    if not config_dir.is_dir():
+        raise BadInput(f"{config_dir}: --config-dir: not a directory")
+    return Chooser(ConfigDir(config_dir), config_name)
+
+
+def chosen(config_path: Path | None, config_dir: Path | None, config_name: str | None) -> Selection | None:
+    """A dry run's named config: the one ``--config-name`` names (else the default), which must load."""
+    chooser = named_configs(config_path, config_dir, config_name)
+    if chooser is None:
+        return None
+    try:
+        return chooser.choose(None)
+    except ConfigError as exc:
         raise BadInput(str(exc)) from None

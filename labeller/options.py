@@ -1,5 +1,5 @@
 """Command-line plumbing every command shares: the one-line bad-input error and the discovery
-options (--host-root, --simulate, --config)."""
+options (--host-root, --simulate, --config, --config-dir, --config-name)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,16 @@ class BadInput(click.ClickException):
 
 
 def discovery_options(func: F) -> F:
+    func = click.option(
+        "--config-name", metavar="NAME", envvar="CONFIG_NAME",
+        help="With --config-dir: the config a node without the config label gets (default: the one called "
+             "'default', else the only one); on a dry run, what a node labelled NAME gets. [env: CONFIG_NAME]",
+    )(func)
+    func = click.option(
+        "--config-dir", type=click.Path(path_type=Path, file_okay=False), envvar="CONFIG_DIR",
+        help="Directory of named configs, one file per name (a mounted ConfigMap), instead of --config. "
+             "[env: CONFIG_DIR]",
+    )(func)
     func = click.option(
         "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="CONFIG_FILE",
         help="Config file (NVIDIA device-plugin config v1 format plus a 'labeller' section). [env: CONFIG_FILE]",

@@ -255,3 +255,39 @@ def amd_labels_of(root: Path, config: Config | None = None) -> dict[str, str]:
     part, report = amd_probe.probe(root, pci_gpus, config, enricher=no_enrichment)
     inventory = Inventory(pci_gpus=pci_gpus, parts=(part,) if part is not None else (), reports=(report,))
     return label_set_of(inventory, config).labels
+
+
+# --- named configs (a mounted ConfigMap) ---------------------------------------------------------
+
+def config_map_volume(directory: Path, configs: dict[str, Any]) -> Path:
+    """Write ``configs`` (name -> config document, or its text) as the kubelet lays out a ConfigMap
+    volume, and replace them the way it updates one: the files of each version live in a hidden
+    timestamped directory, ``..data`` points at the current one and is swapped with one rename,
+    and each key is a symlink ``<name> -> ..data/<name>`` (keys no longer present lose theirs)."""
+    import os
+    import time
+
+    import yaml
+
+    directory.mkdir(parents=True, exist_ok=True)
+    version = directory / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+    version.mkdir()
+    for name, document in configs.items():
+        (version / name).write_text(document if isinstance(document, str) else yaml.safe_dump(document, sort_keys=False))
+    link = directory / "..data"
+    try:
+        old: str | None = os.readlink(link)
+    except FileNotFoundError:
+        old = None
+    (directory / "..data_tmp").symlink_to(version.name)
+    os.replace(directory / "..data_tmp", link)
+    for name in configs:
+        key = directory / name
+        if not key.is_symlink():
+            key.symlink_to(f"..data/{name}")
+    for key in directory.iterdir():
+        if not key.name.startswith(".") and key.name not in configs:
+            key.unlink()
+    if old is not None:
+        shutil.rmtree(directory / old)
+    return directory

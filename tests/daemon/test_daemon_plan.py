@@ -48,9 +48,10 @@ def test_gpu_operator_keys_are_never_ours(key: str) -> None:
 
 
 def test_only_the_exact_device_plugin_config_key_is_blocked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A later feature writes nvidia.com/device-plugin.config.state: only the GPU Operator's exact key is refused."""
+    """gpu-labeller writes nvidia.com/device-plugin.config.state: only the GPU Operator's exact key is refused,
+    even under a prefix that would cover it."""
+    assert owns("nvidia.com/device-plugin.config.state") and owns("nvidia.com/device-plugin.config.applied")
     monkeypatch.setattr(labels, "OWNED_PREFIXES", (*labels.OWNED_PREFIXES, "nvidia.com/device-plugin."))
-    assert owns("nvidia.com/device-plugin.config.state")
     assert not owns("nvidia.com/device-plugin.config")
     assert owns("nvidia.com/vgpu.present") and owns("nvidia.com/gpu.imex-domain")
 
