@@ -6,16 +6,20 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 from __future__ import annotations
 
 import sys
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
 import structlog
 
+from labeller.configwatch import ConfigFollower, ConfigMetrics, EventRecorder
 from labeller.daemon.loop import Daemon, Options
-from labeller.node import Node, open_node
+from labeller.namedconfigs import CONFIG_LABEL, Chooser, NoConfig, Selection
+from labeller.node import Node, named_configs, open_node
 from labeller.options import BadInput, discovery_options
 from labeller.kube import Kube, KubeError, Observer
-from labeller.labels import FIELD_MANAGER
+from labeller.labels import FIELD_MANAGER, key_problem, owns
 from labeller.daemon.metrics import Metrics
 from labeller.runtime import PortUnavailable, install_signals, reload_config, start_http_server
 from labeller.params import Duration
@@ -29,11 +33,69 @@ from labeller.daemon.sinks import (
     SinkError,
     Stale,
     make_sink,
+    record_node_event,
 )
 
 log = structlog.get_logger("gpu_labeller.daemon")
 
 DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/gpu-labeller")
+EVENT_NAMESPACE = "default"  # where the kubelet records Node events too
+
+
+def config_label_option(func: Callable[..., None]) -> Callable[..., None]:
+    """``--config-label``, shared by ``run`` and ``device-plugin``."""
+    return click.option(
+        "--config-label", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
+        help="With --config-dir: the node label whose value names this node's config (NVIDIA's config-manager "
+             "label); '' follows no label. [env: GPU_LABELLER_CONFIG_LABEL]")(func)
+
+
+def followed_label(chooser: Chooser | None, config_label: str) -> str | None:
+    """The node label to follow (None: none); BadInput for a key that is not a label key, or one
+    gpu-labeller writes itself."""
+    if chooser is None or not config_label:
+        return None
+    problem = key_problem(config_label)
+    if problem is not None:
+        raise BadInput(f"--config-label {config_label!r}: not a label key: {problem}")
+    if owns(config_label):
+        raise BadInput(f"--config-label {config_label}: a key gpu-labeller writes itself cannot choose its config")
+    return config_label
+
+
+def node_labels_reader(kube: Kube, node: str) -> Callable[[], Mapping[str, str]]:
+    """Reads the own Node's labels (none when the Node does not exist yet)."""
+    from labeller.kube import NotFound
+
+    def read() -> Mapping[str, str]:
+        try:
+            return dict(kube.get_node(node).get("metadata", {}).get("labels") or {})
+        except NotFound:
+            return {}
+
+    return read
+
+
+def follow_configs(chooser: Chooser, label: str | None, kube: Kube | None, node: str, metrics: ConfigMetrics,
+                   events: EventRecorder | None = None) -> tuple[ConfigFollower, Selection]:
+    """A follower of the named configs and, with ``label``, of the node label (read once now, so the
+    first probe already uses the node's config); BadInput when no config can be put in force."""
+    follower = ConfigFollower(chooser, label, metrics, events=events)
+    if label is not None and kube is not None:
+        follower.bootstrap(node_labels_reader(kube, node), threading.Event())
+    try:
+        return follower, follower.selection
+    except NoConfig as exc:
+        raise BadInput(str(exc)) from None
+
+
+def node_event_recorder(kube: Kube, node: str) -> EventRecorder:
+    """Records the follower's news as Events on the Node."""
+
+    def record(kind: str, reason: str, message: str) -> None:
+        record_node_event(kube, node, EVENT_NAMESPACE, kind, reason, message)
+
+    return record
 
 
 def probe_labels(node: Node) -> ProbeResult:
@@ -69,6 +131,7 @@ def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | 
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
 @discovery_options
+@config_label_option
 @click.option("--interval", type=Duration(minimum=0.01), default="60s", show_default=True, envvar="GPU_LABELLER_INTERVAL",
               help="Time between hardware probes: 60, 60s, 500ms, 2m. [env: GPU_LABELLER_INTERVAL]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=8080, show_default=True,
@@ -86,25 +149,46 @@ def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | 
 @click.option("--start-jitter", type=Duration(), default="2s", show_default=True,
               help="Wait a random time up to this (2s, 500ms) before the first reconcile, so a fleet does not stampede.")
 def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate: str | None, config_path: Path | None,
-        interval: float, metrics_port: int, metrics_bind: str, once: bool, dry_run: bool, output: str,
-        features_file: Path, namespace: str, events: bool, start_jitter: float) -> None:
+        config_dir: Path | None, config_name: str | None, config_label: str, interval: float, metrics_port: int,
+        metrics_bind: str, once: bool, dry_run: bool, output: str, features_file: Path, namespace: str, events: bool,
+        start_jitter: float) -> None:
     """Keep this node's labels true on the cluster."""
     if not node_name:
         raise BadInput("no node name: give --node-name NAME or set NODE_NAME (a DaemonSet sets it from spec.nodeName)")
     structlog.contextvars.bind_contextvars(node=node_name)
+    chooser = named_configs(config_path, config_dir, config_name)
+    label = followed_label(chooser, config_label)
     metrics = Metrics()
     kube = None
-    if output != "features-file" or events:  # NFD's features.d file is written with no credentials at all
-        kube = connect(kubeconfig, "use --output features-file without --events, which needs none",
-                       observer=metrics.observe_request)
-    with open_node(host_root, simulate, config_path) as node:
+    if output != "features-file" or events or label:  # NFD's features.d file is written with no credentials at all
+        alternative = "use --output features-file without --events" + (" and with --config-label ''" if label else "")
+        kube = connect(kubeconfig, alternative + ", which needs none", observer=metrics.observe_request)
+    follower, selection = None, None
+    if chooser is not None:
+        recorder = node_event_recorder(kube, node_name) if kube is not None and (events or label) else None
+        follower, selection = follow_configs(chooser, label, kube, node_name, ConfigMetrics(metrics.registry, "gpu_labeller"),
+                                             recorder)
+    with open_node(host_root, simulate, config_path, selection) as node:
+        watched_by_sink = follower is not None and label is not None and output == "node"
         sink = make_sink(output, node_name, kube, features_file=features_file, namespace=namespace,
-                         interval_s=interval, follow=not once, events=events)
+                         interval_s=interval, follow=not once, events=events,
+                         node_observers=(follower.observe,) if follower is not None and watched_by_sink else ())
         options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run)
-        daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
-                        reload=lambda: reload_config(node, config_path))
+        if follower is None:
+            daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
+                            reload=lambda: reload_config(node, config_path))
+        else:
+            named = follower
+            daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
+                            reload=lambda: named.reload(node))
+            named.on_change = lambda: daemon.request_reload("config-changed")
+            named.apply(node)
         if once:
             sys.exit(_run_once(daemon))
+        if follower is not None:
+            follower.poll(daemon.stopped)
+            if label is not None and kube is not None and not watched_by_sink:
+                follower.watch(kube, node_name, daemon.stopped, daemon.permissions)
         _serve(daemon, metrics, metrics_port, metrics_bind)
 
 

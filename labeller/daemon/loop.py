@@ -60,7 +60,7 @@ class Daemon:
         self.probe_backoff = Backoff(base_s=1.0, cap_s=max(1.0, self.options.interval_s))
         self.fights = fights or FightGuard()
         self.permissions = PermissionLog()
-        self._reload_requested = False
+        self._reload_requested: str | None = None  # why: "sighup", "config-changed"
         self._not_before = 0.0
         self._api_failing = False
         self._kicks = self._kicks_seen = 0
@@ -74,8 +74,9 @@ class Daemon:
         self.stopped.set()
         self.wake.set()
 
-    def request_reload(self) -> None:
-        self._reload_requested = True
+    def request_reload(self, reason: str = "sighup") -> None:
+        """Re-read the config (``reload``), probe again and reconcile, at once."""
+        self._reload_requested = reason
         self.wake.set()
 
     def kick(self) -> None:
@@ -264,8 +265,8 @@ class Daemon:
             self._not_before = 0.0
 
     def _reload(self) -> None:
-        self._reload_requested = False
-        self.log.info("reloading config and re-probing", reason="sighup")
+        reason, self._reload_requested = self._reload_requested, None
+        self.log.info("reloading config and re-probing", reason=reason)
         if self.reload_fn is not None:
             try:
                 self.reload_fn()

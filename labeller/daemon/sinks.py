@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -138,19 +138,31 @@ def _rv(obj: Mapping[str, Any]) -> int:
 
 
 class NodeCache:
-    """The live Node as the watch (or the last write's answer) saw it. Thread-safe."""
+    """The live Node as the watch (or the last write's answer) saw it. Thread-safe. ``observers`` get
+    every newer view's labels (all of them, None when the Node is gone), outside the lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, observers: Sequence[Callable[[Mapping[str, str] | None], None]] = ()) -> None:
         self._lock = threading.Lock()
         self.synced = False
         self.exists = False
         self.live = Live()
         self.resource_version = 0
         self._synced = threading.Event()
+        self.observers = tuple(observers)
 
     def put(self, obj: Mapping[str, Any] | None) -> bool:
         """Store a newer view of the node (None: it does not exist). True if our labels or their
         managers changed (other labels, status and the like do not concern gpu-labeller)."""
+        changed = self._put(obj)
+        if changed is None:
+            return False
+        labels = None if obj is None else dict(obj.get("metadata", {}).get("labels") or {})
+        for observer in self.observers:
+            observer(labels)
+        return changed
+
+    def _put(self, obj: Mapping[str, Any] | None) -> bool | None:
+        """``put`` with the lock held; None when ``obj`` is older than what is stored."""
         with self._lock:
             self._synced.set()
             if obj is None:
@@ -159,7 +171,7 @@ class NodeCache:
                 return changed
             rv = _rv(obj)
             if self.synced and self.exists and rv and rv < self.resource_version:
-                return False
+                return None
             live = Live.of_node(obj)
             changed = not (self.synced and self.exists and live == self.live)
             self.synced, self.exists, self.live, self.resource_version = True, True, live, rv
@@ -251,9 +263,10 @@ class NodeSink:
     name = "node"
 
     def __init__(self, kube: Kube, node: str, *, watch: bool = False, sync_wait_s: float = 0.5,
-                 watch_timeout_s: int = 300) -> None:
+                 watch_timeout_s: int = 300,
+                 observers: Sequence[Callable[[Mapping[str, str] | None], None]] = ()) -> None:
         self.kube, self.node = kube, node
-        self.cache = NodeCache()
+        self.cache = NodeCache(observers)
         self.watch, self.watch_timeout_s = watch, watch_timeout_s
         self.sync_wait_s = sync_wait_s if watch else 0.0
         self.watcher: NodeWatcher | None = None
@@ -439,30 +452,37 @@ class EventSink:
         return self.inner.live()
 
     def write(self, change: Change) -> None:
-        from labeller.kube import KubeError
-
         self.inner.write(change)
         counts = f"{len(change.added)} added, {len(change.changed)} changed, {len(change.removed)} removed"
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{self.node}.{time.time_ns():x}", "namespace": self.namespace},
-                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node},
-                "reason": "GPULabelsChanged", "message": f"gpu-labeller: {counts}", "type": "Normal",
-                "source": {"component": "gpu-labeller", "host": self.node},
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        try:
-            self.kube.create_event(self.namespace, body)
-        except KubeError as exc:  # the labels are written; a missing event is only reported
-            log.warning("could not record an event", node=self.node, reason="event-failed", error=exc.message)
+        record_node_event(self.kube, self.node, self.namespace, "Normal", "GPULabelsChanged", f"gpu-labeller: {counts}")
 
     def close(self) -> None:
         self.inner.close()
 
 
+def record_node_event(kube: Kube, node: str, namespace: str, kind: str, reason: str, message: str) -> None:
+    """A Kubernetes Event on the Node; a failure is only logged (what it reports has happened anyway)."""
+    from labeller.kube import KubeError
+
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{node}.{time.time_ns():x}", "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "reason": reason, "message": message, "type": kind,
+            "source": {"component": "gpu-labeller", "host": node},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    try:
+        kube.create_event(namespace, body)
+    except KubeError as exc:
+        log.warning("could not record an event", node=node, reason="event-failed", event=reason, error=exc.message)
+
+
 def make_sink(output: str, node: str, kube: Kube | None, *, features_file: Path, namespace: str, interval_s: float,
-              follow: bool, events: bool = False, event_namespace: str = "default") -> Sink:
-    """The sink ``run --output`` names; ``follow``: the Node sink watches its Node (not for ``--once``).
-    ``kube`` may be None only for the features.d file without events (it needs no credentials)."""
+              follow: bool, events: bool = False, event_namespace: str = "default",
+              node_observers: Sequence[Callable[[Mapping[str, str] | None], None]] = ()) -> Sink:
+    """The sink ``run --output`` names; ``follow``: the Node sink watches its Node (not for ``--once``),
+    and ``node_observers`` get every view of it. ``kube`` may be None only for the features.d file
+    without events (it needs no credentials)."""
     sink: Sink
     if output == "features-file":
         sink = FeaturesFileSink(features_file, expiry_s=max(4 * interval_s, 300.0))
@@ -471,7 +491,7 @@ def make_sink(output: str, node: str, kube: Kube | None, *, features_file: Path,
     elif output == "nodefeature":
         sink = NodeFeatureSink(kube, node, namespace)
     else:
-        sink = NodeSink(kube, node, watch=follow)
+        sink = NodeSink(kube, node, watch=follow, observers=node_observers)
     if events:
         if kube is None:
             raise ValueError("--events needs Kubernetes credentials")

@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 import structlog
 
-from labeller.node import open_node
+from labeller.configwatch import ConfigFollower, ConfigMetrics
+from labeller.namedconfigs import CONFIG_LABEL, Selection
+from labeller.node import named_configs, open_node
 from labeller.options import BadInput, discovery_options
 from labeller.runtime import PortUnavailable, install_signals, start_http_server
 from labeller.params import Duration
@@ -26,6 +28,12 @@ STALL_SECONDS = 10.0
 
 @click.command("device-plugin")
 @discovery_options
+@click.option("--config-label", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
+              help="With --config-dir: the node label whose value names this node's config; '' follows none. "
+                   "Following it reads the own Node (--node-name, credentials). [env: GPU_LABELLER_CONFIG_LABEL]")
+@click.option("--node-name", envvar="NODE_NAME", help="This Node's name, to follow --config-label. [env: NODE_NAME]")
+@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
+              help="Kubeconfig file to read the own Node's labels; default: the pod's service account. [env: KUBECONFIG]")
 @click.option("--socket-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_SOCKET_DIR,
               show_default=True, envvar="DP_SOCKET_DIR", help="The kubelet's device-plugins directory. [env: DP_SOCKET_DIR]")
 @click.option("--kubelet-socket", default="kubelet.sock", show_default=True, envvar="DP_KUBELET_SOCKET",
@@ -37,8 +45,10 @@ STALL_SECONDS = 10.0
               envvar="DP_HEALTH_RECOVERY_SECONDS",
               help="An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is "
                    "Healthy again (0: never, as NVIDIA's plugin). [env: DP_HEALTH_RECOVERY_SECONDS]")
-def device_plugin(host_root: Path, simulate: str | None, config_path: Path | None, socket_dir: Path,
-                  kubelet_socket: str, metrics_port: int, metrics_bind: str, health_recovery_seconds: float) -> None:
+def device_plugin(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
+                  config_name: str | None, config_label: str, node_name: str | None, kubeconfig: str | None,
+                  socket_dir: Path, kubelet_socket: str, metrics_port: int, metrics_bind: str,
+                  health_recovery_seconds: float) -> None:
     """Serve this node's GPUs to the kubelet (device plugin API v1beta1).
 
     One gRPC server per resource (nvidia.com/gpu, nvidia.com/mig-<profile>, amd.com/gpu, and
@@ -47,8 +57,9 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
     missing, no KFD topology, nothing to serve) it probes again on its own, 1 s doubling to 30 s;
     flags.failOnInitError: true exits with 1 instead. SIGHUP: re-read the config, probe again and
     update the served devices in place (a config that fails to load is logged and the old one
-    kept). SIGTERM or SIGINT: stop, remove the sockets, exit 0. Health env:
-    DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
+    kept). With --config-dir, the config the node's --config-label names is served, and a change of
+    the label or of the files is served the same way. SIGTERM or SIGINT: stop, remove the sockets,
+    exit 0. Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
     """
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     if "/" in kubelet_socket:
@@ -57,9 +68,11 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
     reload = threading.Event()
     install_signals(terminate.set, reload.set)
     metrics = PluginMetrics()
+    follower, selection = _follow(config_path, config_dir, config_name, config_label, node_name, kubeconfig, metrics,
+                                  terminate)
     plugin = DevicePlugin(PluginSettings(socket_dir=socket_dir, kubelet_socket=kubelet_socket,
                                          recovery_seconds=health_recovery_seconds), metrics)
-    with open_node(host_root, simulate, config_path) as node:
+    with open_node(host_root, simulate, config_path, selection) as node:
         try:
             http = start_http_server(metrics_port, metrics_bind, ready=lambda: plugin.ready,
                                      healthy=lambda: plugin.healthy(STALL_SECONDS), registry=metrics.registry)
@@ -68,9 +81,41 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
         log.info("metrics server listening", port=http.port)
         try:
             with plugin:
-                code = Prober(node, plugin, config_path).run(terminate, reload)
+                prober = Prober(node, plugin, config_path, follower=follower)
+                if follower is not None:
+                    follower.apply(node)
+                    follower.poll(terminate)
+                code = prober.run(terminate, reload)
         finally:
             http.close()
     if code:
         sys.exit(code)
     log.info("device plugin stopped")
+
+
+def _follow(config_path: Path | None, config_dir: Path | None, config_name: str | None, config_label: str,
+            node_name: str | None, kubeconfig: str | None, metrics: PluginMetrics,
+            stop: threading.Event) -> tuple[ConfigFollower | None, Selection | None]:
+    """With --config-dir: the follower of the named configs and, with --config-label, of the own
+    Node's label (the Kubernetes client is loaded only then: it costs about 17 MiB)."""
+    chooser = named_configs(config_path, config_dir, config_name)
+    if chooser is None:
+        return None, None
+    from labeller.daemon.cli import follow_configs, followed_label
+
+    label = followed_label(chooser, config_label)
+    kube = None
+    if label is not None:
+        if not node_name:
+            raise BadInput("--config-label needs this Node's name to read its label: give --node-name NAME or set "
+                           "NODE_NAME, or --config-label '' to follow no label")
+        from labeller.daemon.cli import connect
+        from labeller.daemon.sinks import PermissionLog
+
+        structlog.contextvars.bind_contextvars(node=node_name)
+        kube = connect(kubeconfig, "--config-label '' to follow no node label")
+    follower, selection = follow_configs(chooser, label, kube, node_name or "", ConfigMetrics(metrics.registry,
+                                                                                              "gpu_labeller_plugin"))
+    if kube is not None and node_name:
+        follower.watch(kube, node_name, stop, PermissionLog())
+    return follower, selection

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -30,6 +31,9 @@ from labeller.offer import Resource
 from labeller.runtime import Backoff, reload_config
 from labeller.vendor import Vendor
 from vendors import VENDORS
+
+if TYPE_CHECKING:
+    from labeller.configwatch import ConfigFollower
 
 log = structlog.get_logger(__name__)
 
@@ -66,11 +70,15 @@ class Prober:
     """Probes the node and tells the plugin what to serve; see the module docstring."""
 
     def __init__(self, node: Node, plugin: DevicePlugin, config_path: Path | None,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None, follower: ConfigFollower | None = None) -> None:
         self.node, self.plugin, self.config_path = node, plugin, config_path
         self.backoff = backoff or Backoff(FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS)
         self.served: list[Resource] = []
         self._waiting_since: float | None = None
+        self.follower = follower
+        self.config_changed = threading.Event()  # the follower saw the node's named config change
+        if follower is not None:
+            follower.on_change = self.config_changed.set
 
     def run(self, stop: threading.Event, reload: threading.Event) -> int:
         """Probe and serve until ``stop`` is set; the process's exit code."""
@@ -80,6 +88,10 @@ class Prober:
             if reload.is_set():
                 reload.clear()
                 if self._reload_config():
+                    next_probe = 0.0
+            if self.config_changed.is_set():
+                self.config_changed.clear()
+                if self._apply_named_config():
                     next_probe = 0.0
             if time.monotonic() >= next_probe:
                 reason = self.probe_and_serve()
@@ -128,4 +140,12 @@ class Prober:
         """SIGHUP: read ``--config`` again, validate-then-swap (a profile's own config is re-read with
         the profile); False when it fails to load, and the old one stays."""
         log.info("SIGHUP: reloading the config and probing again", reason="sighup")
+        if self.follower is not None:
+            return self.follower.reload(self.node)
         return reload_config(self.node, self.config_path)
+
+    def _apply_named_config(self) -> bool:
+        """Put the follower's selection in force; True when the config changed (then probe and serve:
+        names kept update their ListAndWatch streams, new names register, names gone stop)."""
+        assert self.follower is not None
+        return self.follower.apply(self.node)

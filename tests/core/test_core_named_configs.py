@@ -1,0 +1,225 @@
+"""Named configs: choosing a node's config from a directory (a mounted ConfigMap) by a node label,
+keeping the last good one when the choice fails, and following label and files while running."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog.testing
+from prometheus_client import CollectorRegistry
+
+from labeller.config import Config, ConfigError, parse_document
+from labeller.configwatch import ConfigFollower, ConfigMetrics
+from labeller.labels import owns
+from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Chooser, ConfigDir, NoConfig, Selection
+from labeller.node import open_node
+from tests.builders import config_map_volume, label_set_of, promptly
+
+WHOLE = {"version": "v1"}
+TS4 = {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+MIXED = {"version": "v1", "flags": {"migStrategy": "mixed"}}
+BROKEN = "version: v1\nflags:\n  migStrategy: sometimes\n"
+
+
+def volume(tmp_path: Path, **configs: Any) -> ConfigDir:
+    return ConfigDir(config_map_volume(tmp_path / "configs", configs))
+
+
+def test_a_config_map_volume_lists_its_keys_and_nothing_the_kubelet_adds(tmp_path: Path) -> None:
+    directory = volume(tmp_path, default=WHOLE, ts4=TS4)
+    assert len(list(directory.path.iterdir())) == 4  # ..data, the version directory, and the two keys
+    assert directory.names() == ["default", "ts4"]
+    assert directory.load("ts4") == parse_document(TS4)
+
+
+@pytest.mark.parametrize("name", ["..data", "../configs/ts4", "ts4/", "", "nope"])
+def test_only_a_listed_name_is_a_config(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match=r"no config named .* \(there: default, ts4\)"):
+        volume(tmp_path, default=WHOLE, ts4=TS4).load(name)
+
+
+def test_a_config_that_does_not_load_names_its_file_and_key(tmp_path: Path) -> None:
+    directory = volume(tmp_path, broken=BROKEN)
+    with pytest.raises(ConfigError, match=r"configs/broken: flags.migStrategy: must be one of"):
+        directory.load("broken")
+
+
+def test_the_signature_changes_when_the_kubelet_swaps_the_files(tmp_path: Path) -> None:
+    directory = volume(tmp_path, default=WHOLE)
+    before = directory.signature()
+    assert directory.signature() == before
+    config_map_volume(directory.path, {"default": TS4})
+    assert directory.signature() != before
+
+
+def test_a_plain_directory_changes_its_signature_when_a_file_is_replaced(tmp_path: Path) -> None:
+    (tmp_path / "default").write_text("version: v1\n")
+    directory = ConfigDir(tmp_path)
+    before = directory.signature()
+    (tmp_path / ".default.tmp").write_text("version: v1\nflags: {migStrategy: mixed}\n")
+    (tmp_path / ".default.tmp").replace(tmp_path / "default")
+    assert directory.signature() != before
+
+
+@pytest.mark.parametrize(("configs", "default", "chosen"), [
+    ({"default": WHOLE, "ts4": TS4}, None, "default"),  # NVIDIA's "named" fallback
+    ({"ts4": TS4}, None, "ts4"),  # "single"
+    ({"whole": WHOLE, "ts4": TS4}, "ts4", "ts4"),  # --config-name / config.default
+], ids=["named-default", "only-one", "given"])
+def test_a_node_without_the_label_gets_the_default(tmp_path: Path, configs: dict[str, Any], default: str | None,
+                                                    chosen: str) -> None:
+    selection = Chooser(volume(tmp_path, **configs), default).choose(None)
+    assert (selection.name, selection.ok) == (chosen, True)
+    assert selection.config == parse_document(configs[chosen])
+
+
+def test_no_default_among_several_configs_is_an_error_that_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(NoConfig, match=r"no default config among 2 \(mixed, ts4\): give --config-name"):
+        Chooser(volume(tmp_path, ts4=TS4, mixed=MIXED)).choose(None)
+
+
+def test_the_label_picks_the_config(tmp_path: Path) -> None:
+    chooser = Chooser(volume(tmp_path, default=WHOLE, ts4=TS4, mixed=MIXED))
+    assert chooser.choose("mixed") == Selection("mixed", parse_document(MIXED), "mixed")
+    assert chooser.choose("") == chooser.choose(None) == Selection("default", Config(), None)
+
+
+def test_an_unknown_or_broken_name_keeps_the_last_good_config(tmp_path: Path) -> None:
+    chooser = Chooser(volume(tmp_path, default=WHOLE, ts4=TS4, broken=BROKEN))
+    good = chooser.choose("ts4")
+    unknown = chooser.choose("ts8", previous=good)
+    assert (unknown.name, unknown.config, unknown.wanted) == ("ts4", good.config, "ts8")
+    assert unknown.problem == f"no config named 'ts8' in {chooser.directory.path} (there: broken, default, ts4)"
+    broken = chooser.choose("broken", previous=good)
+    assert broken.name == "ts4" and broken.problem is not None and "broken: flags.migStrategy" in broken.problem
+
+
+def test_a_starting_process_takes_what_the_applied_label_names_then_the_default(tmp_path: Path) -> None:
+    chooser = Chooser(volume(tmp_path, default=WHOLE, ts4=TS4))
+    assert chooser.choose("ts8", hint="ts4").name == "ts4"  # what the labeller put in force before
+    assert chooser.choose("ts8", hint="gone").name == "default"
+    assert chooser.choose("ts8", hint="ts4", previous=chooser.choose(None)).name == "ts4"  # agree with the labeller
+    with pytest.raises(NoConfig, match="ts8"):
+        Chooser(volume(tmp_path / "b", ts4=TS4, mixed=MIXED)).choose("ts8")
+
+
+def test_state_labels_say_what_is_in_force_and_are_ours_while_the_asking_label_is_not(tmp_path: Path) -> None:
+    chooser = Chooser(volume(tmp_path, default=WHOLE, ts4=TS4))
+    assert chooser.choose("ts4").labels().labels == {STATE_LABEL: "success", APPLIED_LABEL: "ts4"}
+    assert chooser.choose("x", previous=chooser.choose("ts4")).labels().labels == {STATE_LABEL: "failed",
+                                                                                   APPLIED_LABEL: "ts4"}
+    assert owns(STATE_LABEL) and owns(APPLIED_LABEL) and not owns(CONFIG_LABEL)
+
+
+MATRIX = [{"version": "v1", "flags": {"migStrategy": mig}, **({} if replicas is None else {"sharing": {"timeSlicing": {
+    "renameByDefault": rename, "resources": [{"name": "nvidia.com/gpu", "replicas": replicas},
+                                             {"name": "nvidia.com/mig-1g.5gb", "replicas": replicas}]}}})}
+          for mig, replicas, rename in itertools.product(("none", "single", "mixed"), (None, 2, 4), (False, True))
+          if replicas is not None or not rename]
+
+
+def test_a_node_labelled_with_any_config_gets_exactly_what_that_file_gives(tmp_path: Path) -> None:
+    """The mechanism carries whatever the parser accepts: no sharing kind is special."""
+    chooser = Chooser(volume(tmp_path, **{f"c{i}": document for i, document in enumerate(MATRIX)}, default=WHOLE))
+    for i, document in enumerate(MATRIX):
+        selection = chooser.choose(f"c{i}")
+        with open_node(Path("/"), "dgx-a100-mig-mixed", None, selection) as node:
+            inventory = node.probe()
+            labels = node.labels(inventory, node.offer(inventory)).labels
+        assert labels == {**label_set_of(inventory, parse_document(document)).labels,
+                          STATE_LABEL: "success", APPLIED_LABEL: f"c{i}"}
+
+
+# --- following a label and the files ------------------------------------------------------------
+
+class Following:
+    """A follower as ``run`` builds one, with what it reported."""
+
+    def __init__(self, tmp_path: Path, **configs: Any) -> None:
+        self.directory = volume(tmp_path, **configs)
+        self.registry = CollectorRegistry()
+        self.events: list[tuple[str, str, str]] = []
+        self.changes = 0
+        self.news = threading.Event()
+        self.follower = ConfigFollower(Chooser(self.directory), CONFIG_LABEL, ConfigMetrics(self.registry, "t"),
+                                       events=lambda *event: self.events.append(event), poll_s=0.02,
+                                       on_change=self._changed)
+        self.node = open_node(Path("/"), "dgx-h100", None, self.follower.selection).__enter__()
+
+    def _changed(self) -> None:
+        self.changes += 1
+        self.news.set()
+
+    def await_news(self) -> None:
+        assert self.news.wait(5), "the follower saw no change"
+        self.news.clear()
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels or None) or 0.0
+
+
+def test_a_label_change_is_news_once_and_apply_puts_it_in_force(tmp_path: Path) -> None:
+    run = Following(tmp_path, default=WHOLE, ts4=TS4)
+    run.follower.apply(run.node)
+    run.follower.observe({CONFIG_LABEL: "ts4", "team": "ml"})
+    run.follower.observe({CONFIG_LABEL: "ts4", "team": "other"})  # another label: no news
+    assert run.changes == 1 and run.node.config == Config()  # nothing changes until the consumer applies it
+    assert run.follower.apply(run.node) is True
+    assert run.node.config == parse_document(TS4) and run.node.selection is not None
+    assert run.metric("t_config_changes_total", outcome="applied") == 1 and run.metric("t_config_failed") == 0
+    assert run.events == [("Normal", "GPUConfigApplied", "gpu-labeller: config 'ts4' in force (was 'default')")]
+    run.follower.observe({})  # label removed: back to the default
+    assert run.follower.apply(run.node) is True and run.node.config == Config()
+
+
+def test_an_unknown_name_is_reported_once_and_changes_nothing(tmp_path: Path) -> None:
+    run = Following(tmp_path, default=WHOLE, ts4=TS4)
+    run.follower.observe({CONFIG_LABEL: "ts4"})
+    run.follower.apply(run.node)
+    with structlog.testing.capture_logs() as logs:
+        run.follower.observe({CONFIG_LABEL: "ts8"})
+        assert run.follower.apply(run.node) is False
+        run.follower.apply(run.node)
+    assert run.node.config == parse_document(TS4)
+    failures = [entry for entry in logs if entry.get("reason") == "config-failed"]
+    assert len(failures) == 1 and failures[0]["config"] == "ts4" and failures[0]["asked"] == "ts8"
+    assert failures[0]["error"].startswith(f"node label {CONFIG_LABEL}=ts8: no config named 'ts8'")
+    assert run.metric("t_config_failed") == 1 and run.metric("t_config_changes_total", outcome="failed") == 1
+    assert run.events[-1][:2] == ("Warning", "GPUConfigFailed") and "'ts4' stays in force" in run.events[-1][2]
+    assert run.node.selection is not None and run.node.selection.labels().labels[STATE_LABEL] == "failed"
+
+
+def test_a_file_edit_is_seen_by_the_poll_and_a_broken_edit_keeps_the_config(tmp_path: Path) -> None:
+    run = Following(tmp_path, default=WHOLE, ts4=TS4)
+    run.follower.observe({CONFIG_LABEL: "ts4"})
+    run.follower.apply(run.node)
+    stop = threading.Event()
+    run.follower.poll(stop)
+    try:
+        ts2 = {**TS4, "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
+        run.news.clear()
+        config_map_volume(run.directory.path, {"default": WHOLE, "ts4": ts2})
+        run.await_news()
+        assert run.follower.apply(run.node) is True and run.node.config == parse_document(ts2)
+        config_map_volume(run.directory.path, {"default": WHOLE, "ts4": BROKEN})
+        run.await_news()
+        assert run.follower.apply(run.node) is False and run.node.config == parse_document(ts2)
+        assert run.metric("t_config_failed") == 1
+    finally:
+        stop.set()
+
+
+def test_bootstrap_reads_the_label_before_the_first_probe_and_gives_up_in_time(tmp_path: Path) -> None:
+    run = Following(tmp_path, default=WHOLE, ts4=TS4)
+    assert run.follower.bootstrap(lambda: {CONFIG_LABEL: "ts4"}, threading.Event()) is True
+    assert run.follower.selection.name == "ts4"
+
+    def unreachable() -> dict[str, str]:
+        raise OSError("connection refused")
+
+    assert promptly(lambda: run.follower.bootstrap(unreachable, threading.Event(), timeout_s=0.3), 3) is False
+    assert run.follower.selection.name == "ts4"
