@@ -66,10 +66,10 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
         raise click.BadParameter("a file name in --socket-dir, not a path", param_hint="--kubelet-socket")
     terminate = threading.Event()
     reload = threading.Event()
-    install_signals(terminate.set, reload.set)
     metrics = PluginMetrics()
     follower, selection = _follow(config_path, config_dir, config_name, config_label, node_name, kubeconfig, metrics,
                                   terminate)
+    install_signals(terminate.set, reload.set)
     plugin = DevicePlugin(PluginSettings(socket_dir=socket_dir, kubelet_socket=kubelet_socket,
                                          recovery_seconds=health_recovery_seconds), metrics)
     with open_node(host_root, simulate, config_path, selection) as node:

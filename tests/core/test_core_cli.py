@@ -13,7 +13,7 @@ import pytest
 
 from labeller import __version__
 from tests.core.cli import gpu_labeller
-from tests.builders import add_pci_device, empty_node
+from tests.builders import add_pci_device, config_map_volume, empty_node
 
 
 def test_version() -> None:
@@ -72,8 +72,12 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", [["labels"], ["resources"], ["probe"], ["labels", "--simulate", "dgx-h100"],
-                                     ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"]])
+                                     ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"],
+                                     ["labels", "--simulate", "dgx-h100", "--config-dir", "CONFIGS", "--config-name", "a"],
+                                     ["resources", "--simulate", "dgx-h100", "--config-dir", "CONFIGS"]])
 def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path: Path, command: list[str]) -> None:
+    configs = config_map_volume(tmp_path / "configs", {"a": "version: v1\n"})
+    command = [str(configs) if part == "CONFIGS" else part for part in command]
     args = command if "--simulate" in command else [*command, "--host-root", str(empty_node(tmp_path))]
     code = (
         "import sys\n"

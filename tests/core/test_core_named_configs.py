@@ -10,14 +10,17 @@ from typing import Any
 
 import pytest
 import structlog.testing
+from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
+from labeller.cli import main
 from labeller.config import Config, ConfigError, parse_document
 from labeller.configwatch import ConfigFollower, ConfigMetrics
 from labeller.labels import owns
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Chooser, ConfigDir, NoConfig, Selection
 from labeller.node import open_node
 from tests.builders import config_map_volume, label_set_of, promptly
+from tests.core.cli import gpu_labeller
 
 WHOLE = {"version": "v1"}
 TS4 = {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
@@ -223,3 +226,33 @@ def test_bootstrap_reads_the_label_before_the_first_probe_and_gives_up_in_time(t
 
     assert promptly(lambda: run.follower.bootstrap(unreachable, threading.Event(), timeout_s=0.3), 3) is False
     assert run.follower.selection.name == "ts4"
+
+
+# --- the dry run: what a node with a given label would get ---------------------------------------
+
+def test_labels_and_resources_show_what_a_node_labelled_with_the_name_gets(tmp_path: Path) -> None:
+    configs = config_map_volume(tmp_path / "configs", {"default": WHOLE, "ts4": TS4})
+    named = gpu_labeller("labels", "--simulate", "dgx-h100", "--config-dir", str(configs), "--config-name", "ts4")
+    direct = gpu_labeller("labels", "--simulate", "dgx-h100", "--config", str(configs / "ts4"))
+    assert named.returncode == direct.returncode == 0, named.stderr + direct.stderr
+    assert sorted(named.stdout.splitlines()) == sorted([*direct.stdout.splitlines(), f"{APPLIED_LABEL}=ts4",
+                                                        f"{STATE_LABEL}=success"])
+    assert "nvidia.com/gpu.replicas=4" in named.stdout.splitlines()
+    resources = gpu_labeller("resources", "--simulate", "dgx-h100", "--config-dir", str(configs))  # the default
+    assert resources.returncode == 0 and resources.stdout.startswith("nvidia.com/gpu: 8 devices (8 physical)")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--config-name", "ts8"], "no config named 'ts8' in {configs} (there: default, ts4)"),
+    (["--config", "{configs}/ts4"], "give --config FILE or --config-dir DIR, not both"),
+    (["--config-name", "broken"], "{configs}/broken: flags.migStrategy: must be one of none, single, mixed"),
+], ids=["unknown", "both", "broken"])
+def test_a_bad_choice_on_the_dry_run_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    configs = config_map_volume(tmp_path / "configs", {"default": WHOLE, "ts4": TS4, "broken": BROKEN})
+    args = [arg.format(configs=configs) for arg in args]
+    if "broken" not in args:
+        config_map_volume(configs, {"default": WHOLE, "ts4": TS4})
+    result = CliRunner().invoke(main, ["labels", "--simulate", "dgx-h100", "--config-dir", str(configs), *args])
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: ") and result.output.count("\n") == 1
+    assert message.format(configs=configs) in result.output
