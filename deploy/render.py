@@ -5,7 +5,8 @@
     python deploy/render.py --check    # exit 1 if they differ from a fresh render
 
 gpu-labeller.yaml is the chart with its default values, plus createNamespace=true so that
-`kubectl apply -f` works without Helm. validating-admission-policy.yaml holds only the optional
+`kubectl apply -f` works without Helm, and two example named configs (EXAMPLE_CONFIGS: whole GPUs
+by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4). validating-admission-policy.yaml holds only the optional
 ValidatingAdmissionPolicy and its binding (admissionPolicy.enabled=true). Both are rendered as
 release "gpu-labeller" in namespace "gpu-labeller". Needs helm-python-sdk (the project's test extra).
 """
@@ -34,6 +35,11 @@ HEADER = (
 KIND_ORDER = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 VAP_TEMPLATE = "validatingadmissionpolicy.yaml"
+EXAMPLE_CONFIGS: dict[str, Any] = {
+    "default": {"version": "v1", "flags": {"migStrategy": "none"}},
+    "time-sliced-4": {"version": "v1", "flags": {"migStrategy": "none"},
+                      "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}},
+}
 
 
 def render_chart(values: dict[str, Any] | None = None) -> dict[str, str]:
@@ -66,11 +72,12 @@ def join(docs: list[str], what: str) -> str:
 
 def manifests() -> dict[str, str]:
     """File name in deploy/manifests/ -> its expected content."""
-    main = render_chart({"createNamespace": True})
+    main = render_chart({"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}})
     policy = render_chart({"admissionPolicy": {"enabled": True}})
     vap = {path: text for path, text in policy.items() if path.endswith("/" + VAP_TEMPLATE)}
     return {
-        "gpu-labeller.yaml": join(documents(main), "default values, createNamespace=true"),
+        "gpu-labeller.yaml": join(documents(main), "default values, createNamespace=true, config.data: "
+                                  f"{', '.join(EXAMPLE_CONFIGS)}"),
         "validating-admission-policy.yaml": join(
             documents(vap), "admissionPolicy.enabled=true; Kubernetes >= 1.30; apply after gpu-labeller.yaml"),
     }

@@ -161,8 +161,9 @@ def test_every_expression_compiles(policy: Policy) -> None:
     {"set_": {"amd.com/gpu.family": "AI", "beta.amd.com/gpu.device-id.74a1": "8"}},
     {"set_": {"nvidia.com/mig.capable": "true", "nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/gfd.timestamp": "1"}},
     {"remove": ("nvidia.com/gpu.count",)},
+    {"set_": {"nvidia.com/device-plugin.config.state": "failed", "nvidia.com/device-plugin.config.applied": "ts4"}},
     {},  # nothing but managedFields/resourceVersion
-], ids=["change", "add-nvidia", "add-amd", "add-mig", "remove", "no-op"])
+], ids=["change", "add-nvidia", "add-amd", "add-mig", "remove", "config-state", "no-op"])
 def test_own_node_and_owned_labels_are_allowed(policy: Policy, change: dict[str, Any]) -> None:
     old = node()
     allowed, messages = policy.admit(request(), relabel(old, **change), old)

@@ -88,31 +88,66 @@ def test_policy_is_off_by_default_and_on_when_enabled() -> None:
     one(objects, "ValidatingAdmissionPolicyBinding")
 
 
+def config_map(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The rendered ConfigMap's configs, each parsed as YAML."""
+    cm = one(render(values), "ConfigMap", "gpu-labeller-config")
+    return {name: yaml.safe_load(text) for name, text in cm["data"].items()}
+
+
 def test_config_map_holds_the_default_config_and_the_labeller_accepts_it() -> None:
     from labeller.config import parse_document
 
-    cm = one(render(), "ConfigMap", "gpu-labeller-config")
-    config = yaml.safe_load(cm["data"]["config.yaml"])
-    assert config == {"version": "v1", "flags": {"migStrategy": "none"}}
-    parse_document(config)
+    assert config_map() == {"default": {"version": "v1", "flags": {"migStrategy": "none"}}}
+    parse_document(config_map()["default"])
 
 
-def test_custom_config_reaches_the_config_map() -> None:
+def test_named_configs_reach_the_config_map_as_mappings_or_as_nvidias_yaml_text() -> None:
+    from labeller.config import parse_document
+
+    text = "version: v1\nflags:\n  migStrategy: mixed  # a comment stays\n"
+    values = {"config": {"data": {"whole": {"version": "v1"}, "mig-mixed": text}}}
+    cm = one(render(values), "ConfigMap", "gpu-labeller-config")
+    assert cm["data"] == {"whole": "version: v1\n", "mig-mixed": text}  # text verbatim, comments and all
+    for document in config_map(values).values():
+        parse_document(document)
+    # NVIDIA's device plugin chart calls it `map`
+    assert config_map({"config": {"map": {"x": text, "y": text}}}) == {"x": yaml.safe_load(text), "y": yaml.safe_load(text)}
+
+
+def test_a_config_in_the_former_shape_is_the_one_config_default() -> None:
     sharing = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
-    cm = one(render({"config": {"version": "v1", "flags": {"migStrategy": "single"}, "sharing": sharing}}), "ConfigMap")
-    assert yaml.safe_load(cm["data"]["config.yaml"])["sharing"] == sharing
+    values = {"config": {"version": "v1", "flags": {"migStrategy": "single"}, "sharing": sharing}}
+    assert config_map(values) == {"default": {"version": "v1", "flags": {"migStrategy": "single"}, "sharing": sharing}}
 
 
-def test_config_change_rolls_both_daemonsets() -> None:
-    def checksums(values: dict[str, Any]) -> list[str]:
-        objects = render(values)
-        return [ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-                for ds in (labeller_ds(objects), plugin_ds(objects))]
+def test_an_existing_config_map_is_mounted_and_none_is_rendered() -> None:
+    objects = render({"config": {"name": "gpu-configs", "create": False}})
+    assert find(objects, "ConfigMap") == []
+    for ds in (labeller_ds(objects), plugin_ds(objects)):
+        volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
+        assert volume["configMap"] == {"name": "gpu-configs"}
+    named = render({"config": {"name": "gpu-configs"}})  # create (the default) under that name
+    assert one(named, "ConfigMap")["metadata"]["name"] == "gpu-configs"
 
-    before = checksums({})
-    after = checksums({"config": {"version": "v1", "flags": {"migStrategy": "mixed"}}})
-    assert before[0] == before[1] and after[0] == after[1]
-    assert before[0] != after[0]
+
+def test_a_config_edit_is_followed_live_so_it_rolls_no_pod() -> None:
+    def templates(data: dict[str, Any]) -> list[Any]:
+        objects = render({"config": {"data": data}})
+        return [ds["spec"]["template"] for ds in (labeller_ds(objects), plugin_ds(objects))]
+
+    before = templates({"default": {"version": "v1"}, "ts4": {"version": "v1", "flags": {"migStrategy": "mixed"}}})
+    after = templates({"default": {"version": "v1"}, "ts4": {"version": "v1", "flags": {"migStrategy": "single"}}})
+    assert before == after
+    assert "annotations" not in before[0]["metadata"]
+
+
+def test_config_create_false_needs_the_name_of_an_existing_config_map() -> None:
+    chart = helm_python.Chart.load(CHART)
+    try:
+        with pytest.raises(helm_python.HelmError, match="config.create is false: set config.name"):
+            chart.render({"config": {"create": False}}, name="gpu-labeller", namespace="gpu-labeller")
+    finally:
+        chart.close()
 
 
 @pytest.mark.parametrize("bad", [
@@ -123,6 +158,12 @@ def test_config_change_rolls_both_daemonsets() -> None:
     {"unknownKey": True},
     {"config": {"version": None, "flags": {"migStrategy": "none"}}},
     {"config": {"version": "v2"}},
+    {"config": {"data": {"..data": {"version": "v1"}}}},  # a hidden name is no config
+    {"config": {"data": {"has space": {"version": "v1"}}}},
+    {"config": {"data": {"old": {"version": "v2"}}}},
+    {"config": {"data": {"empty": ""}}},
+    {"config": {"defualt": "x"}},
+    {"config": {"nodeLabel": "not a label!"}},
     {"labeller": {"interval": "soon"}},
     {"labeller": {"interval": 0}},
 ], ids=lambda v: json.dumps(v))

@@ -91,16 +91,28 @@ def test_vgpu_detection_adds_only_sys_admin_and_root_to_the_labeller() -> None:
     assert "add" not in container(plugin_ds(objects))["securityContext"]["capabilities"]
 
 
+FIRMWARE = "version: v1\nlabeller:\n  labels:\n    firmware: true\n"
+
+
+@pytest.mark.parametrize("config", [{"data": {"whole": {"version": "v1"}, "mi25": FIRMWARE}},
+                                    {"data": {"mi25": yaml.safe_load(FIRMWARE)}}],
+                         ids=["one-config-of-two-as-text", "a-mapping"])
+def test_firmware_in_any_named_config_mounts_debugfs(config: dict[str, Any]) -> None:
+    ds = labeller_ds(render({"config": config}))
+    assert host_mounts(ds)["/sys/kernel/debug"][0] == "/host/sys/kernel/debug"
+    assert pod(ds)["securityContext"]["runAsUser"] == 0
+
+
 def test_firmware_labels_mount_debugfs_read_only_and_run_as_root_with_no_capability() -> None:
     # debugfs's root is mode 0700 and owned by root: uid 0 reads it as its owner, no capability needed.
-    objects = render({"config": {"labeller": {"labels": {"firmware": True}}}})
+    objects = render({"config": {"labeller": {"labels": {"firmware": True}}}})  # the former shape of `config`
     ds = labeller_ds(objects)
     path, mount = host_mounts(ds)["/sys/kernel/debug"]
     assert path == "/host/sys/kernel/debug" and mount["readOnly"] is True
     assert pod(ds)["securityContext"]["runAsUser"] == 0
     assert container(ds)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert all(m.get("readOnly") for _, m in host_mounts(ds).values())
-    config = yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"])
+    config = yaml.safe_load(one(objects, "ConfigMap")["data"]["default"])
     assert config["labeller"]["labels"]["firmware"] is True and config["flags"] == {"migStrategy": "none"}
     # Off (the default): no debugfs, and the labeller stays non-root.
     default = labeller_ds(render())
@@ -142,6 +154,8 @@ def rules(objects: list[Obj]) -> list[tuple[tuple[str, ...], tuple[str, ...], tu
 
 
 NODES = (("",), ("nodes",), ("get", "list", "watch", "patch"))
+READ_NODES = (("",), ("nodes",), ("get", "list", "watch"))
+TWO_CONFIGS = {"config": {"data": {"a": {"version": "v1"}, "b": {"version": "v1"}}}}
 EVENTS = (("",), ("events",), ("create",))
 NODEFEATURES = (("nfd.k8s-sigs.io",), ("nodefeatures",), ("get", "list", "watch", "create", "update"))
 
@@ -153,7 +167,11 @@ NODEFEATURES = (("nfd.k8s-sigs.io",), ("nodefeatures",), ("get", "list", "watch"
     ({"labeller": {"output": "nodefeature", "events": {"enabled": True}}}, [NODES, EVENTS, NODEFEATURES]),
     ({"labeller": {"output": "features-file"}}, []),
     ({"labeller": {"output": "features-file", "events": {"enabled": True}}}, [EVENTS]),
-], ids=["default", "events", "nodefeature", "nodefeature+events", "features-file", "features-file+events"])
+    (TWO_CONFIGS, [NODES, EVENTS]),  # following the config label: an Event when a config fails
+    ({**TWO_CONFIGS, "labeller": {"output": "features-file"}}, [READ_NODES, EVENTS]),
+    ({"config": {**TWO_CONFIGS["config"], "nodeLabel": ""}}, [NODES]),
+], ids=["default", "events", "nodefeature", "nodefeature+events", "features-file", "features-file+events",
+        "config-label", "features-file+config-label", "config-label-off"])
 def test_cluster_role_is_least_privilege(values: dict[str, Any], expected: list[Any]) -> None:
     objects = render(values)
     assert rules(objects) == expected
@@ -171,7 +189,8 @@ def test_cluster_role_is_least_privilege(values: dict[str, Any], expected: list[
     ({"labeller": {"output": "nodefeature"}}, True),
     ({"labeller": {"output": "features-file"}}, False),
     ({"labeller": {"output": "features-file", "events": {"enabled": True}}}, True),
-], ids=["node", "nodefeature", "features-file", "features-file+events"])
+    ({**TWO_CONFIGS, "labeller": {"output": "features-file"}}, True),
+], ids=["node", "nodefeature", "features-file", "features-file+events", "features-file+config-label"])
 def test_labeller_gets_a_token_only_when_it_calls_the_api(values: dict[str, Any], token: bool) -> None:
     objects = render(values)
     ds = labeller_ds(objects)
@@ -189,6 +208,22 @@ def test_device_plugin_has_no_api_access() -> None:
     assert one(objects, "ServiceAccount", account)["automountServiceAccountToken"] is False
     for binding in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding"):
         assert account not in [s["name"] for s in binding["subjects"]]
+
+
+@pytest.mark.parametrize("values", [TWO_CONFIGS, {"config": {"name": "gpu-configs", "create": False}}],
+                         ids=["two-configs", "existing-configmap"])
+def test_device_plugin_following_the_config_label_may_only_read_nodes(values: dict[str, Any]) -> None:
+    objects = render(values)
+    ds = plugin_ds(objects)
+    account = pod(ds)["serviceAccountName"]
+    assert pod(ds)["automountServiceAccountToken"] is True
+    assert one(objects, "ServiceAccount", account)["automountServiceAccountToken"] is True
+    role = one(objects, "ClusterRole", "gpu-labeller-device-plugin")
+    assert [(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]] == [READ_NODES]
+    bindings = [b for b in find(objects, "ClusterRoleBinding") if account in [s["name"] for s in b["subjects"]]]
+    assert [(b["roleRef"]["name"], b["subjects"]) for b in bindings] == [
+        ("gpu-labeller-device-plugin", [{"kind": "ServiceAccount", "name": account, "namespace": "gpu-labeller"}])]
+    assert find(render({**values, "devicePlugin": {"enabled": False}}), "ClusterRole", "gpu-labeller-device-plugin") == []
 
 
 def test_device_plugin_runs_only_on_nodes_the_labeller_labelled() -> None:
@@ -241,14 +276,24 @@ def test_environment_follows_nvidia_practice() -> None:
     assert plugin["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
 
 
-def test_both_components_read_the_same_config_map() -> None:
-    objects = render()
+@pytest.mark.parametrize(("values", "args"), [
+    ({}, ["--config-dir=/etc/gpu-labeller", "--config-label="]),  # one config: no label to follow
+    ({"config": {"default": "a", "data": {"a": {"version": "v1"}, "b": {"version": "v1"}}}},
+     ["--config-dir=/etc/gpu-labeller", "--config-name=a", "--config-label=nvidia.com/device-plugin.config"]),
+    ({"config": {"name": "gpu-configs", "create": False, "nodeLabel": "example.com/gpu-config"}},
+     ["--config-dir=/etc/gpu-labeller", "--config-label=example.com/gpu-config"]),
+    ({"config": {"nodeLabel": "", "data": {"a": {"version": "v1"}, "b": {"version": "v1"}}}},
+     ["--config-dir=/etc/gpu-labeller", "--config-label="]),
+], ids=["default", "named", "existing", "label-off"])
+def test_both_components_read_the_same_config_map_and_follow_the_same_label(values: dict[str, Any],
+                                                                           args: list[str]) -> None:
+    objects = render(values)
     for ds in (labeller_ds(objects), plugin_ds(objects)):
         config = next(v for v in pod(ds)["volumes"] if v["name"] == "config")
-        assert config["configMap"]["name"] == "gpu-labeller-config"
+        assert config["configMap"]["name"] == values.get("config", {}).get("name", "gpu-labeller-config")
         mount = next(m for m in container(ds)["volumeMounts"] if m["name"] == "config")
-        assert mount == {"name": "config", "mountPath": "/etc/gpu-labeller", "readOnly": True}
-        assert "--config=/etc/gpu-labeller/config.yaml" in container(ds)["args"]
+        assert mount == {"name": "config", "mountPath": "/etc/gpu-labeller", "readOnly": True}  # no subPath: updates
+        assert [a for a in container(ds)["args"] if a.startswith("--config")] == args
 
 
 def _parse(command: click.Command, args: list[str]) -> dict[str, Any]:
@@ -257,7 +302,8 @@ def _parse(command: click.Command, args: list[str]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("values", [{}, {"labeller": {"output": "nodefeature", "events": {"enabled": True}}},
-                                    {"labeller": {"output": "features-file"}}], ids=["default", "nodefeature", "file"])
+                                    {"labeller": {"output": "features-file"}}, TWO_CONFIGS],
+                         ids=["default", "nodefeature", "file", "config-label"])
 def test_labeller_args_parse_with_the_real_cli(values: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from labeller.daemon.cli import run
 
@@ -268,15 +314,21 @@ def test_labeller_args_parse_with_the_real_cli(values: dict[str, Any], monkeypat
     assert str(params["host_root"]) == "/host" and params["interval"] == 60 and params["metrics_port"] == 8080
     assert params["output"] == values.get("labeller", {}).get("output", "node")
     assert params["events"] is bool(values.get("labeller", {}).get("events"))
+    assert str(params["config_dir"]) == "/etc/gpu-labeller" and params["config_path"] is None
+    assert params["config_label"] == ("nvidia.com/device-plugin.config" if values is TWO_CONFIGS else "")
 
 
-def test_device_plugin_args_parse_with_the_real_cli() -> None:
+@pytest.mark.parametrize("values", [{}, TWO_CONFIGS], ids=["default", "config-label"])
+def test_device_plugin_args_parse_with_the_real_cli(values: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from labeller.plugin.cli import device_plugin
 
-    args = container(plugin_ds(render()))["args"]
+    monkeypatch.delenv("CONFIG_FILE", raising=False)
+    args = container(plugin_ds(render(values)))["args"]
     assert args[0] == "device-plugin"
     params = _parse(device_plugin, args[1:])
     assert params["socket_dir"] is not None and params["metrics_port"] == 8081
+    assert str(params["config_dir"]) == "/etc/gpu-labeller"
+    assert params["config_label"] == ("nvidia.com/device-plugin.config" if values is TWO_CONFIGS else "")
 
 
 @pytest.mark.parametrize(("interval", "seconds"), [(60, 60.0), (0.5, 0.5), ("2m", 120.0), ("500ms", 0.5)])

@@ -50,10 +50,66 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-device-plugin" (include "gpu-labeller.fullname" .)) .Values.devicePlugin.serviceAccount.name }}
 {{- end }}
 
-{{/* "true" when the labeller talks to the API server: every output but the features.d file, and
-     Events. Without it the labeller gets no RBAC and no ServiceAccount token. */}}
+{{/* "true" when the labeller talks to the API server: every output but the features.d file, Events,
+     and following the config label. Without it the labeller gets no RBAC and no ServiceAccount token. */}}
 {{- define "gpu-labeller.labellerNeedsApi" -}}
-{{- or (ne .Values.labeller.output "features-file") .Values.labeller.events.enabled }}
+{{- or (ne .Values.labeller.output "features-file") .Values.labeller.events.enabled (eq (include "gpu-labeller.followsLabel" .) "true") }}
+{{- end }}
+
+{{/* The named configs the chart renders, as YAML: name -> a config (a mapping, or its YAML text). A
+     `config` with keys of a config file (version, flags, sharing, ...: the chart's former shape) is the
+     one config "default", over the former defaults; `map` (NVIDIA's device plugin chart) is another
+     name for `data`; neither given: one config "default" with NVIDIA's defaults. (`data` is empty in
+     values.yaml: Helm merges maps, so a default entry there could not be left out.) */}}
+{{- define "gpu-labeller.configData" -}}
+{{- $config := .Values.config -}}
+{{- $file := pick $config "version" "flags" "sharing" "resources" "imex" "labeller" -}}
+{{- if $file -}}
+{{- toYaml (dict "default" (mergeOverwrite (dict "version" "v1" "flags" (dict "migStrategy" "none")) (deepCopy $file))) -}}
+{{- else if $config.map -}}
+{{- toYaml $config.map -}}
+{{- else if $config.data -}}
+{{- toYaml $config.data -}}
+{{- else -}}
+{{- toYaml (dict "default" (dict "version" "v1" "flags" (dict "migStrategy" "none"))) -}}
+{{- end -}}
+{{- end }}
+
+{{/* The ConfigMap both components mount: config.name, else the one the chart creates. */}}
+{{- define "gpu-labeller.configMapName" -}}
+{{- if .Values.config.name -}}
+{{- .Values.config.name -}}
+{{- else if not .Values.config.create -}}
+{{- fail "config.create is false: set config.name to the existing ConfigMap that holds the named configs" -}}
+{{- else -}}
+{{- printf "%s-config" (include "gpu-labeller.fullname" .) -}}
+{{- end -}}
+{{- end }}
+
+{{/* "true" when both components follow the config label: there is a choice (several configs, or an
+     existing ConfigMap whose keys are not known here) and config.nodeLabel is set. */}}
+{{- define "gpu-labeller.followsLabel" -}}
+{{- $count := len (include "gpu-labeller.configData" . | fromYaml) -}}
+{{- and .Values.config.nodeLabel (or (not .Values.config.create) (gt $count 1)) | toString -}}
+{{- end }}
+
+{{/* "true" when a rendered config turns firmware labels on (the labeller then reads debugfs). */}}
+{{- define "gpu-labeller.firmware" -}}
+{{- $on := false -}}
+{{- range $name, $doc := (include "gpu-labeller.configData" . | fromYaml) -}}
+{{- if kindIs "string" $doc }}{{ $doc = fromYaml $doc }}{{ end -}}
+{{- if dig "labeller" "labels" "firmware" false $doc }}{{ $on = true }}{{ end -}}
+{{- end -}}
+{{- $on | toString -}}
+{{- end }}
+
+{{/* The config arguments both components take. */}}
+{{- define "gpu-labeller.configArgs" -}}
+- --config-dir=/etc/gpu-labeller
+{{- with .Values.config.default }}
+- --config-name={{ . }}
+{{- end }}
+- --config-label={{ ternary .Values.config.nodeLabel "" (eq (include "gpu-labeller.followsLabel" .) "true") }}
 {{- end }}
 
 {{/* The user name the API server gives the labeller's ServiceAccount tokens. */}}
@@ -61,11 +117,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "system:serviceaccount:%s:%s" (include "gpu-labeller.namespace" .) (include "gpu-labeller.labellerServiceAccount" .) }}
 {{- end }}
 
-{{/* Annotations on both pod templates: a config change rolls the pods. */}}
+{{/* Annotations on both pod templates. No config checksum: both components follow ConfigMap edits live. */}}
 {{- define "gpu-labeller.podAnnotations" -}}
-checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
 {{- with .Values.podAnnotations }}
-{{ toYaml . }}
+annotations:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 
