@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from labeller.labels import key_problem, owns
 from labeller.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
+from labeller.options import BadInput
 from labeller.runtime import Backoff
 
 if TYPE_CHECKING:
@@ -210,3 +212,44 @@ class ConfigFollower:
         if self.events is not None:
             self.events(kind, reason, f"gpu-labeller: {message}")
 
+
+
+# --- what run and device-plugin share to start following -----------------------------------------
+
+def followed_label(chooser: Chooser | None, config_label: str) -> str | None:
+    """The node label to follow (None: none); BadInput for a key that is not a label key, or one
+    gpu-labeller writes itself (it would follow its own writes)."""
+    if chooser is None or not config_label:
+        return None
+    problem = key_problem(config_label)
+    if problem is not None:
+        raise BadInput(f"--config-label {config_label!r}: not a label key: {problem}")
+    if owns(config_label):
+        raise BadInput(f"--config-label {config_label}: a key gpu-labeller writes itself cannot choose its config")
+    return config_label
+
+
+def node_labels_reader(kube: Kube, node: str) -> Callable[[], Labels]:
+    """Reads the own Node's labels (none when the Node does not exist yet)."""
+    from labeller.kube import NotFound
+
+    def read() -> Labels:
+        try:
+            return dict(kube.get_node(node).get("metadata", {}).get("labels") or {})
+        except NotFound:
+            return {}
+
+    return read
+
+
+def follow_configs(chooser: Chooser, label: str | None, kube: Kube | None, node: str, metrics: ConfigMetrics,
+                   events: EventRecorder | None = None) -> tuple[ConfigFollower, Selection]:
+    """A follower of the named configs and, with ``label``, of the node label (read once now, so the
+    first probe already uses the node's config); BadInput when no config can be put in force."""
+    follower = ConfigFollower(chooser, label, metrics, events=events)
+    if label is not None and kube is not None:
+        follower.bootstrap(node_labels_reader(kube, node), threading.Event())
+    try:
+        return follower, follower.selection
+    except NoConfig as exc:
+        raise BadInput(str(exc)) from None

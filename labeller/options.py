@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
+from labeller.namedconfigs import CONFIG_LABEL
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -42,3 +44,11 @@ def discovery_options(func: F) -> F:
         envvar="HOST_ROOT", help="Where the host's filesystem is mounted (a DaemonSet mounts it at e.g. /host). [env: HOST_ROOT]",
     )(func)
     return func
+
+
+def config_label_option(func: F) -> F:
+    """``--config-label``, for the commands that follow a node (``run``, ``device-plugin``)."""
+    return click.option(
+        "--config-label", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
+        help="With --config-dir: the node label whose value names this node's config (NVIDIA's config-manager "
+             "label); '' follows none. [env: GPU_LABELLER_CONFIG_LABEL]")(func)

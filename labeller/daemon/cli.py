@@ -6,20 +6,17 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 from __future__ import annotations
 
 import sys
-import threading
-from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
 import structlog
 
-from labeller.configwatch import ConfigFollower, ConfigMetrics, EventRecorder
+from labeller.configwatch import ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.daemon.loop import Daemon, Options
-from labeller.namedconfigs import CONFIG_LABEL, Chooser, NoConfig, Selection
 from labeller.node import Node, named_configs, open_node
-from labeller.options import BadInput, discovery_options
+from labeller.options import BadInput, config_label_option, discovery_options
 from labeller.kube import Kube, KubeError, Observer
-from labeller.labels import FIELD_MANAGER, key_problem, owns
+from labeller.labels import FIELD_MANAGER
 from labeller.daemon.metrics import Metrics
 from labeller.runtime import PortUnavailable, install_signals, reload_config, start_http_server
 from labeller.params import Duration
@@ -40,53 +37,6 @@ log = structlog.get_logger("gpu_labeller.daemon")
 
 DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/gpu-labeller")
 EVENT_NAMESPACE = "default"  # where the kubelet records Node events too
-
-
-def config_label_option(func: Callable[..., None]) -> Callable[..., None]:
-    """``--config-label``, shared by ``run`` and ``device-plugin``."""
-    return click.option(
-        "--config-label", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
-        help="With --config-dir: the node label whose value names this node's config (NVIDIA's config-manager "
-             "label); '' follows no label. [env: GPU_LABELLER_CONFIG_LABEL]")(func)
-
-
-def followed_label(chooser: Chooser | None, config_label: str) -> str | None:
-    """The node label to follow (None: none); BadInput for a key that is not a label key, or one
-    gpu-labeller writes itself."""
-    if chooser is None or not config_label:
-        return None
-    problem = key_problem(config_label)
-    if problem is not None:
-        raise BadInput(f"--config-label {config_label!r}: not a label key: {problem}")
-    if owns(config_label):
-        raise BadInput(f"--config-label {config_label}: a key gpu-labeller writes itself cannot choose its config")
-    return config_label
-
-
-def node_labels_reader(kube: Kube, node: str) -> Callable[[], Mapping[str, str]]:
-    """Reads the own Node's labels (none when the Node does not exist yet)."""
-    from labeller.kube import NotFound
-
-    def read() -> Mapping[str, str]:
-        try:
-            return dict(kube.get_node(node).get("metadata", {}).get("labels") or {})
-        except NotFound:
-            return {}
-
-    return read
-
-
-def follow_configs(chooser: Chooser, label: str | None, kube: Kube | None, node: str, metrics: ConfigMetrics,
-                   events: EventRecorder | None = None) -> tuple[ConfigFollower, Selection]:
-    """A follower of the named configs and, with ``label``, of the node label (read once now, so the
-    first probe already uses the node's config); BadInput when no config can be put in force."""
-    follower = ConfigFollower(chooser, label, metrics, events=events)
-    if label is not None and kube is not None:
-        follower.bootstrap(node_labels_reader(kube, node), threading.Event())
-    try:
-        return follower, follower.selection
-    except NoConfig as exc:
-        raise BadInput(str(exc)) from None
 
 
 def node_event_recorder(kube: Kube, node: str) -> EventRecorder:

@@ -10,10 +10,10 @@ from pathlib import Path
 import click
 import structlog
 
-from labeller.configwatch import ConfigFollower, ConfigMetrics
-from labeller.namedconfigs import CONFIG_LABEL, Selection
+from labeller.configwatch import ConfigFollower, ConfigMetrics, follow_configs, followed_label
+from labeller.namedconfigs import Selection
 from labeller.node import named_configs, open_node
-from labeller.options import BadInput, discovery_options
+from labeller.options import BadInput, config_label_option, discovery_options
 from labeller.runtime import PortUnavailable, install_signals, start_http_server
 from labeller.params import Duration
 from labeller.plugin.app import DevicePlugin, PluginSettings
@@ -28,9 +28,7 @@ STALL_SECONDS = 10.0
 
 @click.command("device-plugin")
 @discovery_options
-@click.option("--config-label", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
-              help="With --config-dir: the node label whose value names this node's config; '' follows none. "
-                   "Following it reads the own Node (--node-name, credentials). [env: GPU_LABELLER_CONFIG_LABEL]")
+@config_label_option
 @click.option("--node-name", envvar="NODE_NAME", help="This Node's name, to follow --config-label. [env: NODE_NAME]")
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
               help="Kubeconfig file to read the own Node's labels; default: the pod's service account. [env: KUBECONFIG]")
@@ -101,8 +99,6 @@ def _follow(config_path: Path | None, config_dir: Path | None, config_name: str 
     chooser = named_configs(config_path, config_dir, config_name)
     if chooser is None:
         return None, None
-    from labeller.daemon.cli import follow_configs, followed_label
-
     label = followed_label(chooser, config_label)
     kube = None
     if label is not None:
@@ -113,7 +109,7 @@ def _follow(config_path: Path | None, config_dir: Path | None, config_name: str 
         from labeller.daemon.sinks import PermissionLog
 
         structlog.contextvars.bind_contextvars(node=node_name)
-        kube = connect(kubeconfig, "--config-label '' to follow no node label")
+        kube = connect(kubeconfig, "--config-label '' to follow no node label")  # loads the Kubernetes client
     follower, selection = follow_configs(chooser, label, kube, node_name or "", ConfigMetrics(metrics.registry,
                                                                                               "gpu_labeller_plugin"))
     if kube is not None and node_name:

@@ -104,7 +104,9 @@ class Prober:
                 else:
                     next_probe = time.monotonic() + self._retry_later(reason)
                 first = False
-            stop.wait(max(0.0, min(SIGNAL_POLL_SECONDS, next_probe - time.monotonic())))
+            # a config change wakes the loop at once; SIGHUP and SIGTERM are seen within SIGNAL_POLL_SECONDS
+            waiter = self.config_changed if self.follower is not None else stop
+            waiter.wait(max(0.0, min(SIGNAL_POLL_SECONDS, next_probe - time.monotonic())))
         return 0
 
     def probe_and_serve(self) -> str | None:
