@@ -37,6 +37,7 @@ from labeller.namedconfigs import CONFIG_LABEL, ConfigDir  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 from tests.fakes.kubelet import FakeKubelet  # noqa: E402
+from tests.plugin.profile_files import time_slicing  # noqa: E402
 
 NODE = "gpu-node-1"
 PROFILE = "dgx-h100"  # 8 GPUs
@@ -44,12 +45,7 @@ GPU, SHARED = "nvidia.com/gpu", "nvidia.com/gpu.shared"
 WHOLE = {"version": "v1"}
 
 
-def ts(replicas: int, rename: bool = False) -> dict[str, object]:
-    return {"version": "v1", "sharing": {"timeSlicing": {"renameByDefault": rename, "resources": [
-        {"name": "nvidia.com/gpu", "replicas": replicas}]}}}
-
-
-CONFIGS = {"default": WHOLE, "ts4": ts(4), "ts2-renamed": ts(2, rename=True)}
+CONFIGS = {"default": WHOLE, "ts4": time_slicing(4), "ts2-renamed": time_slicing(2, rename=True)}
 # label value -> (nvidia.com/gpu.replicas on the Node, the resource and its capacity at the kubelet)
 EXPECTED = {None: ("1", GPU, 8), "ts4": ("4", GPU, 32), "ts2-renamed": ("2", SHARED, 16)}
 
@@ -155,7 +151,7 @@ def bench_switches(switches: int, edits: int) -> None:
             for i in range(edits):
                 replicas = 3 if i % 2 == 0 else 4
                 started = time.monotonic()
-                config_map_volume(configs, {**CONFIGS, "ts4": ts(replicas)})
+                config_map_volume(configs, {**CONFIGS, "ts4": time_slicing(replicas)})
                 labels_at, capacity_at = arrived(api, kubelet, started, str(replicas), GPU, 8 * replicas)
                 edit_labels.append(labels_at - started)
                 edit_capacity.append(capacity_at - started)

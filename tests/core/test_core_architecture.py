@@ -91,3 +91,9 @@ def test_nothing_on_a_real_node_imports_a_simulation() -> None:
     importers = {module for module, imports in modules().items() if ours(imports) & simulations}
     # the profile replayer imports each vendor's simulator by name; labeller.node imports it only for --simulate
     assert importers <= simulations | {"labeller.node", "labeller.cli"}
+
+
+def test_named_configs_read_files_with_the_model_only() -> None:
+    """Choosing a named config is part of the dry run: no Kubernetes, no threads, no click."""
+    assert ours(modules()["labeller.namedconfigs"]) <= MODEL
+    assert not {i for i in modules()["labeller.namedconfigs"] if i.split(".")[0] in ("threading", "click", "kubernetes")}

@@ -256,3 +256,11 @@ def test_a_bad_choice_on_the_dry_run_is_one_line_and_exit_2(tmp_path: Path, args
     assert result.exit_code == 2
     assert result.output.startswith("Error: ") and result.output.count("\n") == 1
     assert message.format(configs=configs) in result.output
+
+
+def test_a_node_without_gpus_gets_no_state_labels_either(tmp_path: Path) -> None:
+    selection = Chooser(volume(tmp_path, default=WHOLE)).choose(None)
+    (tmp_path / "none.yaml").write_text("name: none\n")
+    with open_node(Path("/"), str(tmp_path / "none.yaml"), None, selection) as node:
+        inventory = node.probe()
+        assert node.labels(inventory, node.offer(inventory)).labels == {}

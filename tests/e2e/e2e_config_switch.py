@@ -42,6 +42,8 @@ from labeller.kube import Kube, KubeError  # noqa: E402
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
+from tests.e2e.e2e_ownership import check, results, wait  # noqa: E402
+from tests.plugin.profile_files import time_slicing  # noqa: E402
 
 NODE = "e2e-config-node"
 NAMESPACE = "gpu-labeller"
@@ -50,37 +52,10 @@ GPU, SHARED = "nvidia.com/gpu", "nvidia.com/gpu.shared"
 WHOLE = {"version": "v1"}
 
 
-def ts(replicas: int, rename: bool = False) -> dict[str, Any]:
-    return {"version": "v1", "sharing": {"timeSlicing": {"renameByDefault": rename, "resources": [
-        {"name": "nvidia.com/gpu", "replicas": replicas}]}}}
-
-
-CONFIGS = {"default": WHOLE, "ts4": ts(4), "ts2-renamed": ts(2, rename=True)}
+CONFIGS = {"default": WHOLE, "ts4": time_slicing(4), "ts2-renamed": time_slicing(2, rename=True)}
 # label value -> (nvidia.com/gpu.replicas label, the resource and its allocatable on the Node)
 EXPECTED: dict[str | None, tuple[str, str, str]] = {None: ("1", GPU, "8"), "ts4": ("4", GPU, "32"),
                                                     "ts2-renamed": ("2", SHARED, "16")}
-
-results: list[tuple[bool, str]] = []
-
-
-def check(ok: bool, what: str) -> bool:
-    results.append((ok, what))
-    print(f"  [{'PASS' if ok else 'FAIL'}] {what}", flush=True)
-    return ok
-
-
-def wait(predicate: Callable[[], Any], timeout: float, step: float = 0.01) -> float | None:
-    """Seconds until ``predicate`` held, or None after ``timeout``."""
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:
-        try:
-            if predicate():
-                return time.monotonic() - began
-        except KubeError:
-            pass
-        time.sleep(step)
-    return None
-
 
 def ms(values: list[float]) -> str:
     ordered = sorted(v * 1000 for v in values)
@@ -255,7 +230,7 @@ def main() -> int:
               "the label removed: the default config, nvidia.com/gpu=8")
 
         started = time.monotonic()
-        config_map_volume(configs, {**CONFIGS, "default": ts(3)})
+        config_map_volume(configs, {**CONFIGS, "default": time_slicing(3)})
         took_labels = wait(lambda: labels().get("nvidia.com/gpu.replicas") == "3", 10, step=0.005)
         took_capacity = wait(lambda: allocatable(GPU) == "24", 10, step=0.005)
         check(took_labels is not None and took_capacity is not None,
