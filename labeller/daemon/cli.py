@@ -6,12 +6,13 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 import structlog
 
-from labeller.configwatch import ConfigMetrics, EventRecorder, follow_configs, followed_label
+from labeller.configwatch import ConfigFollower, ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.daemon.loop import Daemon, Options
 from labeller.node import Node, named_configs, open_node
 from labeller.options import BadInput, config_label_option, discovery_options
@@ -115,7 +116,8 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
         kube = connect(kubeconfig, alternative + ", which needs none", observer=metrics.observe_request)
     follower, selection = None, None
     if chooser is not None:
-        recorder = node_event_recorder(kube, node_name) if kube is not None and (events or label) else None
+        writes_events = kube is not None and (events or label is not None) and not dry_run
+        recorder = node_event_recorder(kube, node_name) if kube is not None and writes_events else None
         follower, selection = follow_configs(chooser, label, kube, node_name, ConfigMetrics(metrics.registry, "gpu_labeller"),
                                              recorder)
     with open_node(host_root, simulate, config_path, selection) as node:
@@ -124,15 +126,11 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
                          interval_s=interval, follow=not once, events=events,
                          node_observers=(follower.observe,) if follower is not None and watched_by_sink else ())
         options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run)
-        if follower is None:
-            daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
-                            reload=lambda: reload_config(node, config_path))
-        else:
-            named = follower
-            daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
-                            reload=lambda: named.reload(node))
-            named.on_change = lambda: daemon.request_reload("config-changed")
-            named.apply(node)
+        daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
+                        reload=_reloader(node, config_path, follower))
+        if follower is not None:
+            follower.on_change = lambda: daemon.request_reload("config-changed")
+            follower.apply(node)
         if once:
             sys.exit(_run_once(daemon))
         if follower is not None:
@@ -140,6 +138,13 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
             if label is not None and kube is not None and not watched_by_sink:
                 follower.watch(kube, node_name, daemon.stopped, daemon.permissions)
         _serve(daemon, metrics, metrics_port, metrics_bind)
+
+
+def _reloader(node: Node, config_path: Path | None, follower: ConfigFollower | None) -> Callable[[], object]:
+    """What SIGHUP (and, with named configs, a change of the label or the files) runs before re-probing."""
+    if follower is None:
+        return lambda: reload_config(node, config_path)
+    return lambda: follower.reload(node)
 
 
 def _run_once(daemon: Daemon) -> int:
