@@ -49,6 +49,6 @@ def discovery_options(func: F) -> F:
 def config_label_option(func: F) -> F:
     """``--config-label``, for the commands that follow a node (``run``, ``device-plugin``)."""
     return click.option(
-        "--config-label", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
+        "--config-label", metavar="KEY", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
         help="With --config-dir: the node label whose value names this node's config (NVIDIA's config-manager "
              "label); '' follows none. [env: GPU_LABELLER_CONFIG_LABEL]")(func)
