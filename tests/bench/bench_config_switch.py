@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -150,6 +151,7 @@ def bench_switches(switches: int, edits: int) -> None:
             edit_labels, edit_capacity = [], []
             for i in range(edits):
                 replicas = 3 if i % 2 == 0 else 4
+                time.sleep(random.uniform(0, POLL_SECONDS))  # edits at any phase of the poll, as a user's come
                 started = time.monotonic()
                 config_map_volume(configs, {**CONFIGS, "ts4": time_slicing(replicas)})
                 labels_at, capacity_at = arrived(api, kubelet, started, str(replicas), GPU, 8 * replicas)
