@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from labeller.cli import main
 
-from labeller.namedconfigs import CONFIG_LABEL
+from labeller.labels import FIELD_MANAGER
+from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
 from tests.builders import config_map_volume
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet
@@ -96,3 +97,14 @@ def test_following_the_label_needs_the_node_name(sock_dir: Path, tmp_path: Path)
     assert result.exit_code == 2
     assert result.output == ("Error: --config-label needs this Node's name to read its label: give --node-name NAME or "
                              "set NODE_NAME, or --config-label '' to follow no label\n")
+
+
+def test_a_plugin_started_while_the_label_names_nothing_serves_what_the_labeller_applied(
+        api: FakeApiServer, kubelet: FakeKubelet, sock_dir: Path, tmp_path: Path) -> None:
+    """A restart must not part the plugin from the labels: with no last good config of its own, the
+    plugin takes the one the labeller's config.applied label names, not the default."""
+    api.set_labels(NODE, {CONFIG_LABEL: "ts-typo", APPLIED_LABEL: "ts4", STATE_LABEL: "failed"}, manager=FIELD_MANAGER)
+    process, _ = plugin(api, tmp_path, sock_dir, {"default": WHOLE, "ts4": time_slicing(4)})
+    with process:
+        assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 32, 15)
+        assert process.event("named config not applied; the config in force stays")["config"] == "ts4"
