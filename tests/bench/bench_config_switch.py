@@ -35,6 +35,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the kubelet emulator's gRPC:
 
 from labeller.configwatch import POLL_SECONDS  # noqa: E402
 from labeller.namedconfigs import CONFIG_LABEL, ConfigDir  # noqa: E402
+from tests.bench.bench_plugin import rss_mib  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 from tests.fakes.kubelet import FakeKubelet  # noqa: E402
@@ -49,13 +50,6 @@ WHOLE = {"version": "v1"}
 CONFIGS = {"default": WHOLE, "ts4": time_slicing(4), "ts2-renamed": time_slicing(2, rename=True)}
 # label value -> (nvidia.com/gpu.replicas on the Node, the resource and its capacity at the kubelet)
 EXPECTED = {None: ("1", GPU, 8), "ts4": ("4", GPU, 32), "ts2-renamed": ("2", SHARED, 16)}
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def wait(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.001) -> bool:
