@@ -18,6 +18,7 @@ from typing import Any
 import click
 import structlog
 
+from labeller.config import ConfigError
 from labeller.inventory import Inventory, ProbeError
 from labeller.log import LEVELS, configure
 from labeller.node import Node, chosen, open_node
@@ -67,6 +68,7 @@ LAZY_COMMANDS = {
     "run": ("labeller.daemon.cli:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
     "cleanup": ("labeller.daemon.cli:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
     "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
+    "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon", "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
 }
 
 
@@ -113,6 +115,19 @@ def _probe(node: Node) -> Inventory:
         raise BadInput(str(exc)) from None
 
 
+def _offer(node: Node, inventory: Inventory, config_path: Path | None, simulate: str | None) -> Offer:
+    """The node's offer; a sharing config that does not fit this node (a device it lacks) is bad
+    input, named like a bad config file."""
+    try:
+        return node.offer(inventory)
+    except ConfigError as exc:
+        if node.selection is not None:
+            where = f"config {node.selection.name!r}: "
+        else:
+            where = f"{config_path}: " if config_path is not None else f"{simulate}: config: " if simulate else ""
+        raise BadInput(f"{where}{exc}") from None
+
+
 @main.command()
 @discovery_options
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
@@ -125,7 +140,7 @@ def labels(host_root: Path, simulate: str | None, config_path: Path | None, conf
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
     with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
         inventory = _probe(node)
-        label_set = node.labels(inventory, node.offer(inventory))
+        label_set = node.labels(inventory, _offer(node, inventory, config_path, simulate))
     label_set.log_problems(log)
     text = render(label_set.labels, fmt)
     if output is None:
@@ -177,6 +192,9 @@ def offer_document(offer: Offer, node: Node) -> dict[str, Any]:
                         for d in r.devices],
         } for r in offer.resources],
         "withheld": offer.withheld,
+        "held": [{"name": h.resource.name, "base": h.resource.base, "vendor": h.resource.vendor,
+                  "count": len(h.resource.devices), "replicas": h.resource.replicas, "sharing": h.resource.strategy,
+                  "reason": h.reason, "waiting": h.waiting} for h in offer.held],
     }
 
 
@@ -190,6 +208,8 @@ def offer_text(document: dict[str, Any]) -> str:
             where = ", ".join(f"{k} {d[k]}" for k in ("partition", "numa_node") if d[k] is not None)
             lines.append(f"  {d['id']}  on {d['gpu']}" + (f" ({where})" if where else ""))
     lines.extend(f"{base}: nothing offered: {reason}" for base, reason in document["withheld"].items())
+    lines.extend(f"{h['name']}: {h['count']} devices not advertised ({'waiting' if h['waiting'] else 'held'}): "
+                 f"{h['reason']}" for h in document["held"])
     return "".join(line + "\n" for line in lines)
 
 
@@ -201,7 +221,7 @@ def resources(host_root: Path, simulate: str | None, config_path: Path | None, c
     """Print what the device plugin would advertise on this node: each resource, its devices and
     their IDs, replicas and health checks (dry run: serves nothing, touches no cluster)."""
     with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
-        document = offer_document(node.offer(_probe(node)), node)
+        document = offer_document(_offer(node, _probe(node), config_path, simulate), node)
     emit(json.dumps(document, indent=2) + "\n" if fmt == "json" else offer_text(document))
 
 

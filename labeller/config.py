@@ -2,13 +2,15 @@
 
 One ConfigMap serves the labels and the device plugin, and users coming from NVIDIA's plugin can
 bring theirs unchanged: ``flags`` and ``sharing`` are read in NVIDIA's format (keys NVIDIA accepts
-but that do not matter here are accepted and ignored; ``sharing.mps`` is refused until MPS is
-served). gpu-labeller's own settings live under ``labeller``. Every problem is reported as one line
-naming the key.
+but that do not matter here are accepted and ignored). ``sharing.*.resources[].devices`` and
+``rename`` are served as NVIDIA's device map code defines them (NVIDIA's released plugin ignores
+them with a warning). gpu-labeller's own settings live under ``labeller``. Every problem is
+reported as one line naming the key.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +20,12 @@ from labeller.documents import DocumentError, read_document
 
 MigStrategy = Literal["none", "single", "mixed"]
 SharingStrategy = Literal["none", "time-slicing", "mps"]
+AmdResourceNaming = Literal["single", "mixed"]
 
 MAX_RESOURCE_NAME_LENGTH = 63
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+# Clients one MPS server accepts from Volta on (16 before): more replicas could never all run.
+MPS_MAX_CLIENTS = 48
 
 
 class ConfigError(ValueError):
@@ -27,9 +33,26 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class DeviceSelector:
+    """Which devices of a resource a sharing entry replicates (``devices:``): all of them, the first
+    ``count`` in the resource's order, or the ones ``refs`` names (GPU index "0", MIG index "0:1",
+    GPU-/MIG- UUID, or an AMD device's PCI address)."""
+
+    count: int | None = None
+    refs: tuple[str, ...] = ()
+
+    @property
+    def all(self) -> bool:
+        return self.count is None and not self.refs
+
+
+@dataclass(frozen=True)
 class SharedResource:
     name: str  # fully qualified: "nvidia.com/gpu", "amd.com/gpu"
     replicas: int
+    rename: str | None = None  # fully qualified; None: the name, or <name>.shared under renameByDefault
+    devices: DeviceSelector = field(default_factory=DeviceSelector)
+    where: str = field(default="", compare=False)  # its place in the config, for messages
 
 
 @dataclass(frozen=True)
@@ -39,18 +62,24 @@ class Sharing:
     fail_requests_greater_than_one: bool = False
     resources: tuple[SharedResource, ...] = ()
 
+    def entry(self, resource: str) -> SharedResource | None:
+        """The sharing entry for ``resource``, or None when it is not shared."""
+        return next((shared for shared in self.resources if shared.name == resource), None)
+
     def replicas_for(self, resource: str) -> int:
         """How many replicas each device of ``resource`` is advertised as (1 = not shared)."""
-        for shared in self.resources:
-            if shared.name == resource:
-                return shared.replicas
-        return 1
+        shared = self.entry(resource)
+        return shared.replicas if shared is not None else 1
 
     def advertised_name(self, resource: str) -> str:
-        """The resource name the plugin registers: ``<name>.shared`` under renameByDefault."""
-        if self.rename_by_default and self.replicas_for(resource) > 1:
-            return f"{resource}.shared"
-        return resource
+        """The name the replicas of ``resource`` are registered under: ``rename``, else
+        ``<name>.shared`` under renameByDefault, else the name itself."""
+        shared = self.entry(resource)
+        if shared is None:
+            return resource
+        if shared.rename is not None:
+            return shared.rename
+        return f"{resource}.shared" if self.rename_by_default else resource
 
 
 @dataclass(frozen=True)
@@ -62,6 +91,9 @@ class PluginFlags:
     shared_devices_allocation_policy: Literal["distributed", "packed"] = "distributed"
     nvidia_dev_root: str = "/"
     fail_on_init_error: bool = False  # flags.failOnInitError: exit instead of waiting for the driver
+    mps_root: str = DEFAULT_MPS_ROOT  # flags.mpsRoot: the host directory of the MPS daemons' pipes and logs
+    nvidia_driver_root: str = "/"  # flags.nvidiaDriverRoot: where the driver's files are on the host (CDI specs)
+    nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"  # flags.plugin.nvidiaCTKPath: its ldcache hook, when the host has it
 
 
 @dataclass(frozen=True)
@@ -83,6 +115,8 @@ class Config:
     sharing: Sharing = field(default_factory=Sharing)
     plugin: PluginFlags = field(default_factory=PluginFlags)
     labels: LabelGroups = field(default_factory=LabelGroups)
+    # labeller.amd.resourceNamingStrategy, as AMD's plugin's -resource_naming_strategy
+    amd_resource_naming: AmdResourceNaming = "single"
 
 
 # --- schema --------------------------------------------------------------------------------------
@@ -133,13 +167,16 @@ _LABELS_SPEC: dict[str, Spec] = {
     "machine": bool,
     "timestamp": bool,
 }
+_AMD_SPEC: dict[str, Spec] = {
+    "resourceNamingStrategy": ("single", "mixed"),
+}
 _TOP_SPEC: dict[str, Spec] = {
     "version": ("v1",),
     "flags": _FLAGS_SPEC,
     "resources": IGNORED,  # NVIDIA parses and ignores it too
     "sharing": {"timeSlicing": _SHARED_BLOCK_SPEC, "mps": _SHARED_BLOCK_SPEC},
     "imex": IGNORED,
-    "labeller": {"labels": _LABELS_SPEC},
+    "labeller": {"labels": _LABELS_SPEC, "amd": _AMD_SPEC},
 }
 
 
@@ -180,62 +217,132 @@ def _qualified(name: str, path: str) -> str:
     return full
 
 
-def _only_all_devices(value: Any, path: str) -> None:
-    """``devices`` other than ``all`` is refused: replicating every device instead of the listed
-    ones would advertise what the config says is not shared."""
+# --- sharing -------------------------------------------------------------------------------------
+_INDEX = re.compile(r"\d+")
+_MIG_INDEX = re.compile(r"\d+:\d+")
+_UUID = re.compile(r"(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/-]*")
+_PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+# Names a vendor advertises itself: a rename to one of them would register one resource twice.
+_VENDOR_NAMES = re.compile(r"nvidia\.com/(gpu|mig-(\d+c\.)?\d+g\.\d+gb(\.[a-z]+)*)|amd\.com/(gpu|[a-z]px_nps\d+)")
+
+
+def _device_ref(value: Any, path: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if isinstance(value, str) and any(p.fullmatch(value) for p in (_INDEX, _MIG_INDEX, _UUID, _PCI_ADDRESS)):
+        return value.lower() if _PCI_ADDRESS.fullmatch(value) else value
+    raise ConfigError(f"{path}: {value!r} is not a GPU index (0), a MIG index (0:1), a GPU-/MIG- UUID "
+                      "or a PCI address (0000:05:00.1)")
+
+
+def _device_selector(value: Any, path: str) -> DeviceSelector:
+    """NVIDIA's ``devices``: 'all', a positive count, or a non-empty list of device references."""
     if value == "all":
-        return
-    if (isinstance(value, int) and not isinstance(value, bool) and value > 0) or (
-            isinstance(value, list) and value and all(isinstance(v, (str, int)) for v in value)):
-        raise ConfigError(f"{path}: sharing a subset of a resource's devices is not served yet; "
-                          "use 'all' (every device of the resource is shared)")
+        return DeviceSelector()
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return DeviceSelector(count=value)
+    if isinstance(value, list) and value:
+        refs = tuple(_device_ref(v, f"{path}[{i}]") for i, v in enumerate(value))
+        repeated = sorted({r for r in refs if refs.count(r) > 1})
+        if repeated:
+            raise ConfigError(f"{path}: {repeated[0]} is listed twice")
+        return DeviceSelector(refs=refs)
     raise ConfigError(f"{path}: must be 'all', a positive count, or a list of GPU indices or UUIDs, got {value!r}")
+
+
+def _rename(value: Any, name: str, path: str) -> str:
+    """``rename``, qualified with the domain of ``name`` when it has none."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{path}: must be a string, got {value!r}")
+    full = value if "/" in value else f"{name.partition('/')[0]}/{value}"
+    full = _qualified(full, path)
+    if full == name:
+        raise ConfigError(f"{path}: {full} is the resource's own name; leave rename out instead")
+    if _VENDOR_NAMES.fullmatch(full):
+        raise ConfigError(f"{path}: {full} is a name the plugin advertises itself; choose another")
+    return full
+
+
+def _shared_entry(entry: Any, where: str, rename_by_default: bool) -> SharedResource:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: must be a mapping with name and replicas")
+    unknown = set(entry) - {"name", "replicas", "rename", "devices"}
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (known here: devices, name, rename, replicas)")
+    name = entry.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}.name: required string")
+    replicas = entry.get("replicas")
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise ConfigError(f"{where}.replicas: required integer, got {replicas!r}")
+    if replicas < 2:
+        raise ConfigError(f"{where}.replicas: must be at least 2, got {replicas}")
+    qualified = _qualified(name, f"{where}.name")
+    rename = _rename(entry["rename"], qualified, f"{where}.rename") if "rename" in entry else None
+    devices = _device_selector(entry.get("devices", "all"), f"{where}.devices")
+    if not devices.all and rename is None and not rename_by_default:
+        # One resource holding whole GPUs and replicas: a pod asking for one gets either, and no
+        # label can say how many of each there are.
+        raise ConfigError(f"{where}.devices: sharing some devices under the resource's own name ({qualified}) "
+                          "would mix whole devices and replicas in one resource; add rename, or renameByDefault: true")
+    return SharedResource(qualified, replicas, rename, devices, where)
 
 
 def _shared_resources(block: Mapping[str, Any], path: str) -> tuple[SharedResource, ...]:
     resources = block.get("resources")
     if not isinstance(resources, list) or not resources:
         raise ConfigError(f"{path}.resources: must be a non-empty list")
+    rename_by_default = bool(block.get("renameByDefault", False))
     out: list[SharedResource] = []
+    names: set[str] = set()  # every name registered so far: the resources' own and the replicas'
     for i, entry in enumerate(resources):
         where = f"{path}.resources[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ConfigError(f"{where}: must be a mapping with name and replicas")
-        unknown = set(entry) - {"name", "replicas", "rename", "devices"}
-        if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (known here: devices, name, rename, replicas)")
-        name = entry.get("name")
-        if not isinstance(name, str):
-            raise ConfigError(f"{where}.name: required string")
-        replicas = entry.get("replicas")
-        if isinstance(replicas, bool) or not isinstance(replicas, int):
-            raise ConfigError(f"{where}.replicas: required integer, got {replicas!r}")
-        if replicas < 2:
-            raise ConfigError(f"{where}.replicas: must be at least 2, got {replicas}")
-        qualified = _qualified(name, f"{where}.name")
-        if any(r.name == qualified for r in out):
-            raise ConfigError(f"{where}.name: {qualified} is listed twice")
-        _only_all_devices(entry.get("devices", "all"), f"{where}.devices")
-        if "rename" in entry:
-            raise ConfigError(f"{where}.rename: not served yet; renameByDefault: true registers <name>.shared")
-        out.append(SharedResource(qualified, replicas))
+        shared = _shared_entry(entry, where, rename_by_default)
+        if shared.name in {r.name for r in out}:
+            raise ConfigError(f"{where}.name: {shared.name} is listed twice")
+        advertised = shared.rename or (f"{shared.name}.shared" if rename_by_default else shared.name)
+        if advertised != shared.name and advertised in names | {r.name for r in out}:
+            raise ConfigError(f"{where}.rename: {advertised} is already the name of another resource")
+        names |= {shared.name, advertised}
+        out.append(shared)
     return tuple(out)
 
 
-def _sharing(raw: Mapping[str, Any]) -> Sharing:
-    if raw.get("mps") is not None:
-        # The labels must never claim what the plugin does not serve, and the plugin runs no MPS
-        # control daemon yet: refuse rather than label MPS and hand out time-sliced replicas.
-        raise ConfigError("sharing.mps: MPS is not served yet (the device plugin runs no MPS control daemon); "
-                          "use sharing.timeSlicing to share GPUs")
-    block = raw.get("timeSlicing")
+def _mps_resources(resources: tuple[SharedResource, ...], mig_strategy: str) -> None:
+    """What NVIDIA's plugin refuses for MPS, checked where the config alone decides it."""
+    if mig_strategy == "mixed":
+        raise ConfigError("sharing.mps: MPS cannot be combined with flags.migStrategy: mixed (NVIDIA's plugin "
+                          "refuses it too); use migStrategy none, or sharing.timeSlicing")
+    for shared in resources:
+        if not shared.name.startswith("nvidia.com/") or shared.name.startswith("nvidia.com/mig-"):
+            raise ConfigError(f"{shared.where}.name: {shared.name} cannot be shared by MPS: MPS shares "
+                              "whole NVIDIA GPUs (nvidia.com/gpu)")
+        if shared.replicas > MPS_MAX_CLIENTS:
+            raise ConfigError(f"{shared.where}.replicas: {shared.replicas} is more than the {MPS_MAX_CLIENTS} "
+                              "clients an MPS server accepts")
+
+
+def _sharing(raw: Mapping[str, Any], mig_strategy: str) -> Sharing:
+    mps, time_slicing = raw.get("mps"), raw.get("timeSlicing")
+    if mps is not None and time_slicing is not None:
+        # NVIDIA's plugin then silently uses mps alone: say so instead of ignoring half the file.
+        raise ConfigError("sharing: timeSlicing and mps are both set, and only one strategy can be in force "
+                          "(NVIDIA's plugin would ignore timeSlicing); keep one")
+    block, path, strategy = ((mps, "sharing.mps", "mps") if mps is not None
+                             else (time_slicing, "sharing.timeSlicing", "time-slicing"))
     if block is None:
         return Sharing()
+    resources = _shared_resources(block, path)
+    if strategy == "mps":
+        _mps_resources(resources, mig_strategy)
+    # NVIDIA's plugin defaults failRequestsGreaterThanOne to true under MPS: a container's MPS
+    # client gets one share of one GPU.
+    fail_greater = block.get("failRequestsGreaterThanOne", strategy == "mps")
     return Sharing(
-        strategy="time-slicing",
+        strategy="mps" if strategy == "mps" else "time-slicing",
         rename_by_default=bool(block.get("renameByDefault", False)),
-        fail_requests_greater_than_one=bool(block.get("failRequestsGreaterThanOne", False)),
-        resources=_shared_resources(block, "sharing.timeSlicing"),
+        fail_requests_greater_than_one=bool(fail_greater),
+        resources=resources,
     )
 
 
@@ -248,6 +355,9 @@ def _plugin_flags(flags: Mapping[str, Any]) -> PluginFlags:
     if not isinstance(strategies, list) or not strategies or any(s not in allowed for s in strategies):
         raise ConfigError(f"flags.plugin.deviceListStrategy: must be one or a list of {', '.join(allowed)}, got {strategies!r}")
     dev_root = flags.get("nvidiaDevRoot") or flags.get("nvidiaDriverRoot") or "/"
+    mps_root = flags.get("mpsRoot") or DEFAULT_MPS_ROOT
+    if not mps_root.startswith("/"):
+        raise ConfigError(f"flags.mpsRoot: must be an absolute path, got {mps_root!r}")
     return PluginFlags(
         device_id_strategy=plugin.get("deviceIDStrategy", "uuid"),
         device_list_strategy=tuple(strategies),
@@ -256,6 +366,9 @@ def _plugin_flags(flags: Mapping[str, Any]) -> PluginFlags:
         shared_devices_allocation_policy=plugin.get("sharedDevicesAllocationPolicy", "distributed"),
         nvidia_dev_root=dev_root,
         fail_on_init_error=bool(flags.get("failOnInitError", False)),
+        mps_root=mps_root.rstrip("/") or "/",
+        nvidia_driver_root=flags.get("nvidiaDriverRoot") or "/",
+        nvidia_ctk_path=plugin.get("nvidiaCTKPath", "/usr/bin/nvidia-ctk"),
     )
 
 
@@ -280,11 +393,13 @@ def parse_config(raw: Any) -> Config:
         return Config()
     _check(raw, _TOP_SPEC, "")
     flags = raw.get("flags", {})
+    mig_strategy = flags.get("migStrategy", "none")
     return Config(
-        mig_strategy=flags.get("migStrategy", "none"),
-        sharing=_sharing(raw.get("sharing", {})),
+        mig_strategy=mig_strategy,
+        sharing=_sharing(raw.get("sharing", {}), mig_strategy),
         plugin=_plugin_flags(flags),
         labels=_label_groups(raw.get("labeller", {})),
+        amd_resource_naming=raw.get("labeller", {}).get("amd", {}).get("resourceNamingStrategy", "single"),
     )
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -28,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from labeller.labels import key_problem, owns
 from labeller.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
 from labeller.options import BadInput
-from labeller.runtime import Backoff
+from labeller.runtime import Backoff, reload_config
 
 if TYPE_CHECKING:
     from labeller.daemon.sinks import PermissionLog
@@ -253,3 +254,38 @@ def follow_configs(chooser: Chooser, label: str | None, kube: Kube | None, node:
         return follower, follower.selection
     except NoConfig as exc:
         raise BadInput(str(exc)) from None
+
+
+def follow_own_node(config_path: Path | None, config_dir: Path | None, config_name: str | None, config_label: str,
+                    node_name: str | None, kubeconfig: str | None, metrics: ConfigMetrics,
+                    stop: threading.Event) -> tuple[ConfigFollower | None, Selection | None]:
+    """For a process on the node that writes no labels (``device-plugin``, ``mps-control-daemon``):
+    with --config-dir, the follower of the named configs and, with --config-label, of the own Node's
+    label, watched until ``stop`` (the Kubernetes client is loaded only then: about 22 MiB of RSS)."""
+    from labeller.node import named_configs
+
+    chooser = named_configs(config_path, config_dir, config_name)
+    if chooser is None:
+        return None, None
+    label = followed_label(chooser, config_label)
+    kube = None
+    if label is not None:
+        if not node_name:
+            raise BadInput("--config-label needs this Node's name to read its label: give --node-name NAME or set "
+                           "NODE_NAME, or --config-label '' to follow no label")
+        from labeller.daemon.cli import connect
+        from labeller.daemon.sinks import PermissionLog
+
+        structlog.contextvars.bind_contextvars(node=node_name)
+        kube = connect(kubeconfig, "--config-label '' to follow no node label")  # loads the Kubernetes client
+    follower, selection = follow_configs(chooser, label, kube, node_name or "", metrics)
+    if kube is not None and node_name:
+        follower.watch(kube, node_name, stop, PermissionLog())
+    return follower, selection
+
+
+def reload(node: Node, config_path: Path | None, follower: ConfigFollower | None) -> bool:
+    """SIGHUP: the named config again (with a follower), else ``--config`` again; True when it changed."""
+    if follower is not None:
+        return follower.reload(node)
+    return reload_config(node, config_path)

@@ -7,10 +7,17 @@ device plugin serves ``Offer.resources`` as they are; the label rules read the s
 ``gpu.count``, ``gpu.replicas``, ``gpu.sharing-strategy``, ``-SHARED`` and ``mig-<profile>.*``.
 Pure: no I/O.
 
-Sharing (NVIDIA's config format, applied to any vendor's resource):
-- a resource listed under ``sharing.timeSlicing`` (or ``sharing.mps``) with ``replicas: N`` offers
-  each device as ``<id>::<n>`` for n in 0..N-1, under ``<name>.shared`` with ``renameByDefault``;
-  replicas keep their physical device.
+Sharing (NVIDIA's config format, applied to any vendor's resource; one case per kind below):
+- a resource listed under ``sharing.timeSlicing`` or ``sharing.mps`` with ``replicas: N`` offers
+  each selected device as ``<id>::<n>`` for n in 0..N-1, under ``rename``, ``<name>.shared`` with
+  ``renameByDefault``, or the name itself; replicas keep their physical device.
+- ``devices`` selects which devices are replicated (NVIDIA's ``updateDeviceMapWithReplicas``):
+  ``all``, the first ``count`` in the group's order (NVML index; KFD node order), or the listed
+  indices, UUIDs or PCI addresses. The rest stay whole under the plain name. A selector that does
+  not fit the node is a ``ConfigError`` naming the entry and the device.
+- MPS replicas are advertised only while the vendor says its MPS control daemon serves exactly
+  that resource (``Vendor.mps``); until then the resource is ``held`` (``waiting``), and devices
+  MPS cannot share (MIG) are held for good. Held resources are neither advertised nor labelled.
 
 Where GFD's labels contradict what NVIDIA's plugin advertises, gpu-labeller labels what is
 advertised (README, "Deviations"). The cases, all decided by the groups NVIDIA's package returns:
@@ -26,12 +33,13 @@ advertised (README, "Deviations"). The cases, all decided by the groups NVIDIA's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from labeller.config import Config, SharingStrategy
+from labeller.config import Config, ConfigError, DeviceSelector, SharedResource, SharingStrategy
 
 if TYPE_CHECKING:
     from labeller.inventory import Inventory
@@ -57,6 +65,8 @@ class PhysicalDevice:
     numa_node: int | None = None
     fabric_peers: tuple[str, ...] = ()
     partition: str | None = None  # a partition's profile (a MIG profile, an AMD compute mode); None: whole
+    # Every name a config's ``devices`` list may give it (UUID, index "0" or "1:0", PCI address).
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,15 +125,32 @@ class Resource:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A resource the config asks for that is not advertised: why, and whether it waits for
+    something that may come (an MPS control daemon getting ready) or can never be served."""
+
+    resource: Resource
+    reason: str
+    waiting: bool
+
+
+@dataclass(frozen=True)
 class Offer:
-    """Everything the node offers: the resources to advertise, and the groups withheld (and why)."""
+    """Everything the node offers: the resources to advertise, the groups withheld (and why), and
+    the resources held back."""
 
     resources: tuple[Resource, ...] = ()
     withheld: dict[str, str] = field(default_factory=dict)  # base -> reason
+    held: tuple[Held, ...] = ()
 
     def resource(self, base: str) -> Resource | None:
-        """The resource offered under ``base`` (whatever sharing renamed it to), or None."""
+        """The first resource offered under ``base`` (whatever sharing renamed it to), or None."""
         return next((r for r in self.resources if r.base == base), None)
+
+    def of_base(self, base: str) -> tuple[Resource, ...]:
+        """Every resource offered under ``base``: its whole devices and its replicas, when sharing
+        a subset splits them."""
+        return tuple(r for r in self.resources if r.base == base)
 
     def of_vendor(self, vendor: str) -> tuple[Resource, ...]:
         return tuple(r for r in self.resources if r.vendor == vendor)
@@ -133,22 +160,91 @@ def replica_id(device_id: str, replica: int) -> str:
     return f"{device_id}{REPLICA_SEPARATOR}{replica}"
 
 
-def share(group: DeviceGroup, config: Config) -> Resource:
-    """The resource ``group`` becomes under the sharing config."""
+# (a resource with MPS replicas) -> why it cannot be served by MPS now and whether that may change, or None
+MpsCheck = Callable[[Resource], "tuple[str, bool] | None"]
+
+
+def whole(base: str, vendor: str, devices: Iterable[PhysicalDevice]) -> Resource:
+    return Resource(base, base, vendor, tuple(AdvertisedDevice(p.visible_id, p) for p in devices))
+
+
+def select(group: DeviceGroup, entry: SharedResource) -> tuple[list[PhysicalDevice], list[PhysicalDevice]]:
+    """(the devices ``entry`` replicates, the rest), both in the group's order."""
+    chosen = _selected(group, entry.devices, entry.where)
+    return ([p for i, p in enumerate(group.devices) if i in chosen],
+            [p for i, p in enumerate(group.devices) if i not in chosen])
+
+
+def _selected(group: DeviceGroup, selector: DeviceSelector, where: str) -> set[int]:
+    """The positions in ``group.devices`` of the devices ``selector`` picks."""
+    if selector.all:
+        return set(range(len(group.devices)))
+    if selector.count is not None:
+        if selector.count > len(group.devices):
+            raise ConfigError(f"{where}.devices: {selector.count} devices to share, but {group.base} has "
+                              f"{len(group.devices)} on this node")
+        return set(range(selector.count))
+    by_name = {name: i for i, p in enumerate(group.devices) for name in (p.visible_id, p.health_key, *p.names)}
+    unknown = [ref for ref in selector.refs if ref not in by_name]
+    if unknown:
+        raise ConfigError(f"{where}.devices: no device {unknown[0]} in {group.base} on this node "
+                          f"({len(group.devices)} there: {', '.join(p.visible_id for p in group.devices[:4])}"
+                          f"{', ...' if len(group.devices) > 4 else ''})")
+    return {by_name[ref] for ref in selector.refs}
+
+
+def replicated(group: DeviceGroup, devices: Iterable[PhysicalDevice], config: Config) -> Resource:
     sharing = config.sharing
     replicas = sharing.replicas_for(group.base)
-    if replicas > 1:
-        devices = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in group.devices for n in range(replicas))
-        return Resource(sharing.advertised_name(group.base), group.base, group.vendor, devices, replicas,
-                        sharing.strategy)
-    return Resource(group.base, group.base, group.vendor, tuple(AdvertisedDevice(p.visible_id, p) for p in group.devices))
+    advertised = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in devices for n in range(replicas))
+    return Resource(sharing.advertised_name(group.base), group.base, group.vendor, advertised, replicas,
+                    sharing.strategy)
+
+
+def time_sliced(whole_part: list[Resource], shared: Resource) -> tuple[list[Resource], list[Held]]:
+    return [*whole_part, shared], []
+
+
+def mps_shared(whole_part: list[Resource], shared: Resource, check: MpsCheck) -> tuple[list[Resource], list[Held]]:
+    """MPS replicas only while the vendor's control daemon serves them; the whole part regardless."""
+    blocked = check(shared)
+    if blocked is None:
+        return [*whole_part, shared], []
+    reason, waiting = blocked
+    return whole_part, [Held(shared, reason, waiting)]
+
+
+def share(group: DeviceGroup, config: Config, mps: MpsCheck) -> tuple[list[Resource], list[Held]]:
+    """The resources ``group`` becomes under the sharing config, and those held back."""
+    entry = config.sharing.entry(group.base)
+    if entry is None:
+        return [whole(group.base, group.vendor, group.devices)], []
+    picked, rest = select(group, entry)
+    whole_part = [whole(group.base, group.vendor, rest)] if rest else []
+    shared = replicated(group, picked, config)
+    if config.sharing.strategy == "mps":
+        return mps_shared(whole_part, shared, mps)
+    return time_sliced(whole_part, shared)
 
 
 def derive(inventory: Inventory, config: Config, vendors: Iterable[Vendor]) -> Offer:
-    """The node's offer, vendor by vendor in registry order; groups without devices are not advertised."""
-    groups: list[DeviceGroup] = [group for vendor in vendors for group in vendor.device_groups(inventory, config)]
-    return Offer(
-        resources=tuple(share(g, config) for g in groups if g.devices),
-        withheld={g.base: g.withheld for g in groups if g.withheld is not None},
-    )
+    """The node's offer, vendor by vendor in registry order; groups without devices are not advertised.
 
+    Raises ConfigError when the sharing config names devices this node does not have."""
+    resources: list[Resource] = []
+    held: list[Held] = []
+    withheld: dict[str, str] = {}
+    for vendor in vendors:
+        for group in vendor.device_groups(inventory, config):
+            if group.withheld is not None:
+                withheld[group.base] = group.withheld
+            if not group.devices:
+                continue
+            offered, kept = share(group, config, functools.partial(vendor.mps, inventory))
+            resources.extend(offered)
+            held.extend(kept)
+    names = [r.name for r in resources] + [h.resource.name for h in held]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"sharing: {twice[0]} would be registered twice; rename one of the shared resources")
+    return Offer(resources=tuple(resources), withheld=withheld, held=tuple(held))

@@ -52,3 +52,14 @@ def config_label_option(func: F) -> F:
         "--config-label", metavar="KEY", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
         help="With --config-dir: the node label whose value names this node's config (NVIDIA's config-manager "
              "label); '' follows none. [env: GPU_LABELLER_CONFIG_LABEL]")(func)
+
+
+def own_node_options(func: F) -> F:
+    """``--config-label``, ``--node-name`` and ``--kubeconfig``, for the processes that follow their
+    Node's config label without writing labels (``device-plugin``, ``mps-control-daemon``)."""
+    func = click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
+                        help="Kubeconfig file to read the own Node's labels; default: the pod's service account. "
+                             "[env: KUBECONFIG]")(func)
+    func = click.option("--node-name", envvar="NODE_NAME",
+                        help="This Node's name, to follow --config-label. [env: NODE_NAME]")(func)
+    return config_label_option(func)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +24,8 @@ from vendors.amd import probe as amd_probe
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 from vendors.amd.simulate import no_enrichment
 from vendors.nvidia import simulate as fake_nvml
-from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
+from vendors.nvidia import mps
+from vendors.nvidia.model import MigDevice, MpsReadiness, NvidiaGpu, NvidiaInventory
 from vendors.sim_pci import write_device, write_host_bridge
 
 T = TypeVar("T")
@@ -75,6 +77,17 @@ def empty_node(root: Path) -> Path:
     return root
 
 
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, step: float = 0.01) -> Any:
+    """``predicate()``'s first true value, polled every ``step``; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
 def promptly(call: Callable[[], T], seconds: float = 10.0) -> T:
     """``call()``, failing the test instead of hanging when it does not return within ``seconds``
     (a probe that opened a FIFO for reading would block forever). Its exception is re-raised here."""
@@ -124,6 +137,18 @@ def nvidia_part(inventory: Inventory) -> NvidiaInventory:
     part = inventory.part(NvidiaInventory)
     assert part is not None, "NVML described no GPU"
     return part
+
+
+def mps_ready(inventory: Inventory, config: Config | dict[str, Any] | None, *, except_: tuple[str, ...] = ()
+              ) -> Inventory:
+    """``inventory`` as the NVIDIA probe reads it while ``gpu-labeller mps-control-daemon`` serves
+    every MPS resource of ``config`` (but those named in ``except_``) and its heartbeat is fresh."""
+    offer = offer_of(inventory, config)
+    served = tuple(mps.served(h.resource) for h in offer.held
+                   if h.waiting and h.resource.strategy == "mps" and h.resource.name not in except_)
+    served += tuple(mps.served(r) for r in offer.resources if r.strategy == "mps" and r.name not in except_)
+    part = replace(nvidia_part(inventory), mps=MpsReadiness(served=served))
+    return replace(inventory, parts=tuple(part if isinstance(p, NvidiaInventory) else p for p in inventory.parts))
 
 
 # --- NVIDIA profile sections (simulated through the fake NVML) ----------------------------------

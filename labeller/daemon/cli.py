@@ -6,20 +6,20 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 import structlog
 
-from labeller.configwatch import ConfigFollower, ConfigMetrics, EventRecorder, follow_configs, followed_label
+from labeller import configwatch
+from labeller.configwatch import ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.daemon.loop import Daemon, Options
 from labeller.node import Node, named_configs, open_node
 from labeller.options import BadInput, config_label_option, discovery_options
 from labeller.kube import Kube, KubeError, Observer
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.metrics import Metrics
-from labeller.runtime import PortUnavailable, install_signals, reload_config, start_http_server
+from labeller.runtime import PortUnavailable, install_signals, start_http_server
 from labeller.params import Duration
 from labeller.daemon.reconcile import Change, Live, Owned, ProbeResult, managers_text, owned, plan
 from labeller.daemon.sinks import (
@@ -63,6 +63,13 @@ def probe_labels(node: Node) -> ProbeResult:
     if inventory.partial:
         log.warning("inventory is partial", reason="partial-probe", problems=problems)
     return ProbeResult(labels, partial=inventory.partial)
+
+
+def offer_inputs(node: Node) -> object | None:
+    """What the labels read besides the hardware, while the config needs it (the MPS readiness
+    file); None, and the loop does not look, otherwise."""
+    inputs = tuple(vendor.offer_inputs(node.config) for vendor in node.vendors)
+    return inputs if any(i is not None for i in inputs) else None
 
 
 def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | None = None) -> Kube:
@@ -127,7 +134,7 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
                          node_observers=(follower.observe,) if follower is not None and watched_by_sink else ())
         options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run)
         daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
-                        reload=_reloader(node, config_path, follower))
+                        reload=lambda: configwatch.reload(node, config_path, follower), inputs=lambda: offer_inputs(node))
         if follower is not None:
             follower.on_change = lambda: daemon.request_reload("config-changed")
             follower.apply(node)
@@ -138,13 +145,6 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
             if label is not None and kube is not None and not watched_by_sink:
                 follower.watch(kube, node_name, daemon.stopped, daemon.permissions)
         _serve(daemon, metrics, metrics_port, metrics_bind)
-
-
-def _reloader(node: Node, config_path: Path | None, follower: ConfigFollower | None) -> Callable[[], object]:
-    """What SIGHUP (and, with named configs, a change of the label or the files) runs before re-probing."""
-    if follower is None:
-        return lambda: reload_config(node, config_path)
-    return lambda: follower.reload(node)
 
 
 def _run_once(daemon: Daemon) -> int:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gpu_labeller.daemon")
 
 SUCCESS = ("unchanged", "applied", "dry-run")
+INPUTS_POLL_S = 1.0
 
 
 @dataclass
@@ -42,8 +43,11 @@ class Daemon:
 
     def __init__(self, node: str, probe: Callable[[], ProbeResult], sink: Sink, metrics: Metrics,
                  options: Options | None = None, reload: Callable[[], object] | None = None,
-                 fights: FightGuard | None = None) -> None:
+                 fights: FightGuard | None = None, inputs: Callable[[], object] | None = None) -> None:
         self.node, self.probe_fn, self.sink, self.metrics = node, probe, sink, metrics
+        # What the labels read besides the hardware (the MPS readiness file): probe again when it changes.
+        self.inputs_fn = inputs
+        self._inputs: object = inputs() if inputs is not None else None
         self.options = options or Options()
         self.reload_fn = reload
         self.log = log.bind(node=node)
@@ -244,10 +248,13 @@ class Daemon:
             self.wake.clear()
             now = self.heartbeat = time.monotonic()
             kicks = self._kicks
-            due = kicks != self._kicks_seen or now >= self._not_before
+            # a wake for nothing but a look at the inputs is not due
+            due = kicks != self._kicks_seen or (self._not_before > 0 and now >= self._not_before)
             self._kicks_seen = kicks
             if self._reload_requested:
                 self._reload()
+                next_probe = now
+            if self._inputs_changed():
                 next_probe = now
             if now >= next_probe:
                 self.probe()
@@ -256,7 +263,19 @@ class Daemon:
             if due:
                 self._after(self.reconcile_once(), now)
             wake_at = min(next_probe, self._not_before) if self._not_before > now else next_probe
+            if self._inputs is not None:  # only while the config makes the labels read such inputs
+                wake_at = min(wake_at, now + INPUTS_POLL_S)
             self.wake.wait(max(0.0, wake_at - time.monotonic()))
+
+    def _inputs_changed(self) -> bool:
+        if self.inputs_fn is None:
+            return False
+        try:
+            inputs = self.inputs_fn()
+        except Exception:  # noqa: BLE001 - a failing look is no change; the probe reports the real problem
+            return False
+        changed, self._inputs = inputs != self._inputs, inputs
+        return changed
 
     def _after(self, outcome: str, now: float) -> None:
         if outcome in ("failed", "node-missing"):

@@ -10,8 +10,6 @@ Rules kept here:
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType

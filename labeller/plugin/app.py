@@ -28,6 +28,7 @@ import structlog
 from labeller.config import Config
 from labeller.offer import PhysicalDevice, Resource
 from labeller.plugin.allocate import Allocator
+from labeller.plugin.cdi import CdiSpecs
 from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
@@ -48,6 +49,7 @@ class PluginSettings:
     kubelet_missing_log_seconds: float = 60.0
     # the health switches NVIDIA's plugin reads (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
     health_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    cdi_spec_dir: Path | None = None  # where CDI spec files go under a CDI deviceListStrategy; None: nowhere
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class DevicePlugin:
         self._monitor: HealthMonitor | None = None
         self._watched: _Watched | None = None
         self._batch: _Batch | None = None
+        self._cdi = CdiSpecs(settings.cdi_spec_dir, vendors) if settings.cdi_spec_dir is not None else None
         self._offer_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -103,10 +106,12 @@ class DevicePlugin:
         if offer is None:
             return
         self.settings.socket_dir.mkdir(parents=True, exist_ok=True)
+        if self._cdi is not None:  # before a kubelet can allocate the names Allocate gives
+            self._cdi.update(offer.resources, offer.config, offer.host_root)
         policy = offer.config.plugin.shared_devices_allocation_policy
         before = {r.name: r for r in self.resources}
         for resource in offer.resources:
-            allocate = self._vendors[resource.vendor].allocator(offer.config, offer.host_root)
+            allocate = self._vendors[resource.vendor].allocator(offer.config, offer.host_root, resource)
             allocator = Allocator(resource, offer.config.sharing, allocate)
             service = self._services.get(resource.name)
             if service is None:

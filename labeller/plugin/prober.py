@@ -7,6 +7,10 @@ on its own, with jittered backoff from 1 s doubling to 30 s, and logs why at eac
 ``flags.failOnInitError`` a first probe that finds the driver not ready ends the process with exit
 code 1 instead (a crash loop, as NVIDIA's plugin does).
 
+Between probes it watches what else the offer reads (``Vendor.offer_inputs``: NVIDIA's MPS
+readiness file) once a second, and probes again when that changes: MPS replicas are advertised
+once their control daemon is ready and withdrawn when it stops answering.
+
 A vendor whose backend fails on a later probe keeps what it served (``carried_forward``): a driver
 that stops answering for a while (an upgrade, a reset) must not take its devices off the Node; the
 health checks say whether they still work. A probe that fails as a whole (``ProbeError``) changes
@@ -24,11 +28,13 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from labeller import configwatch
+from labeller.config import ConfigError
 from labeller.node import Node
 from labeller.inventory import Inventory, ProbeError
 from labeller.plugin.app import DevicePlugin
 from labeller.offer import Resource
-from labeller.runtime import Backoff, reload_config
+from labeller.runtime import Backoff
 from labeller.vendor import Vendor
 from vendors import VENDORS
 
@@ -40,6 +46,7 @@ log = structlog.get_logger(__name__)
 FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 30.0
 SIGNAL_POLL_SECONDS = 0.2
+INPUTS_POLL_SECONDS = 1.0
 
 
 def failed_vendors(inventory: Inventory, vendors: Sequence[Vendor] = VENDORS) -> set[str]:
@@ -48,12 +55,14 @@ def failed_vendors(inventory: Inventory, vendors: Sequence[Vendor] = VENDORS) ->
     return {r.backend for r in inventory.reports if r.backend in names and r.status in ("unavailable", "error")}
 
 
-def not_ready(inventory: Inventory, resources: Sequence[Resource]) -> str | None:
-    """Why the driver is not ready to serve (the probe reports' own words), or None when it is."""
+def not_ready(inventory: Inventory, resources: Sequence[Resource], waiting: bool = False) -> str | None:
+    """Why the driver is not ready to serve (the probe reports' own words), or None when it is.
+    ``waiting``: resources wait for a helper (the MPS control daemon), which is not the driver's
+    fault; the inputs watcher probes again when it is ready."""
     troubles = [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
     if troubles:
         return "; ".join(troubles)
-    if resources:
+    if resources or waiting:
         return None
     if inventory.pci_gpus:
         return f"{len(inventory.pci_gpus)} GPU(s) on the PCI bus but none the plugin can serve with this config"
@@ -79,6 +88,8 @@ class Prober:
         self.config_changed = threading.Event()  # the follower saw the node's named config change
         if follower is not None:
             follower.on_change = self.config_changed.set
+        self._inputs: object = None
+        self._inputs_checked = 0.0
 
     def run(self, stop: threading.Event, reload: threading.Event) -> int:
         """Probe and serve until ``stop`` is set; the process's exit code."""
@@ -93,6 +104,8 @@ class Prober:
                 self.config_changed.clear()
                 if self._apply_named_config():
                     next_probe = 0.0
+            if self._inputs_changed():
+                next_probe = 0.0
             if time.monotonic() >= next_probe:
                 reason = self.probe_and_serve()
                 if reason is None:
@@ -109,19 +122,38 @@ class Prober:
             waiter.wait(max(0.0, min(SIGNAL_POLL_SECONDS, next_probe - time.monotonic())))
         return 0
 
+    def offer_inputs(self) -> tuple[object, ...]:
+        return tuple(vendor.offer_inputs(self.node.config) for vendor in self.node.vendors)
+
+    def _inputs_changed(self) -> bool:
+        """True (at most once a second) when what the offer reads besides the probe changed."""
+        now = time.monotonic()
+        if now - self._inputs_checked < INPUTS_POLL_SECONDS:
+            return False
+        self._inputs_checked = now
+        return self.offer_inputs() != self._inputs
+
     def probe_and_serve(self) -> str | None:
         """Probe once and serve what was found; why the driver is not ready, or None."""
+        self._inputs = self.offer_inputs()  # before the probe: a change during it is seen next time
         try:
             inventory = self.node.probe()
+            offer = self.node.offer(inventory)
         except ProbeError as exc:
             return str(exc)
+        except ConfigError as exc:  # the sharing config names devices this node lacks: nothing new is served
+            log.error("the sharing config does not fit this node", reason="bad-config", error=str(exc))
+            return f"config: {exc}"
         except Exception as exc:  # a bug in a probe must not end the plugin: it is retried like a late driver
             log.exception("probe failed", reason="probe-failed")
             return f"probe failed: {type(exc).__name__}: {exc}"
-        fresh = list(self.node.offer(inventory).resources)
+        for held in offer.held:
+            log.info("resource not advertised", resource=held.resource.name, vendor=held.resource.vendor,
+                     reason=held.reason, waiting=held.waiting)
+        fresh = list(offer.resources)
         self.served = carried_forward(self.served, fresh, failed_vendors(inventory, self.node.vendors))
         self.plugin.serve(self.served, self.node.config, self.node.host_root, self.node.handles)
-        reason = not_ready(inventory, fresh)
+        reason = not_ready(inventory, fresh, waiting=any(h.waiting for h in offer.held))
         if reason is None:
             if self._waiting_since is not None:
                 log.info("driver ready; serving", reason="driver-ready", attempts=self.backoff.attempts + 1,
@@ -142,9 +174,7 @@ class Prober:
         """SIGHUP: read ``--config`` again, validate-then-swap (a profile's own config is re-read with
         the profile); False when it fails to load, and the old one stays."""
         log.info("SIGHUP: reloading the config and probing again", reason="sighup")
-        if self.follower is not None:
-            return self.follower.reload(self.node)
-        return reload_config(self.node, self.config_path)
+        return configwatch.reload(self.node, self.config_path, self.follower)
 
     def _apply_named_config(self) -> bool:
         """Put the follower's selection in force; True when the config changed (then probe and serve:

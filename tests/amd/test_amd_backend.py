@@ -23,7 +23,6 @@ from tests.builders import (
     VEGA10,
     add_pci_device,
     amd_labels_of,
-    amd_part,
     amd_pci,
     amd_probe_of,
     copy_capture,
@@ -34,7 +33,6 @@ from tests.builders import (
 )
 from vendors.amd import facts, ids
 from vendors.amd import probe as backend
-from vendors.amd.model import AmdInventory
 from vendors.amd.simulate import no_enrichment
 from vendors.simulate import simulated_node
 

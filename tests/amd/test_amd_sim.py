@@ -14,7 +14,6 @@ import pytest
 
 from labeller.config import Config
 from tests.builders import MI210, amd_labels_of, amd_probe_of, pci_scan, promptly
-from vendors import pci
 from vendors.amd import simulate as amd_sim
 from vendors.simulate import builtin_profiles, load_profile, resolve, simulated_node
 

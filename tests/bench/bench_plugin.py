@@ -1,7 +1,8 @@
 """Benchmark: the device plugin against the kubelet emulator. Prints figures; not a test.
 
-Budgets (issue 4):
-  - Allocate p99 <= 5 ms over 1,000 calls through a real unix-socket gRPC channel;
+Budgets (issue 4, issue 14):
+  - Allocate p99 <= 5 ms over 1,000 calls through a real unix-socket gRPC channel; also for MPS
+    replicas (pipe and shm mounts), under CDI strategies (spec files written), and for a shared subset;
   - health change -> ListAndWatch update <= 1 s; kubelet restart -> re-registered <= 2 s;
   - plugin steady-state RSS <= 80 MiB.
 
@@ -14,6 +15,7 @@ health latency in-process (the simulated NVML that takes injected XIDs lives in 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -30,10 +32,12 @@ import grpc
 
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
+from labeller.node import open_node
 from labeller.plugin.app import PluginSettings
 from tests.fakes.kubelet import FakeKubelet
 from tests.builders import amd_part, nvidia_part
 from tests.plugin.conftest import running_plugin
+from vendors.nvidia import mps
 from vendors.nvidia.model import NvidiaInventory
 
 GPU = "nvidia.com/gpu"
@@ -59,11 +63,67 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def start_plugin(profile: str, sock_dir: Path) -> subprocess.Popen[bytes]:
+def start_plugin(profile: str, sock_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "labeller.cli", "--log-level", "warning", "device-plugin", "--simulate", profile,
-         "--socket-dir", str(sock_dir), "--metrics-port", "0", "--metrics-bind", "127.0.0.1"],
+         "--socket-dir", str(sock_dir), "--metrics-port", "0", "--metrics-bind", "127.0.0.1", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+
+
+def allocate_latencies(sock_dir: Path, kubelet: FakeKubelet, resource: str, calls: int) -> list[float]:
+    """Allocate ``calls`` times, one device each, round robin, over the plugin's unix socket (ms)."""
+    ids = list(kubelet.devices(resource))
+    endpoint = kubelet.endpoint(resource)
+    assert endpoint is not None
+    channel = grpc.insecure_channel(f"unix://{sock_dir / endpoint.endpoint}")
+    stub = pb_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+    latencies = []
+    for i in range(calls):
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[ids[i % len(ids)]])])
+        started = time.perf_counter()
+        stub.Allocate(request, timeout=5)
+        latencies.append((time.perf_counter() - started) * 1000)
+    channel.close()
+    return latencies
+
+
+def bench_sharing(calls: int) -> None:
+    """Allocate under MPS (replicas served once the control daemon's readiness file says so), under
+    CDI strategies (spec files written), and for a subset shared under its own name."""
+    work = Path(tempfile.mkdtemp(prefix="dps", dir="/tmp"))
+    try:
+        mps_root, cdi_dir = work / "mps", work / "cdi"
+        mps_root.mkdir()
+        mps_config = work / "mps.yaml"
+        mps_config.write_text(json.dumps({"version": "v1", "flags": {"mpsRoot": str(mps_root)}, "sharing": {
+            "mps": {"resources": [{"name": GPU, "replicas": 4}]}}}))
+        with open_node(Path("/"), "l40s-x4-mps", mps_config) as node:
+            offer = node.offer(node.probe())
+        served = [mps.served(h.resource) for h in offer.held]
+        mps.ready_file(str(mps_root)).write_text(mps.ready_document(served, time.time(), 3600))
+        cdi_config = work / "cdi.yaml"
+        cdi_config.write_text(json.dumps({"version": "v1", "flags": {"plugin": {
+            "deviceListStrategy": ["cdi-cri", "cdi-annotations"]}}}))
+        cases = [("l40s-x4-mps", GPU, "MPS", ["--config", str(mps_config)]),
+                 ("dgx-h100", GPU, "CDI", ["--config", str(cdi_config), "--cdi-spec-dir", str(cdi_dir)]),
+                 ("dgx-h100-4of8-shared", f"{GPU}.shared", "subset", [])]
+        for profile, resource, kind, extra in cases:
+            sock_dir = Path(tempfile.mkdtemp(prefix="dpb", dir="/tmp"))
+            proc = start_plugin(profile, sock_dir, *extra)
+            try:
+                with FakeKubelet(sock_dir) as kubelet:
+                    assert kubelet.wait_for(lambda: kubelet.allocatable(resource) > 0, 20), f"{kind}: not served"
+                    latencies = allocate_latencies(sock_dir, kubelet, resource, calls)
+                    print(f"[{profile}] {kind}: Allocate, {calls} calls ({resource}, "
+                          f"{kubelet.allocatable(resource)} devices): p50 {statistics.median(latencies):.2f} ms, "
+                          f"p99 {pct(latencies, 0.99):.2f} ms, max {max(latencies):.2f} ms  (budget p99 <= 5 ms)")
+            finally:
+                proc.terminate()
+                proc.wait(10)
+                shutil.rmtree(sock_dir, ignore_errors=True)
+        print(f"[dgx-h100] CDI spec files written: {sorted(p.name for p in cdi_dir.iterdir())}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def bench_process(profile: str, calls: int, restarts: int, idle: float) -> None:
@@ -78,19 +138,7 @@ def bench_process(profile: str, calls: int, restarts: int, idle: float) -> None:
                 time.sleep(0.01)
             assert resource is not None, "the plugin never registered"
             assert kubelet.wait_for(lambda: kubelet.allocatable(resource) > 0, 10)
-            ids = list(kubelet.devices(resource))
-            endpoint = kubelet.endpoint(resource)
-            assert endpoint is not None
-            channel = grpc.insecure_channel(f"unix://{sock_dir / endpoint.endpoint}")
-            stub = pb_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
-            latencies = []
-            for i in range(calls):
-                request = pb.AllocateRequest(container_requests=[
-                    pb.ContainerAllocateRequest(devices_ids=[ids[i % len(ids)]])])
-                started = time.perf_counter()
-                stub.Allocate(request, timeout=5)
-                latencies.append((time.perf_counter() - started) * 1000)
-            channel.close()
+            latencies = allocate_latencies(sock_dir, kubelet, resource, calls)
             print(f"[{profile}] Allocate over a unix socket, {calls} calls ({resource}): "
                   f"p50 {statistics.median(latencies):.2f} ms, p99 {pct(latencies, 0.99):.2f} ms, "
                   f"max {max(latencies):.2f} ms  (budget p99 <= 5 ms)")
@@ -163,6 +211,7 @@ def main() -> None:
     for i, profile in enumerate(RSS_PROFILES):
         bench_process(profile, args.calls if i == 0 else 200, args.restarts if i == 0 else 3,
                       args.idle if i == 0 else 2.0)
+    bench_sharing(args.calls)
     bench_health(args.health)
 
 

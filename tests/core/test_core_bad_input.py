@@ -70,12 +70,25 @@ def test_a_profiles_config_section_without_version(tmp_path: Path) -> None:
     assert refused("labels", "--simulate", str(profile)) == f"Error: {profile}: config: version: required; add 'version: v1' (the only version)"
 
 
-def test_mps_is_refused_with_a_pointer_to_time_slicing(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("devices", "problem"), [
+    ("[0, 9]", "sharing.timeSlicing.resources[0].devices: no device 9 in nvidia.com/gpu on this node (8 there: "),
+    ("12", "sharing.timeSlicing.resources[0].devices: 12 devices to share, but nvidia.com/gpu has 8 on this node"),
+])
+def test_a_sharing_config_naming_devices_the_node_lacks(tmp_path: Path, devices: str, problem: str) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text("version: v1\nsharing:\n  mps:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 4}\n")
+    config.write_text("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+                      f"      - {{name: nvidia.com/gpu, replicas: 4, devices: {devices}}}\n")
+    for command in ("labels", "resources"):
+        line = refused(command, "--simulate", "dgx-h100", "--config", str(config))
+        assert line.startswith(f"Error: {config}: {problem}")
+
+
+def test_mps_beside_time_slicing_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nsharing:\n  mps:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 4}\n"
+                      "  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n")
     line = refused("labels", "--simulate", "dgx-h100", "--config", str(config))
-    assert line.startswith(f"Error: {config}: sharing.mps: MPS is not served yet")
-    assert "use sharing.timeSlicing" in line
+    assert line.startswith(f"Error: {config}: sharing: timeSlicing and mps are both set")
 
 
 @pytest.mark.parametrize(("name", "text", "problem"), [

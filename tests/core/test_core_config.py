@@ -52,11 +52,35 @@ def test_short_resource_names_get_the_nvidia_prefix_and_amd_is_allowed() -> None
     assert config.sharing.replicas_for("amd.com/gpu") == 4
 
 
-def test_mps_is_refused_until_the_plugin_serves_it() -> None:
-    # Labels saying sharing-strategy=mps over replicas that are really time-sliced would lie.
-    for extra in ({}, {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}):
-        with pytest.raises(ConfigError, match=r"^sharing\.mps: MPS is not served yet .* use sharing\.timeSlicing"):
-            parse_config({"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}, **extra}})
+def test_mps_is_read_as_nvidia_reads_it() -> None:
+    config = parse_config({"flags": {"mpsRoot": "/run/nvidia/mps/"},
+                           "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 4}]}}})
+    assert config.sharing.strategy == "mps"
+    assert config.sharing.fail_requests_greater_than_one is True  # NVIDIA's default under MPS
+    assert config.plugin.mps_root == "/run/nvidia/mps"
+    relaxed = parse_config({"sharing": {"mps": {"failRequestsGreaterThanOne": False,
+                                                "resources": [{"name": "gpu", "replicas": 4}]}}})
+    assert relaxed.sharing.fail_requests_greater_than_one is False
+    assert relaxed.plugin.mps_root == "/run/nvidia/mps"  # the GPU Operator's and NVIDIA's chart's default
+
+
+def test_devices_and_rename_are_read() -> None:
+    config = parse_config({"sharing": {"timeSlicing": {"resources": [
+        {"name": "gpu", "replicas": 2, "devices": [0, "1:0", "GPU-8f3a9c1e-6b2d-4e7f-a5c8-1d2e3f4a5b6c"], "rename": "gpu-ts"},
+        {"name": "amd.com/gpu", "replicas": 3, "devices": 2, "rename": "gpu-ts"}]}}})
+    nvidia, amd = config.sharing.resources
+    assert nvidia.devices.refs == ("0", "1:0", "GPU-8f3a9c1e-6b2d-4e7f-a5c8-1d2e3f4a5b6c")
+    assert config.sharing.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu-ts"
+    assert amd.devices.count == 2
+    assert config.sharing.advertised_name("amd.com/gpu") == "amd.com/gpu-ts"  # the name's own domain
+    by_default = parse_config({"sharing": {"timeSlicing": {"renameByDefault": True, "resources": [
+        {"name": "gpu", "replicas": 2, "devices": ["0000:05:00.1"]}]}}})
+    assert by_default.sharing.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu.shared"
+
+
+def test_amd_resource_naming_strategy() -> None:
+    assert parse_config(None).amd_resource_naming == "single"
+    assert parse_config({"labeller": {"amd": {"resourceNamingStrategy": "mixed"}}}).amd_resource_naming == "mixed"
 
 
 def test_label_groups() -> None:
@@ -78,16 +102,39 @@ def test_label_groups() -> None:
          "sharing.timeSlicing.resources[0].replicas: required integer"),
         ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "colour": 1}]}}},
          "sharing.timeSlicing.resources[0].colour: unknown key"),
-        # Replicating every GPU where the config lists some, or under another name than the one
-        # asked for, would advertise what the config says is not there: refused until served.
         ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": [0, 1]}]}}},
-         "sharing.timeSlicing.resources[0].devices: sharing a subset of a resource's devices is not served yet"),
+         "sharing.timeSlicing.resources[0].devices: sharing some devices under the resource's own name "
+         "(nvidia.com/gpu) would mix whole devices and replicas in one resource; add rename, or renameByDefault: true"),
         ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": 4}]}}},
-         "sharing.timeSlicing.resources[0].devices: sharing a subset"),
+         "sharing.timeSlicing.resources[0].devices: sharing some devices under the resource's own name"),
         ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": "some"}]}}},
          "sharing.timeSlicing.resources[0].devices: must be 'all', a positive count, or a list"),
-        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "gpu-ts"}]}}},
-         "sharing.timeSlicing.resources[0].rename: not served yet"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": 0}]}}},
+         "sharing.timeSlicing.resources[0].devices: must be 'all', a positive count"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "x", "devices": ["gpu0"]}]}}},
+         "sharing.timeSlicing.resources[0].devices[0]: 'gpu0' is not a GPU index (0), a MIG index (0:1), a GPU-/MIG- UUID"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "x", "devices": [1, "1"]}]}}},
+         "sharing.timeSlicing.resources[0].devices: 1 is listed twice"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "gpu"}]}}},
+         "sharing.timeSlicing.resources[0].rename: nvidia.com/gpu is the resource's own name"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "mig-1g.5gb"}]}}},
+         "sharing.timeSlicing.resources[0].rename: nvidia.com/mig-1g.5gb is a name the plugin advertises itself"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "amd.com/gpu", "replicas": 2, "rename": "cpx_nps4"}]}}},
+         "sharing.timeSlicing.resources[0].rename: amd.com/cpx_nps4 is a name the plugin advertises itself"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "s"},
+                                                    {"name": "mig-1g.5gb", "replicas": 2, "rename": "s"}]}}},
+         "sharing.timeSlicing.resources[1].rename: nvidia.com/s is already the name of another resource"),
+        ({"sharing": {"mps": {"resources": [{"name": "amd.com/gpu", "replicas": 2}]}}},
+         "sharing.mps.resources[0].name: amd.com/gpu cannot be shared by MPS"),
+        ({"sharing": {"mps": {"resources": [{"name": "mig-1g.5gb", "replicas": 2}]}}},
+         "sharing.mps.resources[0].name: nvidia.com/mig-1g.5gb cannot be shared by MPS"),
+        ({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 49}]}}},
+         "sharing.mps.resources[0].replicas: 49 is more than the 48 clients an MPS server accepts"),
+        ({"flags": {"migStrategy": "mixed"}, "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
+         "sharing.mps: MPS cannot be combined with flags.migStrategy: mixed"),
+        ({"flags": {"mpsRoot": "run/mps"}}, "flags.mpsRoot: must be an absolute path"),
+        ({"labeller": {"amd": {"resourceNamingStrategy": "per-gpu"}}},
+         "labeller.amd.resourceNamingStrategy: must be one of single, mixed"),
         ({"labeller": {"labels": {"intel": True}}}, "labeller.labels.intel: unknown key"),
         ([1, 2], "must be a mapping"),
     ],

@@ -17,8 +17,8 @@ import pytest
 from labeller.config import Config, parse_config
 from labeller.inventory import Inventory
 from labeller.node import open_node
-from labeller.offer import Resource
-from tests.builders import label_set_of, offer_of
+from labeller.offer import Offer, Resource
+from tests.builders import label_set_of, mps_ready, offer_of
 from vendors.nvidia.model import NvidiaInventory
 from vendors.simulate import builtin_profiles
 
@@ -42,6 +42,31 @@ def config_for(inventory: Inventory, mig: str, replicas: int | None, rename: boo
         raw["sharing"] = {"timeSlicing": {"renameByDefault": rename,
                                           "resources": [{"name": b, "replicas": replicas} for b in sorted(bases)]}}
     return parse_config(raw)
+
+
+def check_base(labels: dict[str, str], offer: Offer, base: str) -> None:
+    """The ``<base>.*`` labels describe every resource offered under ``base``: count the distinct
+    devices, shared-count those replicated, replicas how many each of them is advertised as."""
+    resources = offer.of_base(base)
+    physical = {d.physical.health_key for r in resources for d in r.devices}
+    shared = [r for r in resources if r.shared]
+    count, replicas = int(labels[f"{base}.count"]), int(labels[f"{base}.replicas"])
+    assert count == len(physical), base
+    assert len(shared) <= 1 and len(resources) - len(shared) <= 1
+    shared_count = int(labels.get(f"{base}.shared-count", count if shared else 0))
+    assert shared_count == (len(shared[0].physical_devices) if shared else 0), base
+    assert (count - shared_count) + shared_count * max(replicas, 1) == sum(len(r.devices) for r in resources)
+    assert labels[f"{base}.sharing-strategy"] == (shared[0].strategy if shared else "none")
+    assert labels[f"{base}.product"].endswith("-SHARED") is bool(shared and not shared[0].renamed)
+    assert (f"{base}.shared-count" in labels) is bool(shared and len(resources) == 2)
+
+
+def check_amd_nodes(labels: dict[str, str], offer: Offer, config: Config) -> None:
+    """beta.amd.com/gpu.simd-count.<value>=<count> counts the KFD compute nodes every AMD resource offers."""
+    if not config.labels.amd_beta or not offer.of_vendor("amd"):
+        return
+    nodes = sum(int(v) for k, v in labels.items() if k.startswith("beta.amd.com/gpu.simd-count."))
+    assert nodes == len({d.physical.health_key for r in offer.of_vendor("amd") for d in r.devices})
 
 
 def check_nvidia(labels: dict[str, str], resource: Resource, replicas: int | None, rename: bool) -> None:
@@ -99,6 +124,77 @@ def test_strategy_none_offers_every_gpu_nvml_describes(profile: str) -> None:
 
 def test_the_matrix_covers_every_profile_and_config() -> None:
     assert len(PROFILES) >= 10 and len(MATRIX) == len(PROFILES) * 18  # the loop must not silently test nothing
+    assert len(SHARING_MATRIX) == len(PROFILES) * len(SHARING_KINDS)
+
+
+# --- subsets, renames, MPS and AMD naming: every base shared in part, by each kind ----------------
+
+def _subset(group: list[str], kind: str) -> Any:
+    """A ``devices`` value selecting about half of ``group`` (its visible IDs, in order)."""
+    if kind == "count":
+        return max(1, len(group) // 2)
+    return group[::2]  # every other device, by its visible ID (a UUID, an index or a PCI address)
+
+
+SHARING_KINDS = ("subset-count-rename", "subset-list-by-default", "mps-ready", "mps-ready-subset", "mps-waiting",
+                 "amd-mixed-shared")
+
+
+def sharing_config(inventory: Inventory, kind: str) -> Config:
+    base_config = {"version": "v1", "flags": {"migStrategy": "single" if kind.startswith("mps") else "mixed"}}
+    if kind == "amd-mixed-shared":
+        base_config["labeller"] = {"amd": {"resourceNamingStrategy": "mixed"}}
+    offer = offer_of(inventory, parse_config(base_config))
+    groups = {r.base: [d.id for d in r.devices] for r in offer.resources}
+    raw: dict[str, Any] = dict(base_config)
+    if kind.startswith("mps"):
+        entry: dict[str, Any] = {"name": "nvidia.com/gpu", "replicas": 3}
+        if kind == "mps-ready-subset" and "nvidia.com/gpu" in groups:
+            entry |= {"devices": _subset(groups["nvidia.com/gpu"], "list"), "rename": "gpu-mps"}
+        raw["sharing"] = {"mps": {"resources": [entry]}}
+    elif kind == "amd-mixed-shared":
+        raw["sharing"] = {"timeSlicing": {"renameByDefault": True, "resources": [
+            {"name": b, "replicas": 2, "devices": _subset(g, "count")} for b, g in groups.items() if b.startswith("amd")
+        ] or [{"name": "amd.com/gpu", "replicas": 2}]}}
+    else:
+        how = "count" if kind == "subset-count-rename" else "list"
+        entries = [{"name": b, "replicas": 3, "devices": _subset(g, how)} for b, g in sorted(groups.items())]
+        if kind == "subset-count-rename":
+            entries = [e | {"rename": f"{e['name'].partition('/')[2]}-ts"} for e in entries]
+        raw["sharing"] = {"timeSlicing": {"renameByDefault": kind.endswith("by-default"),
+                                          "resources": entries or [{"name": "nvidia.com/gpu", "replicas": 3}]}}
+    return parse_config(raw)
+
+
+SHARING_MATRIX = list(itertools.product(PROFILES, SHARING_KINDS))
+
+
+@pytest.mark.parametrize(("profile", "kind"), SHARING_MATRIX)
+def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str, kind: str) -> None:
+    inventory = inventory_of(profile)
+    config = sharing_config(inventory, kind)
+    if kind in ("mps-ready", "mps-ready-subset") and inventory.part(NvidiaInventory) is not None:
+        inventory = mps_ready(inventory, config)
+    offer = offer_of(inventory, config)
+    result = label_set_of(inventory, config)
+    assert result.conflicts == [] and result.dropped == {}
+    labels = result.labels
+    for base in dict.fromkeys(r.base for r in offer.of_vendor("nvidia")):
+        check_base(labels, offer, base)
+    mps_offered = any(r.strategy == "mps" for r in offer.resources)
+    if inventory.part(NvidiaInventory) is not None:
+        assert labels["nvidia.com/mps.capable"] == str(mps_offered).lower()
+    if kind == "mps-waiting":
+        assert not mps_offered and all(h.waiting or "MIG" in h.reason for h in offer.held)
+    if kind.startswith("mps-ready") and offer.held:
+        assert all("MIG" in h.reason for h in offer.held), offer.held  # only what MPS can never share
+    check_amd_nodes(labels, offer, config)
+    # every device the node offers unshared is offered, once, whatever the sharing config
+    plain = offer_of(inventory, parse_config({"flags": {"migStrategy": config.mig_strategy},
+                                              "labeller": {"amd": {"resourceNamingStrategy": config.amd_resource_naming}}}))
+    held = {d.physical.health_key for h in offer.held for d in h.resource.devices}
+    assert {d.physical.health_key for r in offer.resources for d in r.devices} | held == \
+           {d.physical.health_key for r in plain.resources for d in r.devices}
 
 
 def cli(*args: str) -> Any:
@@ -113,6 +209,8 @@ def cli(*args: str) -> Any:
     ("dgx-a100-mig-mixed", {"flags": {"migStrategy": "mixed"}}),
     ("mi300x-x8-cpx", {"sharing": {"timeSlicing": {"renameByDefault": True,
                                                    "resources": [{"name": "amd.com/gpu", "replicas": 2}]}}}),
+    ("dgx-h100", {"sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4, "devices": [0, 5], "rename": "gpu-ts"}]}}}),
 ])
 def test_the_resources_and_labels_commands_tell_the_same_story(profile: str, config: dict[str, Any],
                                                                tmp_path: Path) -> None:
@@ -123,8 +221,13 @@ def test_the_resources_and_labels_commands_tell_the_same_story(profile: str, con
     for resource in resources:
         if resource["vendor"] == "nvidia":
             base = resource["base"]
-            assert int(labels[f"{base}.count"]) * resource["replicas"] == resource["count"]
-            assert labels[f"{base}.replicas"] == str(resource["replicas"])
+            count = int(labels[f"{base}.count"])
+            shared = int(labels.get(f"{base}.shared-count", count))  # a subset: only these are replicated
+            if resource["replicas"] > 1:
+                assert shared * resource["replicas"] == resource["count"]
+            else:  # the whole devices: all of them, or those a shared subset leaves
+                assert (count - shared if f"{base}.shared-count" in labels else count) == resource["count"]
+            assert labels[f"{base}.replicas"] == str(max(r["replicas"] for r in resources if r["base"] == base))
         else:
             nodes = sum(int(v) for k, v in labels.items() if k.startswith("beta.amd.com/gpu.simd-count."))
             assert nodes * resource["replicas"] == resource["count"]

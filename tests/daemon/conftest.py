@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,22 +39,12 @@ class FakeProbe:
         return ProbeResult(owned(self.labels), partial=self.partial)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, step: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout} s")
-
-
 class Running:
     """The real Daemon (and for Node output, its watcher) on a thread, talking HTTP to the fake."""
 
-    def __init__(self, api: FakeApiServer, kubeconfig: Path, probe: FakeProbe, node: str = NODE,
+    def __init__(self, api: FakeApiServer, kubeconfig: Path, probe: Callable[[], ProbeResult], node: str = NODE,
                  sink: Callable[[Kube], Sink] | None = None, fights: FightGuard | None = None,
-                 events: bool = False, **options: Any) -> None:
+                 events: bool = False, inputs: Callable[[], object] | None = None, **options: Any) -> None:
         self.api, self.probe, self.node = api, probe, node
         self.metrics = Metrics()
         self.kube = Kube(str(kubeconfig), observer=self.metrics.observe_request, request_timeout=(1.0, 1.0))
@@ -64,7 +53,7 @@ class Running:
             made = EventSink(made, self.kube, node, "default")
         options.setdefault("interval_s", 0.2)
         options.setdefault("start_jitter_s", 0.0)
-        self.daemon = Daemon(node, probe, made, self.metrics, Options(**options), fights=fights)
+        self.daemon = Daemon(node, probe, made, self.metrics, Options(**options), fights=fights, inputs=inputs)
         self.thread = threading.Thread(target=self.daemon.run, daemon=True)
 
     def start(self) -> Running:
@@ -96,7 +85,7 @@ def kubeconfig(api: FakeApiServer, tmp_path: Path) -> Path:
 def start(api: FakeApiServer, kubeconfig: Path) -> Iterator[Callable[..., Running]]:
     running: list[Running] = []
 
-    def starter(probe: FakeProbe | None = None, **kwargs: Any) -> Running:
+    def starter(probe: Callable[[], ProbeResult] | None = None, **kwargs: Any) -> Running:
         daemon = Running(api, kubeconfig, probe or FakeProbe(), **kwargs).start()
         running.append(daemon)
         return daemon

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.conftest import NODE, OTHERS, wait_for
+from tests.builders import wait_for
+from tests.daemon.conftest import NODE, OTHERS
 from tests.fakes.apiserver import FakeApiServer
 
 GPU_PROFILE = "mi210-x8"  # a built-in simulated node with 8 AMD GPUs

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from labeller.cli import main
 
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
-from tests.builders import config_map_volume
-from tests.daemon.conftest import NODE, OTHERS, wait_for
+from tests.builders import config_map_volume, wait_for
+from tests.daemon.conftest import NODE, OTHERS
 from tests.daemon.test_daemon_cli import free_port, run_args
 from tests.fakes.apiserver import FakeApiServer
 

@@ -6,7 +6,6 @@ Two field managers at work on the fake API server: gpu-labeller (apply) and peop
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,8 @@ from labeller.kube import Kube
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.reconcile import Live, plan
 from labeller.daemon.sinks import NodeSink
-from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
+from tests.builders import wait_for
+from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer
 
 Start = Callable[..., Running]

@@ -11,7 +11,8 @@ import structlog.testing
 
 from labeller.inventory import ProbeError
 from labeller.labels import FIELD_MANAGER
-from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
+from tests.builders import wait_for
+from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer, Fault
 
 Start = Callable[..., Running]

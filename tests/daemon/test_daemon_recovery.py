@@ -16,7 +16,8 @@ from labeller.inventory import ProbeError
 from labeller.runtime import start_http_server
 from labeller.daemon.reconcile import FightGuard
 from labeller.runtime import Backoff
-from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running, wait_for
+from tests.builders import wait_for
+from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer, Fault
 
 Start = Callable[..., Running]

@@ -39,6 +39,10 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     "existing-configmap": {"config": {"name": "gpu-configs", "create": False, "default": "default"}},
     "named-configs-features-file": {"labeller": {"output": "features-file"},
                                     "config": {"data": {"a": {"version": "v1"}, "b": {"version": "v1"}}}},
+    # MPS (an mps-control-daemon container in the plugin pod) and CDI spec files (the CDI directory)
+    "mps-cdi": {"config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver",
+                                                      "plugin": {"deviceListStrategy": ["envvar", "cdi-cri"]}},
+                           "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}},
     "everything": {
         "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
         "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],

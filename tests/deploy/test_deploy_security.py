@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import helm_python
 import pytest
 import yaml
 
-from tests.deploy import COMBINATIONS, find, labeller_ds, one, plugin_ds, render
+from tests.deploy import CHART, COMBINATIONS, find, labeller_ds, one, plugin_ds, render
 
 COMBOS = list(COMBINATIONS.items())
 IDS = list(COMBINATIONS)
@@ -34,21 +35,28 @@ def pod(ds: Obj) -> Obj:
     return spec
 
 
-def container(ds: Obj) -> Obj:
-    (only,) = pod(ds)["containers"]
-    return dict(only)
+def containers(ds: Obj) -> list[Obj]:
+    return list(pod(ds)["containers"])
 
 
-def host_mounts(ds: Obj) -> dict[str, tuple[str, Obj]]:
+def container(ds: Obj, name: str | None = None) -> Obj:
+    """The DaemonSet's main container (the first), or the one called ``name``."""
+    found = [c for c in containers(ds) if name is None or c["name"] == name]
+    assert found, name
+    return dict(found[0])
+
+
+def host_mounts(ds: Obj, name: str | None = None) -> dict[str, tuple[str, Obj]]:
     """hostPath volume path -> (mount path, volumeMount) for every hostPath the container mounts."""
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod(ds)["volumes"] if "hostPath" in v}
-    return {host_paths[m["name"]]: (m["mountPath"], m) for m in container(ds)["volumeMounts"] if m["name"] in host_paths}
+    return {host_paths[m["name"]]: (m["mountPath"], m) for m in container(ds, name)["volumeMounts"]
+            if m["name"] in host_paths}
 
 
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 def test_no_container_is_privileged_and_all_are_hardened(name: str, values: dict[str, Any]) -> None:
-    for ds in daemonsets(render(values)):
-        spec, ctx = pod(ds), container(ds)["securityContext"]
+    for ds, box in ((ds, box) for ds in daemonsets(render(values)) for box in containers(ds)):
+        spec, ctx = pod(ds), box["securityContext"]
         assert ctx["privileged"] is False
         assert ctx["allowPrivilegeEscalation"] is False
         assert ctx["readOnlyRootFilesystem"] is True
@@ -129,12 +137,14 @@ def test_device_plugin_runs_as_root_but_unprivileged() -> None:
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 def test_host_paths_are_read_only_except_the_plugin_socket_dir(name: str, values: dict[str, Any]) -> None:
     objects = render(values)
-    writable = {SOCKET_DIR}
+    writable = {("device-plugin", SOCKET_DIR), ("device-plugin", "/var/run/cdi"),
+                ("mps-control-daemon", "/run/nvidia/mps"), ("mps-control-daemon", "/run/nvidia/mps/shm")}
     if values.get("labeller", {}).get("output") == "features-file":
-        writable.add("/etc/kubernetes/node-feature-discovery/features.d")
+        writable.add(("labeller", "/etc/kubernetes/node-feature-discovery/features.d"))
     for ds in daemonsets(objects):
-        for host_path, (_, mount) in host_mounts(ds).items():
-            assert bool(mount.get("readOnly")) is (host_path not in writable), (ds["metadata"]["name"], host_path)
+        for box in containers(ds):
+            for host_path, (_, mount) in host_mounts(ds, box["name"]).items():
+                assert bool(mount.get("readOnly")) is ((box["name"], host_path) not in writable), (box["name"], host_path)
 
 
 def test_host_mounts_are_the_documented_ones() -> None:
@@ -240,9 +250,9 @@ def test_device_plugin_runs_only_on_nodes_the_labeller_labelled() -> None:
 
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 def test_resources_priority_tolerations_and_rollout(name: str, values: dict[str, Any]) -> None:
-    for ds in daemonsets(render(values)):
+    for ds, box in ((ds, box) for ds in daemonsets(render(values)) for box in containers(ds)):
         spec = pod(ds)
-        resources = container(ds)["resources"]
+        resources = box["resources"]
         request, limit = (mebibytes(resources[kind]["memory"]) for kind in ("requests", "limits"))
         assert request >= MEASURED_RSS_MIB[ds["metadata"]["name"]] and limit >= 2 * request  # room for a probe's peak, never an OOM kill at rest
         assert resources["requests"]["cpu"] == "10m" and "cpu" not in resources["limits"]  # no CPU throttling
@@ -257,7 +267,7 @@ def test_resources_priority_tolerations_and_rollout(name: str, values: dict[str,
                 {"key": "CriticalAddonsOnly", "operator": "Exists"},
             ]
         assert spec.get("runtimeClassName") == values.get("runtimeClassName")
-        probes = container(ds)
+        probes = box
         assert probes["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
@@ -340,3 +350,93 @@ def test_labeller_interval_takes_seconds_or_a_duration(interval: Any, seconds: f
     monkeypatch.setenv("NODE_NAME", "node-1")
     args = container(labeller_ds(render({"labeller": {"interval": interval}})))["args"]
     assert _parse(run, args[1:])["interval"] == seconds
+
+
+MPS_CDI = {"config": {"version": "v1", "flags": {"plugin": {"deviceListStrategy": "cdi-annotations"}},
+                      "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}}
+
+
+def test_mps_runs_the_control_daemon_beside_the_plugin_and_both_see_the_mps_root() -> None:
+    objects = render(MPS_CDI)
+    plugin = plugin_ds(objects)
+    assert [c["name"] for c in containers(plugin)] == ["device-plugin", "mps-control-daemon"]
+    daemon = host_mounts(plugin, "mps-control-daemon")
+    assert daemon["/run/nvidia/mps"][0] == "/run/nvidia/mps" and daemon["/run/nvidia/mps/shm"][0] == "/dev/shm"
+    assert host_mounts(plugin)["/run/nvidia/mps"] == ("/run/nvidia/mps", {"name": "mps-root",
+                                                                          "mountPath": "/run/nvidia/mps", "readOnly": True})
+    assert host_mounts(labeller_ds(objects))["/run/nvidia/mps"][1]["readOnly"] is True
+    mps_env = {e["name"]: e.get("value") for e in container(plugin, "mps-control-daemon")["env"]}
+    assert mps_env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and mps_env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # without sharing.mps: one container, no MPS root anywhere
+    default = render()
+    assert [c["name"] for c in containers(plugin_ds(default))] == ["device-plugin"]
+    assert "/run/nvidia/mps" not in host_mounts(plugin_ds(default)) | host_mounts(labeller_ds(default))
+
+
+def test_mps_root_follows_the_config() -> None:
+    values = {"config": {"version": "v1", "flags": {"mpsRoot": "/var/lib/mps/"},
+                         "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}}}
+    plugin = plugin_ds(render(values))
+    assert set(host_mounts(plugin, "mps-control-daemon")) >= {"/var/lib/mps", "/var/lib/mps/shm"}
+
+
+def test_cdi_mounts_the_spec_dir_and_the_driver_files_only_when_a_cdi_strategy_is_set() -> None:
+    plugin = plugin_ds(render(MPS_CDI))
+    mounts = host_mounts(plugin)
+    assert mounts["/var/run/cdi"][0] == "/var/run/cdi" and not mounts["/var/run/cdi"][1].get("readOnly")
+    assert mounts["/usr"] == ("/host/usr", {"name": "host-usr", "mountPath": "/host/usr", "readOnly": True})
+    assert "--cdi-spec-dir=/var/run/cdi" in container(plugin)["args"]
+    assert "/var/run/cdi" not in host_mounts(plugin_ds(render()))
+    listed = plugin_ds(render({"config": {"version": "v1", "flags": {"plugin": {"deviceListStrategy": ["envvar"]}}}}))
+    assert "/var/run/cdi" not in host_mounts(listed)
+
+
+def test_mps_control_daemon_args_parse_with_the_real_cli() -> None:
+    from labeller.mps.cli import mps_control_daemon
+    from labeller.plugin.cli import device_plugin
+
+    plugin = plugin_ds(render(MPS_CDI))
+    args = container(plugin, "mps-control-daemon")["args"]
+    assert args[0] == "mps-control-daemon"
+    params = _parse(mps_control_daemon, args[1:])
+    assert params["metrics_port"] == 8082 and params["check_interval"] == 5.0 and str(params["host_root"]) == "/host"
+    # it reads the same named configs as the plugin, from the same mounted directory
+    assert str(params["config_dir"]) == "/etc/gpu-labeller" and params["config_path"] is None
+    assert str(_parse(device_plugin, container(plugin)["args"][1:])["cdi_spec_dir"]) == "/var/run/cdi"
+
+
+MPS_NAMED = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n"
+
+
+def test_mps_and_cdi_are_set_up_when_any_named_config_asks_for_them() -> None:
+    # A pool config that shares by MPS (as YAML text) next to a whole-GPU default: the plugin pod
+    # carries the control daemon, which follows the node's config label like the plugin.
+    values = {"config": {"default": "whole", "data": {
+        "whole": {"version": "v1"},
+        "mps-4": MPS_NAMED,
+        "cdi": {"version": "v1", "flags": {"plugin": {"deviceListStrategy": ["cdi-cri"]}}}}}}
+    plugin = plugin_ds(render(values))
+    assert [c["name"] for c in containers(plugin)] == ["device-plugin", "mps-control-daemon"]
+    daemon_args = container(plugin, "mps-control-daemon")["args"]
+    assert "--config-label=nvidia.com/device-plugin.config" in daemon_args and "--config-name=whole" in daemon_args
+    assert pod(plugin)["automountServiceAccountToken"] is True  # both containers read their Node's label
+    assert "/var/run/cdi" in host_mounts(plugin) and "/run/nvidia/mps" in host_mounts(labeller_ds(render(values)))
+
+
+def test_an_existing_config_map_gets_mps_and_cdi_only_when_asked() -> None:
+    existing = {"config": {"name": "gpu-configs", "create": False}}
+    assert [c["name"] for c in containers(plugin_ds(render(existing)))] == ["device-plugin"]
+    asked = plugin_ds(render({**existing, "devicePlugin": {"mpsControlDaemon": {"enabled": True}, "cdiEnabled": True}}))
+    assert [c["name"] for c in containers(asked)] == ["device-plugin", "mps-control-daemon"]
+    assert "/var/run/cdi" in host_mounts(asked)
+
+
+def test_named_configs_with_different_mps_roots_are_refused() -> None:
+    chart = helm_python.Chart.load(CHART)
+    values = {"config": {"data": {"a": {"version": "v1", "flags": {"mpsRoot": "/run/a"}},
+                                  "b": {"version": "v1", "flags": {"mpsRoot": "/run/b"}}}}}
+    try:
+        with pytest.raises(helm_python.HelmError, match="different flags.mpsRoot"):
+            chart.render(values, name="gpu-labeller", namespace="gpu-labeller")
+    finally:
+        chart.close()

@@ -250,7 +250,7 @@ def step_daemon(cluster: Cluster, tmp: Path) -> None:
         for key in DRIFT_KEYS:
             cluster.kubectl("label", "node", NODE, f"{key}-")
             repairs.append(time_to_repair(cluster, key, expected[key], 10) or float("nan"))
-        figure(f"drift repair after `kubectl label <key>-`: " + ", ".join(f"{r * 1000:.0f} ms" for r in repairs)
+        figure("drift repair after `kubectl label <key>-`: " + ", ".join(f"{r * 1000:.0f} ms" for r in repairs)
                + " (from kubectl returning to our label seen by a GET polled every 10 ms)")
 
         # etcd outage: the label goes while the daemon is paused, etcd stops, the daemon resumes and fails to write

@@ -10,7 +10,7 @@ import structlog
 
 from labeller.config import Config, SharedResource, Sharing, parse_config
 from labeller.inventory import Inventory, PciGpu
-from tests.builders import A100_40GB_BYTES, H100_BYTES, T4_BYTES, label_set_of
+from tests.builders import A100_40GB_BYTES, H100_BYTES, T4_BYTES, label_set_of, mps_ready
 from vendors.nvidia.facts import PCI_VENDOR_ID
 from vendors.nvidia.labels import family, sanitise
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
@@ -35,9 +35,14 @@ def with_mig(gpu: NvidiaGpu, *migs: MigDevice) -> NvidiaGpu:
 
 
 def labels(*members: NvidiaGpu, config: dict[str, Any] | Config | None = None, driver: str = "550.54.15",
-           cuda: int = 12040, machine: str | None = "DGXH100", vgpu: bool = False) -> dict[str, str]:
+           cuda: int = 12040, machine: str | None = "DGXH100", vgpu: bool = False, mps_served: bool = False
+           ) -> dict[str, str]:
+    """The labels; ``mps_served``: as while the MPS control daemon serves what the config shares."""
     inventory = Inventory(parts=(NvidiaInventory(driver, cuda, tuple(members), vgpu_present=vgpu),), machine=machine)
-    result = label_set_of(inventory, parse_config(config) if isinstance(config, dict) else config or Config())
+    parsed = parse_config(config) if isinstance(config, dict) else config or Config()
+    if mps_served:
+        inventory = mps_ready(inventory, parsed)
+    result = label_set_of(inventory, parsed)
     assert result.conflicts == []
     return result.labels
 
@@ -131,20 +136,36 @@ def test_rename_by_default_keeps_the_plain_product() -> None:
                                         "nvidia.com/gpu.sharing-strategy": "time-slicing"})
 
 
-# The config file refuses sharing.mps until the plugin serves MPS; the label rule is kept for then.
 MPS = Config(sharing=Sharing("mps", fail_requests_greater_than_one=True, resources=(SharedResource("nvidia.com/gpu", 2),)))
 
 
-def test_mps() -> None:
-    subset(labels(H100, config=MPS), {"nvidia.com/mps.capable": "true", "nvidia.com/gpu.sharing-strategy": "mps",
-                                          "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED"})
+def test_mps_is_labelled_only_while_the_control_daemon_serves_it() -> None:
+    subset(labels(H100, config=MPS, mps_served=True), {
+        "nvidia.com/mps.capable": "true", "nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "2",
+        "nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED"})
+    # No readiness file (or a stale one): no MPS replicas are advertised, and the labels say so.
+    subset(labels(H100, config=MPS), {
+        "nvidia.com/mps.capable": "false", "nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/gpu.replicas": "0",
+        "nvidia.com/gpu.count": "0", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
 
 
 def test_mps_with_mig_enabled_is_not_capable_instead_of_failing() -> None:
     with structlog.testing.capture_logs() as logs:
-        found = labels(with_mig(A100, MIG_1G5GB), replace(A100, index=1, uuid="GPU-a1"), config=MPS)
+        found = labels(with_mig(A100, MIG_1G5GB), replace(A100, index=1, uuid="GPU-a1"), config=MPS, mps_served=True)
     assert found["nvidia.com/mps.capable"] == "false"
     assert any(entry["log_level"] == "error" and entry.get("vendor") == "nvidia" for entry in logs)
+
+
+def test_a_shared_subset_is_counted_with_its_whole_gpus() -> None:
+    config = {"sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4, "devices": [0, 1, 2], "rename": "gpu-shared"}]}}}
+    subset(labels(*gpus(H100, 8), config=config), {
+        "nvidia.com/gpu.count": "8", "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.shared-count": "3",
+        "nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    # every GPU listed: nothing stays whole, so no shared-count (GFD's labels, as with devices: all)
+    everything = {"sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4, "devices": 2, "rename": "gpu-shared"}]}}}
+    assert "nvidia.com/gpu.shared-count" not in labels(*gpus(H100, 2), config=everything)
 
 
 def test_mig_enabled_gpus_under_strategy_none_are_labelled_as_advertised() -> None:

@@ -63,10 +63,10 @@ def simulated(profile: str, config: dict[str, Any] | None = None) -> Iterator[tu
 @contextmanager
 def running_plugin(sock_dir: Path, profile: str, config: dict[str, Any] | None = None, *,
                    recovery_seconds: float = 0.3, health_env: dict[str, str] | None = None,
-                   poll_seconds: float = 0.05) -> Iterator[Running]:
+                   poll_seconds: float = 0.05, cdi_spec_dir: Path | None = None) -> Iterator[Running]:
     with simulated(profile, config) as (inventory, cfg, host_root, handles):
         settings = PluginSettings(sock_dir, recovery_seconds=recovery_seconds, health_poll_seconds=poll_seconds,
-                                  tick_seconds=0.05, health_env=health_env or {})
+                                  tick_seconds=0.05, health_env=health_env or {}, cdi_spec_dir=cdi_spec_dir)
         plugin = DevicePlugin(settings)
         plugin.serve(offer_of(inventory, cfg).resources, cfg, host_root, handles)
         with plugin:
@@ -83,10 +83,11 @@ class Probing:
 
 @contextmanager
 def probing_plugin(sock_dir: Path, node: Node, config_path: Path | None = None, *,
-                   backoff: Backoff | None = None, recovery_seconds: float = 0.3) -> Iterator[Probing]:
+                   backoff: Backoff | None = None, recovery_seconds: float = 0.3,
+                   cdi_spec_dir: Path | None = None) -> Iterator[Probing]:
     """The plugin as ``gpu-labeller device-plugin`` runs it: the prober loop on a thread, feeding the supervisor."""
     settings = PluginSettings(sock_dir, recovery_seconds=recovery_seconds, health_poll_seconds=0.05, tick_seconds=0.05,
-                              health_env={})
+                              health_env={}, cdi_spec_dir=cdi_spec_dir)
     stop, reload, exit_code = threading.Event(), threading.Event(), []
     with DevicePlugin(settings) as plugin:
         prober = Prober(node, plugin, config_path, backoff or Backoff(0.05, 0.2))

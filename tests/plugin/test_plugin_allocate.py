@@ -21,7 +21,7 @@ def allocator(inventory: Inventory, raw: dict[str, Any] | None = None, host_root
     config = parse_config(raw)
     resource = offer_of(inventory, config).resources[index]
     vendor = next(v for v in VENDORS if v.name == resource.vendor)
-    return Allocator(resource, config.sharing, vendor.allocator(config, host_root))
+    return Allocator(resource, config.sharing, vendor.allocator(config, host_root, resource))
 
 
 def specs(response: pb.ContainerAllocateResponse) -> list[tuple[str, str, str]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -15,7 +14,7 @@ from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
-from tests.builders import amd_part, nvidia_part
+from tests.builders import amd_part, nvidia_part, wait_for
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import running_plugin
 
@@ -210,18 +209,9 @@ def test_deleted_plugin_socket_is_recreated(sock_dir: Path, kubelet: FakeKubelet
         assert len(ids) == 1
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_starting_before_the_kubelet(sock_dir: Path) -> None:
     with running_plugin(sock_dir, "mi300x-x8-spx") as running:
-        assert wait_until(lambda: (sock_dir / "amd-gpu.sock").exists())  # serving, but no kubelet to register with
+        assert wait_for(lambda: (sock_dir / "amd-gpu.sock").exists())  # serving, but no kubelet to register with
         assert not running.plugin.ready
         with FakeKubelet(sock_dir) as kubelet:  # a starting kubelet deletes the plugin socket too
             assert kubelet.wait_for(lambda: kubelet.allocatable(AMD) == 8, 3)

@@ -9,7 +9,7 @@ from typing import Any
 
 from labeller.config import Config
 from labeller.inventory import BackendReport, PciGpu
-from labeller.vendor import Vendor, allocator_in, checker_in
+from labeller.vendor import Vendor, allocator_in, cdi_in, checker_in
 from vendors.amd import devices, labels, probe
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID
 from vendors.amd.model import AmdInventory
@@ -32,6 +32,7 @@ VENDOR = Vendor(
     device_groups=devices.groups,
     allocator=allocator_in("vendors.amd.allocate"),
     health=checker_in("vendors.amd.health"),
+    cdi=cdi_in("vendors.amd.cdi"),
     health_source="KFD topology: a compute node whose topology node disappears",
     simulator="vendors.amd.simulate",
 )

@@ -1,13 +1,23 @@
-"""AMD's device group: ``amd.com/gpu``, one device per KFD compute node, as AMD's plugin offers them.
+"""AMD's device groups: one device per KFD compute node, as AMD's plugin offers them.
 
 A partitioned GPU (CPX, DPX, ...) offers each partition; its ID is the partition's PCI address
 from KFD (the GPU's own address when it is not partitioned). Peers are the GPUs a partition's
 node reaches over XGMI.
+
+Resource names follow AMD's plugin's naming strategies (``labeller.amd.resourceNamingStrategy``):
+- ``single`` (the default): every device is ``amd.com/gpu``. AMD's plugin refuses to start on a
+  node whose GPUs are in different partition modes; we advertise them all and warn.
+- ``mixed``: a device of a GPU whose compute and memory partition modes are known is
+  ``amd.com/<compute>_<memory>`` (``amd.com/cpx_nps4``); others (GPUs without partitioning, such
+  as the MI210) stay ``amd.com/gpu``. AMD's plugin puts those under the one partition name when
+  the node has only one (and drops them when it has several).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import structlog
 
 from labeller.config import Config
 from labeller.inventory import Inventory
@@ -18,6 +28,8 @@ from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 GPU = "amd.com/gpu"
 VENDOR = "amd"
 XCP = "xcp"  # a compute partition whose mode the partition files do not say (a raw KFD capture)
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,13 +57,32 @@ def devices(gpus: tuple[AmdGpu, ...]) -> list[AmdDevice]:
                 vendor=VENDOR, health_key=f"kfd:{node.kfd_node}", visible_id=address, gpu=gpu.bdf,
                 numa_node=node.numa_node if node.numa_node is not None else gpu.numa_node,
                 fabric_peers=peers, partition=(gpu.compute_partition or XCP) if partitioned else None, node=node,
-                amd_gpu=gpu,
+                amd_gpu=gpu, names=(address, str(len(out))),
             ))
     return out
+
+
+def partition_type(gpu: AmdGpu) -> str | None:
+    """``cpx_nps4``: AMD's plugin's partition type, when both modes are known."""
+    if gpu.compute_partition and gpu.memory_partition:
+        return f"{gpu.compute_partition}_{gpu.memory_partition}"
+    return None
 
 
 def groups(inventory: Inventory, config: Config) -> list[DeviceGroup]:
     part = inventory.part(AmdInventory)
     if part is None:
         return []
-    return [DeviceGroup(GPU, VENDOR, tuple(devices(part.gpus)))]
+    found = devices(part.gpus)
+    if config.amd_resource_naming == "mixed":
+        by_name: dict[str, list[PhysicalDevice]] = {}
+        for device in found:
+            kind = partition_type(device.amd_gpu)
+            by_name.setdefault(f"amd.com/{kind}" if kind else GPU, []).append(device)
+        return [DeviceGroup(name, VENDOR, tuple(members)) for name, members in by_name.items()]
+    kinds = sorted({kind for d in found if (kind := partition_type(d.amd_gpu))})
+    if len(kinds) > 1:
+        log.warning("GPUs in different partition modes are all advertised as amd.com/gpu, so a pod cannot choose "
+                    "one (AMD's plugin refuses to start); labeller.amd.resourceNamingStrategy: mixed names each mode",
+                    vendor=VENDOR, reason="mixed-partitions", modes=kinds)
+    return [DeviceGroup(GPU, VENDOR, tuple(found))]

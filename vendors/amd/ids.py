@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 from vendors.amd.facts import HOST_AMDGPU_IDS
-from vendors.sysfs import TABLE_LIMIT, Untrusted, read_text
+from vendors.sysfs import TABLE_LIMIT, read_text
 
 
 def family_of(gfx_target_version: int | None, device_id: int) -> str | None:

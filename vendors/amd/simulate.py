@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,8 @@ from vendors.amd.probe import Enricher, EnrichedGpu
 from vendors.sim_pci import write_device, write_host_bridge
 from vendors.sysfs import Untrusted, read_properties, read_text
 
-SECTION_KEYS = ("sysfs", "revision", "gpus", "driver_version", "driver_src_version")
+SECTION_KEYS = ("sysfs", "revision", "compute_partition", "memory_partition", "gpus", "driver_version",
+                "driver_src_version")
 GPU_KEYS = (
     "device_id", "revision", "product_name", "gfx_target_version", "simd_count", "simd_per_cu", "vram_bytes",
     "numa_node", "compute_partition", "memory_partition", "partitions", "xgmi", "firmware_info", "repeat",
@@ -367,8 +368,8 @@ def _tree(name: str, base_dir: Path) -> Path:
     raise ValueError(f"amd.sysfs: {name!r} is neither a directory next to the profile nor a built-in tree ({known})")
 
 
-def _pci_from_topology(root: Path, revision: int) -> None:
-    """PCI entries for the physical GPUs of a captured KFD topology that has none."""
+def _pci_from_topology(root: Path, revision: int) -> list[str]:
+    """PCI entries for the physical GPUs of a captured KFD topology that has none; their addresses."""
     nodes = root / KFD_TOPOLOGY_DIRS[0] / "nodes"
     seen: set[str] = set()
     for properties in sorted(nodes.glob("*/properties")):
@@ -379,11 +380,30 @@ def _pci_from_topology(root: Path, revision: int) -> None:
         if bdf not in seen and not (root / "sys/bus/pci/devices" / bdf).exists():
             write_pci_device(root, bdf, props.get("device_id", 0), revision, -1)
         seen.add(bdf)
+    return sorted(seen)
 
 
-def copy_tree(name: str, root: Path, base_dir: Path, revision: int) -> None:
+def copy_tree(name: str, root: Path, base_dir: Path, revision: int) -> list[str]:
     shutil.copytree(_tree(name, base_dir), root, dirs_exist_ok=True)
-    _pci_from_topology(root, revision)
+    return _pci_from_topology(root, revision)
+
+
+def _declared_partitions(section: Mapping[str, Any], root: Path, bdfs: list[str]) -> None:
+    """``compute_partition``/``memory_partition`` of a captured tree: the amdgpu partition files a
+    capture lacks, written for every physical GPU (numa_node -1, as the capture's PCI entries)."""
+    compute = _choice(section, "compute_partition", "amd", COMPUTE_MODES)
+    memory = _choice(section, "memory_partition", "amd", MEMORY_MODES)
+    if compute is None and memory is None:
+        return
+    for bdf in bdfs:
+        _partition_files(root, replace(_DECLARED, compute_partition=compute, memory_partition=memory, numa_node=-1),
+                         bdf)
+
+
+# Only the partition fields of this placeholder are read (_partition_files).
+_DECLARED = SimGpu(device_id=0, revision=0, product_name=None, gfx_target_version=0, simd_per_partition=0,
+                   simd_per_cu=0, vram_per_partition=0, numa_node=-1, compute_partition=None, memory_partition=None,
+                   partitions=1, xgmi=False)
 
 
 def no_enrichment(host_root: Path) -> list[EnrichedGpu]:
@@ -406,11 +426,13 @@ def build(section: Any, root: Path, base_dir: Path) -> Enricher:
     if (sysfs is None) == ("gpus" not in section):
         raise ValueError("amd: give exactly one of sysfs (a captured tree) or gpus (inline GPUs)")
     if sysfs is not None:
-        copy_tree(sysfs, root, base_dir, _int(section, "revision", "amd", default=0, minimum=0))
+        bdfs = copy_tree(sysfs, root, base_dir, _int(section, "revision", "amd", default=0, minimum=0))
+        _declared_partitions(section, root, bdfs)
         if driver_version or driver_src_version:
             _write_module(root, driver_version, driver_src_version)
         return no_enrichment
-    if "revision" in section:
-        raise ValueError("amd.revision: only for sysfs trees; inline GPUs set gpus[*].revision")
+    for key in ("revision", "compute_partition", "memory_partition"):
+        if key in section:
+            raise ValueError(f"amd.{key}: only for sysfs trees; inline GPUs set gpus[*].{key}")
     generate(parse_gpus(section["gpus"], base_dir), root, driver_version, driver_src_version)
     return no_enrichment

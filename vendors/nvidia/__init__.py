@@ -3,8 +3,8 @@ Allocate (allocate), XID and lost-GPU health (health), a simulated NVML (simulat
 
 from __future__ import annotations
 
-from labeller.vendor import Vendor, allocator_in, checker_in
-from vendors.nvidia import devices, labels, nvml
+from labeller.vendor import Vendor, allocator_in, cdi_in, checker_in
+from vendors.nvidia import devices, labels, mps, nvml
 from vendors.nvidia.facts import PCI_CLASSES, PCI_VENDOR_ID
 
 VENDOR = Vendor(
@@ -18,6 +18,9 @@ VENDOR = Vendor(
     device_groups=devices.groups,
     allocator=allocator_in("vendors.nvidia.allocate"),
     health=checker_in("vendors.nvidia.health"),
+    cdi=cdi_in("vendors.nvidia.cdi"),
     health_source="NVML: XID critical-error events, and a poll for GPUs that stop answering",
     simulator="vendors.nvidia.simulate",
+    mps=mps.check,
+    offer_inputs=mps.offer_inputs,
 )

@@ -47,6 +47,7 @@ def whole(gpu: NvidiaGpu, config: Config) -> NvidiaDevice:
         vendor=VENDOR, health_key=gpu.uuid,
         visible_id=gpu.uuid if config.plugin.device_id_strategy == "uuid" else str(gpu.index),
         gpu=gpu.pci_bus_id, numa_node=gpu.numa_node, fabric_peers=gpu.nvlink_peers, nvml_gpu=gpu,
+        names=(gpu.uuid, str(gpu.index)),
     )
 
 
@@ -55,6 +56,7 @@ def partition(gpu: NvidiaGpu, mig: MigDevice, config: Config) -> NvidiaDevice:
         vendor=VENDOR, health_key=mig.uuid,
         visible_id=mig.uuid if config.plugin.device_id_strategy == "uuid" else f"{gpu.index}:{mig.index}",
         gpu=gpu.pci_bus_id, numa_node=gpu.numa_node, partition=mig.profile, nvml_gpu=gpu, mig=mig,
+        names=(mig.uuid, f"{gpu.index}:{mig.index}"),
     )
 
 

@@ -9,8 +9,13 @@ what the node offers (labeller.offer), the same objects the device plugin serves
 Where GFD is ambiguous we choose, and say so:
 - Several GPU models on one node: GFD lets whichever name it iterates last win. We describe the
   model with the most GPUs (tie: the model of the lowest NVML index) and log a warning.
-- MPS sharing configured while a GPU has MIG enabled: GFD fails the whole pass. We emit
-  ``mps.capable=false`` and log an error, so the other labels stay correct.
+- MPS sharing configured while a GPU has MIG enabled: GFD fails the whole pass. The offer holds
+  those MPS replicas back (MPS cannot share them), so ``mps.capable=false`` and the other labels stay.
+- ``mps.capable`` is true only while MPS replicas are advertised, i.e. while the MPS control
+  daemon serves them (GFD says true whenever the config asks for MPS).
+- Sharing a subset of a resource's devices (``devices:``): ``count`` counts every device of the
+  resource, ``replicas`` and ``sharing-strategy`` describe the shared ones, and
+  ``<prefix>.shared-count`` (ours; GFD has no such key) says how many are shared.
 """
 
 from __future__ import annotations
@@ -150,13 +155,14 @@ def mig_capability_labels(inventory: Inventory, config: Config, offer: Offer) ->
 
 
 def mps_capability_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+    """true only while MPS replicas are advertised: configured, and served by the control daemon."""
     if _nvidia(inventory) is None:
         return {}
     capable = any(resource.strategy == "mps" for resource in offer.of_vendor(VENDOR))
-    if capable and any(gpu.mig_enabled for gpu in _gpus(inventory)):
-        log.error("MPS sharing is configured but a GPU has MIG enabled; mps.capable=false "
-                  "(GFD would fail the whole labelling pass)", vendor="nvidia")
-        capable = False
+    for held in offer.held:
+        if held.resource.vendor == VENDOR and held.resource.strategy == "mps":
+            (log.info if held.waiting else log.error)("MPS replicas not advertised; mps.capable=false",
+                                                      vendor=VENDOR, resource=held.resource.name, reason=held.reason)
     return {"nvidia.com/mps.capable": str(capable).lower()}
 
 
@@ -204,16 +210,20 @@ def timestamp_labels(inventory: Inventory, config: Config, offer: Offer) -> Labe
 
 # --- resource labels: nvidia.com/gpu.* and nvidia.com/mig-<profile>.*, from the offer -----------
 
-def _sharing_labels(prefix: str, product: str, resource: Resource | None) -> Labels:
-    """product (+``-SHARED``), replicas and sharing-strategy of what is offered under ``prefix``;
-    ``resource`` None: nothing is (GFD's ``replicas=0``)."""
-    if resource is not None and resource.shared and not resource.renamed:
+def _sharing_labels(prefix: str, product: str, resources: Sequence[Resource]) -> Labels:
+    """product (+``-SHARED``), replicas and sharing-strategy of what is offered under ``prefix``
+    (its whole devices and its replicas); nothing offered: GFD's ``replicas=0``."""
+    shared = next((r for r in resources if r.shared), None)
+    if shared is not None and not shared.renamed:
         product += "-SHARED"
-    return {
+    labels = {
         f"{prefix}.product": product,
-        f"{prefix}.replicas": str(resource.replicas if resource is not None else 0),
-        f"{prefix}.sharing-strategy": resource.strategy if resource is not None else "none",
+        f"{prefix}.replicas": str(shared.replicas if shared is not None else (1 if resources else 0)),
+        f"{prefix}.sharing-strategy": shared.strategy if shared is not None else "none",
     }
+    if shared is not None and any(not r.shared for r in resources):
+        labels[f"{prefix}.shared-count"] = str(len(shared.physical_devices))
+    return labels
 
 
 def _model_labels(gpu: NvidiaGpu) -> Labels:
@@ -242,10 +252,10 @@ def _mig_attribute_labels(prefix: str, mig: MigDevice) -> Labels:
     }
 
 
-def _devices(resource: Resource | None) -> list[NvidiaDevice]:
-    if resource is None:
-        return []
-    return [d for d in resource.physical_devices if isinstance(d, NvidiaDevice)]
+def _devices(resources: Sequence[Resource]) -> list[NvidiaDevice]:
+    """The distinct devices offered by ``resources``, in order."""
+    unique = {d.health_key: d for r in resources for d in r.physical_devices if isinstance(d, NvidiaDevice)}
+    return list(unique.values())
 
 
 def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
@@ -255,8 +265,8 @@ def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> L
     part = _nvidia(inventory)
     if part is None:
         return {}
-    resource = offer.resource(GPU)
-    devices = _devices(resource)
+    resources = offer.of_base(GPU)
+    devices = _devices(resources)
     offered = list({d.nvml_gpu.uuid: d.nvml_gpu for d in devices}.values())
     model = primary_model(offered or part.gpus)[0]
     labels = _model_labels(model)
@@ -270,22 +280,24 @@ def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> L
     migs = [d for d in devices if d.mig is not None]
     if migs and migs[0].mig is not None:  # migStrategy single: the labels describe one MIG device
         mig = migs[0].mig
-        return (labels | _sharing_labels(GPU, mig_product_name(migs[0].nvml_gpu.name, mig), resource)
+        return (labels | _sharing_labels(GPU, mig_product_name(migs[0].nvml_gpu.name, mig), resources)
                 | {f"{GPU}.count": str(len(migs))} | _mig_attribute_labels(GPU, mig))
-    return labels | _sharing_labels(GPU, product_name(model.name), resource) | {f"{GPU}.count": str(len(devices))}
+    return labels | _sharing_labels(GPU, product_name(model.name), resources) | {f"{GPU}.count": str(len(devices))}
 
 
 def mig_mixed_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """One nvidia.com/mig-<profile>.* set per MIG resource offered (``migStrategy: mixed``)."""
     labels: Labels = {}
-    for resource in offer.of_vendor(VENDOR):
-        devices = [d for d in _devices(resource) if d.mig is not None]
-        if resource.base == GPU or not devices or devices[0].mig is None:
+    bases = dict.fromkeys(r.base for r in offer.of_vendor(VENDOR) if r.base != GPU)
+    for base in bases:
+        resources = offer.of_base(base)
+        devices = [d for d in _devices(resources) if d.mig is not None]
+        if not devices or devices[0].mig is None:
             continue
         first, mig = devices[0], devices[0].mig
-        labels |= _sharing_labels(resource.base, mig_product_name(first.nvml_gpu.name, mig), resource)
-        labels[f"{resource.base}.count"] = str(len(devices))
-        labels |= _mig_attribute_labels(resource.base, mig)
+        labels |= _sharing_labels(base, mig_product_name(first.nvml_gpu.name, mig), resources)
+        labels[f"{base}.count"] = str(len(devices))
+        labels |= _mig_attribute_labels(base, mig)
     return labels
 
 

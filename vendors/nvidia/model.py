@@ -60,6 +60,26 @@ class NvidiaGpu:
 
 
 @dataclass(frozen=True)
+class MpsServed:
+    """One resource an MPS control daemon serves, as its readiness file says: every daemon of it
+    answers and its limits are set."""
+
+    resource: str  # the advertised name, e.g. "nvidia.com/gpu" or "nvidia.com/gpu.shared"
+    replicas: int
+    devices: tuple[str, ...]  # GPU UUIDs, sorted
+
+
+@dataclass(frozen=True)
+class MpsReadiness:
+    """What ``gpu-labeller mps-control-daemon`` says it serves, read from its readiness file under
+    ``flags.mpsRoot``: ``served`` is empty and ``problem`` says why when the file is missing,
+    unreadable or stale (its heartbeat stopped)."""
+
+    served: tuple[MpsServed, ...] = ()
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
 class NvidiaInventory(VendorPart):
     """NVIDIA's part of the inventory: what NVML (and PCI config space) said."""
 
@@ -71,3 +91,4 @@ class NvidiaInventory(VendorPart):
     # 64 bytes are readable, NVML says so). None: could not be determined, vgpu labels are omitted.
     vgpu_present: bool | None = False
     vgpu_host_driver: tuple[str, str] | None = None  # (version, branch) from the capability's record
+    mps: MpsReadiness | None = None  # read only when the config shares by MPS

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import uuid as uuidlib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,6 +21,7 @@ from labeller.config import Config
 from labeller.inventory import BackendReport, BackendStatus, PciGpu
 from vendors.nvidia.facts import MIB, PCI_VENDOR_ID, compute_instance_profiles, gpu_instance_profiles, mig_memory_gb, mig_profile_name
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
+from vendors.nvidia.mps import probe_readiness
 from vendors.pci import devices_dir, normalise_bdf
 from vendors.plausible import MAX_COMPUTE_MAJOR, MAX_COMPUTE_MINOR, MAX_MEMORY_BYTES, first_problem, outside
 from vendors.sysfs import CONFIG_SPACE_LIMIT, Untrusted, read_bytes
@@ -376,7 +378,10 @@ def probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], config: Config | None =
     """Describe the node's NVIDIA GPUs through NVML (``nvml``: a simulation's pynvml, else the real
     one). Never raises: failures become the report."""
     try:
-        return _probe(host_root, pci_gpus, nvml)
+        part, report = _probe(host_root, pci_gpus, nvml)
+        if part is not None and config is not None:
+            part = replace(part, mps=probe_readiness(config))
+        return part, report
     except Exception as exc:  # a backend must never take discovery down; the report carries the reason
         log.error("NVIDIA probe failed", vendor="nvidia", error=str(exc), exc_info=True)
         return None, BackendReport("nvidia", "error", f"NVIDIA probe failed: {type(exc).__name__}: {exc}")

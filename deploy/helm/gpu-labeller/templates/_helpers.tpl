@@ -96,9 +96,8 @@ app.kubernetes.io/component: {{ .component }}
 {{/* "true" when a rendered config turns firmware labels on (the labeller then reads debugfs). */}}
 {{- define "gpu-labeller.firmware" -}}
 {{- $on := false -}}
-{{- range $name, $doc := (include "gpu-labeller.configData" . | fromYaml) -}}
-{{- if kindIs "string" $doc }}{{ $doc = fromYaml $doc }}{{ end -}}
-{{- if dig "labeller" "labels" "firmware" false $doc }}{{ $on = true }}{{ end -}}
+{{- range (include "gpu-labeller.configDocs" . | fromYaml).docs -}}
+{{- if dig "labeller" "labels" "firmware" false . }}{{ $on = true }}{{ end -}}
 {{- end -}}
 {{- $on | toString -}}
 {{- end }}
@@ -161,4 +160,53 @@ seccompProfile:
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+{{- end }}
+
+{{/* The rendered named configs as a list of mappings (a config given as YAML text is parsed). */}}
+{{- define "gpu-labeller.configDocs" -}}
+{{- $docs := list -}}
+{{- range $name, $doc := (include "gpu-labeller.configData" . | fromYaml) -}}
+{{- if kindIs "string" $doc }}{{ $doc = fromYaml $doc }}{{ end -}}
+{{- $docs = append $docs $doc -}}
+{{- end -}}
+{{- toYaml (dict "docs" $docs) -}}
+{{- end }}
+
+{{/* "true" when a named config shares GPUs by MPS (sharing.mps), or devicePlugin.mpsControlDaemon.enabled
+     (configs in an existing ConfigMap are not known here): the device-plugin pod then runs
+     gpu-labeller mps-control-daemon, and both DaemonSets mount the MPS root. */}}
+{{- define "gpu-labeller.mpsEnabled" -}}
+{{- $on := .Values.devicePlugin.mpsControlDaemon.enabled | default false -}}
+{{- range (include "gpu-labeller.configDocs" . | fromYaml).docs -}}
+{{- if not (empty (dig "sharing" "mps" "" .)) }}{{ $on = true }}{{ end -}}
+{{- end -}}
+{{- $on | toString -}}
+{{- end }}
+
+{{/* flags.mpsRoot, the host directory of the MPS daemons' pipes, logs and readiness file: one for
+     every named config (the DaemonSets mount one directory). */}}
+{{- define "gpu-labeller.mpsRoot" -}}
+{{- $roots := list -}}
+{{- range (include "gpu-labeller.configDocs" . | fromYaml).docs -}}
+{{- $roots = append $roots (dig "flags" "mpsRoot" "/run/nvidia/mps" . | trimSuffix "/") -}}
+{{- end -}}
+{{- $roots = uniq $roots -}}
+{{- if gt (len $roots) 1 -}}
+{{- fail (printf "config: the named configs set different flags.mpsRoot (%s); the DaemonSets mount one" (join ", " $roots)) -}}
+{{- end -}}
+{{- $roots | first | default "/run/nvidia/mps" -}}
+{{- end }}
+
+{{/* "true" when a named config's flags.plugin.deviceListStrategy (a string or a list) has
+     cdi-annotations or cdi-cri, or devicePlugin.cdiEnabled: the plugin then writes CDI spec files and
+     needs the host's CDI directory and driver files. */}}
+{{- define "gpu-labeller.cdiEnabled" -}}
+{{- $cdi := .Values.devicePlugin.cdiEnabled | default false -}}
+{{- range (include "gpu-labeller.configDocs" . | fromYaml).docs -}}
+{{- $strategies := dig "flags" "plugin" "deviceListStrategy" "envvar" . -}}
+{{- range (kindIs "string" $strategies | ternary (list $strategies) $strategies) -}}
+{{- if hasPrefix "cdi-" . }}{{ $cdi = true }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- $cdi | toString -}}
 {{- end }}
