@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_PREFIXES
+from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_KEYS, OWNED_PREFIXES
 from tests.deploy import one, render
 
 Obj = dict[str, Any]
@@ -45,6 +45,7 @@ def test_username_follows_namespace_and_service_account_overrides() -> None:
 def test_prefix_lists_match_the_labeller() -> None:
     variables = {v["name"]: v["expression"] for v in policy_and_binding()[0]["spec"]["variables"]}
     assert variables["ownedPrefixes"] == "[" + ",".join(f'"{p}"' for p in OWNED_PREFIXES) + "]"
+    assert variables["ownedKeys"] == "[" + ",".join(f'"{k}"' for k in OWNED_KEYS) + "]"
     assert variables["notOwnedPrefixes"] == "[" + ",".join(f'"{p}"' for p in NOT_OWNED_PREFIXES) + "]"
     assert variables["notOwnedKeys"] == "[" + ",".join(f'"{k}"' for k in NOT_OWNED_KEYS) + "]"
     assert f"e.manager == '{FIELD_MANAGER}'" in variables["labellerLabelFields"]
@@ -162,8 +163,9 @@ def test_every_expression_compiles(policy: Policy) -> None:
     {"set_": {"nvidia.com/mig.capable": "true", "nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/gfd.timestamp": "1"}},
     {"remove": ("nvidia.com/gpu.count",)},
     {"set_": {"nvidia.com/device-plugin.config.state": "failed", "nvidia.com/device-plugin.config.applied": "ts4"}},
+    {"set_": {"gpushare": "true", "nvidia.com/gpu.sharing-strategy": "memory"}},
     {},  # nothing but managedFields/resourceVersion
-], ids=["change", "add-nvidia", "add-amd", "add-mig", "remove", "config-state", "no-op"])
+], ids=["change", "add-nvidia", "add-amd", "add-mig", "remove", "config-state", "gpushare", "no-op"])
 def test_own_node_and_owned_labels_are_allowed(policy: Policy, change: dict[str, Any]) -> None:
     old = node()
     allowed, messages = policy.admit(request(), relabel(old, **change), old)
@@ -199,8 +201,9 @@ def test_token_without_node_claim_is_denied(policy: Policy) -> None:
     ({"set_": {"nvidia.com/gpu.workload.config": "vm-passthrough"}}, "nvidia.com/gpu.workload.config"),
     ({"set_": {"nvidia.com/mig.config": "all-1g.10gb"}}, "nvidia.com/mig.config"),
     ({"set_": {"nvidia.com/device-plugin.config": "x"}}, "nvidia.com/device-plugin.config"),
+    ({"set_": {"gpushare.example.com/x": "y"}}, "gpushare.example.com/x"),  # an owned key is not a prefix
 ], ids=["change-foreign", "add-foreign", "remove-foreign", "gpu-operator-deploy", "workload-config", "mig-config",
-        "plugin-config"])
+        "plugin-config", "gpushare-prefix"])
 def test_foreign_labels_are_denied(policy: Policy, change: dict[str, Any], refused: str) -> None:
     old = node()
     new = relabel(old, **{"set_": {"nvidia.com/gpu.count": "2"}, **change}) if "set_" in change else relabel(old, **change)
