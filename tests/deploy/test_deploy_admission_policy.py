@@ -1,10 +1,5 @@
-"""The optional ValidatingAdmissionPolicy: its shape, and its CEL evaluated on admission requests.
-
-The CEL is evaluated with cel-python (`celpy`), emulating the API server:
-matchConditions first (no match: the policy does not apply), then the variables in order, then every
-validation; an evaluation error denies, as failurePolicy Fail does. Kubernetes' `join` string-list
-extension is supplied by the test.
-"""
+"""The optional ValidatingAdmissionPolicy: its shape, and its CEL evaluated on admission requests
+(tests.deploy.cel emulates the API server)."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ import pytest
 
 from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_KEYS, OWNED_PREFIXES
 from tests.deploy import one, render
+from tests.deploy.cel import Policy
 
 Obj = dict[str, Any]
 USERNAME = "system:serviceaccount:gpu-labeller:gpu-labeller"
@@ -52,52 +48,6 @@ def test_prefix_lists_match_the_labeller() -> None:
 
 
 # --- CEL evaluation -------------------------------------------------------------------------------
-
-import celpy  # noqa: E402  (cel-python, from the test extra)
-from celpy import celtypes  # noqa: E402
-from celpy.adapter import json_to_cel  # noqa: E402
-from celpy.evaluation import CELEvalError  # noqa: E402
-
-
-def _join(items: Any, separator: Any = "") -> Any:
-    return celtypes.StringType(str(separator).join(str(i) for i in items))
-
-
-class Policy:
-    def __init__(self, spec: Obj) -> None:
-        self.env = celpy.Environment()
-        self.spec = spec
-        self.compiled: dict[str, Any] = {}
-
-    def program(self, expression: str) -> Any:
-        if expression not in self.compiled:
-            self.compiled[expression] = self.env.program(self.env.compile(expression), functions={"join": _join})
-        return self.compiled[expression]
-
-    def admit(self, request: Obj, obj: Obj | None, old: Obj | None) -> tuple[bool, list[str]]:
-        """(allowed, denial messages) the API server would answer."""
-        activation: dict[str, Any] = {"request": json_to_cel(request), "object": json_to_cel(obj),
-                                      "oldObject": json_to_cel(old)}
-        for condition in self.spec["matchConditions"]:
-            if not self.program(condition["expression"]).evaluate(activation):
-                return True, []
-        variables: dict[Any, Any] = {}
-        try:
-            for variable in self.spec["variables"]:
-                activation["variables"] = celtypes.MapType(variables)
-                variables[celtypes.StringType(variable["name"])] = self.program(variable["expression"]).evaluate(activation)
-            activation["variables"] = celtypes.MapType(variables)
-            messages = []
-            for validation in self.spec["validations"]:
-                if not self.program(validation["expression"]).evaluate(activation):
-                    message = validation.get("message")
-                    if "messageExpression" in validation:
-                        message = str(self.program(validation["messageExpression"]).evaluate(activation))
-                    messages.append(message)
-        except CELEvalError as e:
-            return False, [f"evaluation error: {e}"]  # failurePolicy: Fail
-        return not messages, messages
-
 
 @pytest.fixture(scope="module")
 def policy() -> Policy:
