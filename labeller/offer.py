@@ -46,16 +46,15 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource, SharingStrategy
+from labeller.gpushare import RESOURCE_COUNT, RESOURCE_MEM
 
 if TYPE_CHECKING:
     from labeller.inventory import Inventory
     from labeller.vendor import Vendor
 
 REPLICA_SEPARATOR = "::"
-# What sharing.memory shares, and the names it offers it under (gpushare's).
+# What sharing.memory shares (under gpushare's RESOURCE_MEM and RESOURCE_COUNT).
 MEMORY_SHARED_BASE = "nvidia.com/gpu"
-MEMORY_RESOURCE = "aliyun.com/gpu-mem"
-COUNT_RESOURCE = "aliyun.com/gpu-count"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,8 +253,8 @@ def memory_shared(group: DeviceGroup, memory: MemorySharing) -> tuple[list[Resou
     units = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in gpus
                   for n in range(memory_units(p, memory)))
     per_gpu = min(memory_units(p, memory) for p in gpus)
-    return [Resource(MEMORY_RESOURCE, group.base, group.vendor, units, per_gpu, "memory"),
-            Resource(COUNT_RESOURCE, group.base, group.vendor, tuple(AdvertisedDevice(p.visible_id, p) for p in gpus),
+    return [Resource(RESOURCE_MEM, group.base, group.vendor, units, per_gpu, "memory"),
+            Resource(RESOURCE_COUNT, group.base, group.vendor, tuple(AdvertisedDevice(p.visible_id, p) for p in gpus),
                      1, "memory")], held
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from labeller.offer import COUNT_RESOURCE, MEMORY_RESOURCE
+from labeller.gpushare import RESOURCE_COUNT as COUNT_RESOURCE, RESOURCE_MEM as MEMORY_RESOURCE
 from tests.builders import label_set_of, nvidia, nvidia_gpu, offer_of
 
 GIB = 1 << 30

@@ -33,7 +33,8 @@ import structlog
 from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.labels import Labeler, Labels
-from labeller.offer import MEMORY_RESOURCE, Offer, Resource
+from labeller.gpushare import RESOURCE_MEM
+from labeller.offer import Offer, Resource
 from vendors.nvidia.devices import GPU, VENDOR, NvidiaDevice
 from vendors.nvidia.facts import COMPUTE_CLASS, GRAPHICS_CLASS, MIB, PCI_VENDOR_ID, name_in_labels
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
@@ -235,7 +236,7 @@ def _memory_sharing_labels(product: str, resources: Sequence[Resource], model: N
     """Memory sharing (``aliyun.com/gpu-mem``, ``aliyun.com/gpu-count``): ``count`` GPUs, ``replicas``
     the memory units of one GPU of the model described (``count`` x ``replicas`` is what gpu-mem
     advertises when the GPUs are alike), ``sharing-strategy=memory``."""
-    units = Counter(d.physical.health_key for r in resources if r.name == MEMORY_RESOURCE for d in r.devices
+    units = Counter(d.physical.health_key for r in resources if r.name == RESOURCE_MEM for d in r.devices
                     if isinstance(d.physical, NvidiaDevice) and d.physical.nvml_gpu.name == model.name)
     return {f"{GPU}.product": product, f"{GPU}.replicas": str(min(units.values(), default=0)),
             f"{GPU}.sharing-strategy": "memory"}
@@ -306,7 +307,7 @@ def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> L
 
 def gpushare_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """``gpushare=true`` while GPUs are offered by memory: gpushare-era DaemonSets select on it."""
-    return {GPUSHARE_LABEL: "true"} if any(r.name == MEMORY_RESOURCE for r in offer.of_vendor(VENDOR)) else {}
+    return {GPUSHARE_LABEL: "true"} if any(r.name == RESOURCE_MEM for r in offer.of_vendor(VENDOR)) else {}
 
 
 def mig_mixed_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
