@@ -63,7 +63,7 @@ def memory_node(sock_dir: Path, tmp_path: Path, config: dict[str, Any] | None = 
         plugin = DevicePlugin(settings)
         plugin.serve(offer_of(inv, config_).resources, config_, root, handles)
         with plugin:
-            assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU)
+            assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU and kubelet.allocatable(COUNT) == 4)
             uuids = [p.health_key for p in offer_of(inv, config_).resources[0].physical_devices]
             yield Node(plugin, api, kubelet, uuids, handles["nvidia"])
 
@@ -165,6 +165,7 @@ def test_index_strategy_and_a_conflicting_write_while_marking_assigned(sock_dir:
         node.api.faults.add(Fault(verb="patch", resource="pods", status=409, times=1))
         assert node.admit(1)[0]["NVIDIA_VISIBLE_DEVICES"] == "2"
         assert node.annotations("p")[gpushare.ANN_ASSIGNED] == "true"  # read again and written
+        assert node.api.log.count("patch", "pods") == 2 and node.api.log.count("get", "pods") == 1
 
 
 def test_gpu_count_cannot_be_allocated(sock_dir: Path, tmp_path: Path) -> None:
