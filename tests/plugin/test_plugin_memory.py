@@ -184,8 +184,8 @@ def test_without_a_node_name_every_allocation_says_why(sock_dir: Path, tmp_path:
 def test_an_unhealthy_gpu_takes_all_its_units_away(sock_dir: Path, tmp_path: Path) -> None:
     with memory_node(sock_dir, tmp_path) as node:
         node.nvml.inject_xid(node.uuids[1], 79)
-        assert node.kubelet.wait_for(lambda: node.kubelet.allocatable(MEM) == 3 * UNITS_PER_GPU)
-        assert node.kubelet.allocatable(COUNT) == 3
+        assert node.kubelet.wait_for(lambda: node.kubelet.allocatable(MEM) == 3 * UNITS_PER_GPU
+                                     and node.kubelet.allocatable(COUNT) == 3)
         assert sum(1 for i, h in node.kubelet.devices(MEM).items() if h == "Unhealthy" and i.startswith(node.uuids[1])) \
             == UNITS_PER_GPU
         node.place("p", 1, {"main": cuda(1)})
