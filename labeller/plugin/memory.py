@@ -125,11 +125,13 @@ class PodMatcher:
         return Match(pod, container, units, index)
 
     def _why_none(self, size: str, assumed: Sequence[Pod]) -> str:
-        where = f"node {self.node}: no pod bound to this node waits to start a container of {size} of {gpushare.RESOURCE_MEM}"
+        where = (f"node {self.node}: no pod bound to this node waits to start a container of {size} "
+                 f"of {gpushare.RESOURCE_MEM}")
         if not assumed:
             return (f"{where}: no pod here carries the scheduler extender's assumption ({gpushare.ANN_IDX} set, "
                     f"{gpushare.ANN_ASSIGNED}=false); is the pod scheduled through the gpushare scheduler extender?")
-        waiting = "; ".join(f"{gpushare.pod_key(p)} waits for {[n for _, n in self._waiting(p)] or 'nothing'}" for p in assumed)
+        waiting = "; ".join(f"{gpushare.pod_key(p)} waits for {[n for _, n in self._waiting(p)] or 'nothing'}"
+                            for p in assumed)
         return f"{where} (assumed pods: {waiting})"
 
     def done(self, match: Match) -> None:
@@ -142,7 +144,8 @@ class PodMatcher:
         """Patch ASSIGNED=true and ASSIGN_TIME, retrying on 409 with the pod read again."""
         assert self._api is not None
         meta = pod["metadata"]
-        namespace, name, version = str(meta.get("namespace", "")), str(meta.get("name", "")), meta.get("resourceVersion")
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        version = meta.get("resourceVersion")
         annotations = {gpushare.ANN_ASSIGNED: "true", gpushare.ANN_ASSIGN_TIME: str(self._clock())}
         for _ in range(PATCH_ATTEMPTS):
             try:
@@ -187,6 +190,7 @@ class MemoryAllocator:
                                                             for c in request.container_requests])
 
     def container(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+        started = time.perf_counter()
         self._check(ids)
         match = self._matcher.find(len(ids), self._unit)
         gpu = self._gpu(match)
@@ -197,13 +201,15 @@ class MemoryAllocator:
             gpushare.ENV_CONTAINER: str(match.units),
             gpushare.ENV_DEV: str(self._units[gpu.health_key]),
         })
+        pod, node = gpushare.pod_key(match.pod), self._matcher.node
         picked = {d.physical.health_key for i in ids if (d := self.resource.device(i)) is not None}
         if picked != {gpu.health_key}:
             log.info("the kubelet's units name another GPU; the container gets the GPU chosen at bind",
-                     node=self._matcher.node, pod=gpushare.pod_key(match.pod), device=gpu.visible_id, kubelet_units=sorted(ids)[:4])
+                     node=node, pod=pod, device=gpu.visible_id, kubelet_units=sorted(ids)[:4])
         self._matcher.done(match)
-        log.info("allocated by memory", node=self._matcher.node, pod=gpushare.pod_key(match.pod), container=match.container,
-                 units=match.units, unit=self._unit, device=gpu.visible_id, index=match.gpu_index)
+        log.info("allocated by memory", node=node, pod=pod, container=match.container, units=match.units,
+                 unit=self._unit, device=gpu.visible_id, index=match.gpu_index,
+                 took_ms=round((time.perf_counter() - started) * 1000, 2))
         return response(edits)
 
     def _check(self, ids: Sequence[str]) -> None:
@@ -215,8 +221,9 @@ class MemoryAllocator:
 
     def _gpu(self, match: Match) -> PhysicalDevice:
         if not 0 <= match.gpu_index < len(self._gpus):
-            raise Unmatched(f"node {self._matcher.node}: pod {gpushare.pod_key(match.pod)} was bound to GPU index {match.gpu_index} "
-                            f"({gpushare.ANN_IDX}), but this node shares {len(self._gpus)} GPU(s) by memory")
+            raise Unmatched(f"node {self._matcher.node}: pod {gpushare.pod_key(match.pod)} was bound to GPU index "
+                            f"{match.gpu_index} ({gpushare.ANN_IDX}), but this node shares {len(self._gpus)} GPU(s) "
+                            "by memory")
         return self._gpus[match.gpu_index]
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int, policy: str) -> list[str]:

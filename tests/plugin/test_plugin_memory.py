@@ -190,3 +190,12 @@ def test_an_unhealthy_gpu_takes_all_its_units_away(sock_dir: Path, tmp_path: Pat
             == UNITS_PER_GPU
         node.place("p", 1, {"main": cuda(1)})
         assert node.admit(1)[0]["NVIDIA_VISIBLE_DEVICES"] == node.uuids[1]  # bound before the XID: still its GPU
+
+
+def test_a_gpu_index_this_node_does_not_share_fails_the_pod(sock_dir: Path, tmp_path: Path) -> None:
+    with memory_node(sock_dir, tmp_path) as node:
+        node.place("off-the-end", 4, {"main": cuda(1)})  # 4 GPUs: indices 0-3
+        with pytest.raises(AdmissionError, match=r"default/off-the-end was bound to GPU index 4 \(ALIYUN_COM_GPU_MEM_IDX\), "
+                                                 r"but this node shares 4 GPU\(s\) by memory"):
+            node.admit(1)
+        assert node.annotations("off-the-end")[gpushare.ANN_ASSIGNED] == "false"
