@@ -60,12 +60,10 @@ def unfit_reason(gpus: Gpus | None, free: Free, request: int) -> str | None:
 
 
 def score(free: Free, request: int, units: int, policy: str = "binpack") -> int:
-    """0..MAX_SCORE for the node: binpack prefers the node whose chosen GPU is left fullest, spread
-    the emptiest. 0 when the pod does not fit."""
-    index = choose(free, request, policy)
-    if index is None or units <= 0:
+    """0..MAX_SCORE for the node, from how full its healthy GPUs would be with the pod: binpack
+    prefers the fullest node, spread the emptiest. 0 when the pod does not fit."""
+    healthy = [left for left in free if left is not None]
+    if choose(free, request, policy) is None or units <= 0 or not healthy:
         return 0
-    left = free[index]
-    assert left is not None
-    fullness = 1.0 - (left - request) / units
+    fullness = (units * len(healthy) - sum(healthy) + request) / (units * len(healthy))
     return round(MAX_SCORE * (fullness if policy == "binpack" else 1.0 - fullness))

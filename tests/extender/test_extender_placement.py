@@ -42,10 +42,11 @@ def test_reasons_name_a_pod_larger_than_one_gpu_and_nodes_that_do_not_share() ->
     assert placement.unfit_reason(Gpus(2, 16, frozenset({0, 1})), [None, None], 1) == "all 2 GPUs are unhealthy"
 
 
-def test_scores_favour_packing_or_spreading() -> None:
+def test_scores_favour_full_or_empty_nodes() -> None:
     assert placement.score([16], 16, 16, "binpack") == 10
     assert placement.score([16], 4, 16, "binpack") == 2
     assert placement.score([16], 4, 16, "spread") == 8
+    assert placement.score([6, 16, None], 4, 16, "binpack") == 4  # (32 - 22 + 4) / 32 of the healthy GPUs
     assert placement.score([2], 4, 16, "binpack") == 0
 
 
