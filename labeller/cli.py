@@ -69,6 +69,9 @@ LAZY_COMMANDS = {
     "cleanup": ("labeller.daemon.cli:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
     "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
     "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon", "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
+    "scheduler-extender": ("labeller.extender.cli:scheduler_extender",
+                           "Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible."),
+    "inspect": ("labeller.extender.cli:inspect", "Per node and GPU: total, used and free GPU memory and its pods."),
 }
 
 
