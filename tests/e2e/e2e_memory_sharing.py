@@ -39,6 +39,7 @@ from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402
 from tests.e2e.e2e_ownership import check, figure, results, wait  # noqa: E402
+from tests.e2e.e2e_sharing import stop  # noqa: E402
 
 NODE = "e2e-gpushare-node"
 PROFILE = "t4-x4-gpushare"  # 4 x T4, 14 GiB each
@@ -179,12 +180,7 @@ def main() -> int:
               and can("patch", "nodes") == "no" and can("create", "configmaps") == "no" and can("get", "nodes") == "no",
               "the plugin's ServiceAccount may list and patch pods, and nothing else (no node access: no label followed)")
     finally:
-        for proc in reversed(processes):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(*reversed(processes))
         if not args.keep:
             cluster.down()
         print(f"logs in {work}")
