@@ -220,11 +220,18 @@ class MemoryAllocator:
             raise RequestError(f"{self.resource.name}: unknown or repeated device ID(s): {', '.join(ids[:5])}")
 
     def _gpu(self, match: Match) -> PhysicalDevice:
+        """The GPU the pod was bound to; Unmatched when this node has no such GPU or it is too small
+        for the pod (an extender that took gpu-mem / gpu-count for every GPU of a node with mixed sizes)."""
+        pod, node = gpushare.pod_key(match.pod), self._matcher.node
         if not 0 <= match.gpu_index < len(self._gpus):
-            raise Unmatched(f"node {self._matcher.node}: pod {gpushare.pod_key(match.pod)} was bound to GPU index "
-                            f"{match.gpu_index} ({gpushare.ANN_IDX}), but this node shares {len(self._gpus)} GPU(s) "
-                            "by memory")
-        return self._gpus[match.gpu_index]
+            raise Unmatched(f"node {node}: pod {pod} was bound to GPU index {match.gpu_index} ({gpushare.ANN_IDX}), "
+                            f"but this node shares {len(self._gpus)} GPU(s) by memory")
+        gpu = self._gpus[match.gpu_index]
+        wanted, has = gpushare.pod_request(match.pod), self._units[gpu.health_key]
+        if wanted > has:
+            raise Unmatched(f"node {node}: pod {pod} asks for {wanted} {self._unit} of {gpushare.RESOURCE_MEM} on GPU "
+                            f"{match.gpu_index} ({gpu.visible_id}), which has {has} {self._unit}")
+        return gpu
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int, policy: str) -> list[str]:
         """Units of the GPU the waiting pod was bound to, when there are enough; else the generic choice."""

@@ -199,3 +199,13 @@ def test_a_gpu_index_this_node_does_not_share_fails_the_pod(sock_dir: Path, tmp_
                                                  r"but this node shares 4 GPU\(s\) by memory"):
             node.admit(1)
         assert node.annotations("off-the-end")[gpushare.ANN_ASSIGNED] == "false"
+
+
+def test_a_pod_larger_than_its_gpu_fails_with_both_sizes(sock_dir: Path, tmp_path: Path) -> None:
+    """An extender that took gpu-mem / gpu-count for every GPU can overshoot one GPU of a node with
+    mixed sizes; the plugin says so instead of handing out memory the GPU does not have."""
+    with memory_node(sock_dir, tmp_path) as node:
+        node.place("too-big", 3, {"a": cuda(10), "b": cuda(6)})
+        with pytest.raises(AdmissionError, match=r"pod default/too-big asks for 16 GiB of aliyun.com/gpu-mem on GPU 3 "
+                                                 r"\(GPU-[0-9a-f-]+\), which has 14 GiB"):
+            node.admit(10)
