@@ -20,6 +20,7 @@ from tests.builders import offer_of
 from tests.fakes.apiserver import FakeApiServer, Fault
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import simulated
+from tests.plugin.test_plugin_cli import PluginProcess
 
 NODE = "gpu-node-1"
 MEM, COUNT = gpushare.RESOURCE_MEM, gpushare.RESOURCE_COUNT
@@ -209,3 +210,21 @@ def test_a_pod_larger_than_its_gpu_fails_with_both_sizes(sock_dir: Path, tmp_pat
         with pytest.raises(AdmissionError, match=r"pod default/too-big asks for 16 GiB of aliyun.com/gpu-mem on GPU 3 "
                                                  r"\(GPU-[0-9a-f-]+\), which has 14 GiB"):
             node.admit(10)
+
+
+def test_the_device_plugin_process_serves_memory_sharing_with_its_node_and_kubeconfig(
+        sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        api.create_node(NODE)
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        with PluginProcess("--simulate", PROFILE, "--socket-dir", str(sock_dir), "--node-name", NODE,
+                           "--kubeconfig", str(kubeconfig)) as plugin:
+            assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU, 20)
+            annotations = gpushare.placement_annotations(3, 6, UNITS_PER_GPU, next(_clock))
+            api.create_pod("p", node=NODE, containers={"main": cuda(6)}, annotations=annotations)
+            responses, (ids,) = kubelet.admit_each(MEM, [6])
+            assert dict(responses[0].envs)["ALIYUN_COM_GPU_MEM_IDX"] == "3"
+            assert api.pod("p")["metadata"]["annotations"][gpushare.ANN_ASSIGNED] == "true"
+            allocated = plugin.event("allocated by memory")
+            assert (allocated["node"], allocated["pod"], allocated["units"], allocated["index"]) == (NODE, "default/p", 6, 3)
+            assert plugin.stop() == 0
