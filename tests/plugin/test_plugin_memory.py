@@ -15,8 +15,9 @@ import pytest
 
 from labeller import gpushare
 from labeller.kube import Kube
+from labeller.namedconfigs import CONFIG_LABEL
 from labeller.plugin.app import DevicePlugin, PluginSettings
-from tests.builders import offer_of
+from tests.builders import config_map_volume, offer_of
 from tests.fakes.apiserver import FakeApiServer, Fault
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import simulated
@@ -228,3 +229,27 @@ def test_the_device_plugin_process_serves_memory_sharing_with_its_node_and_kubec
             allocated = plugin.event("allocated by memory")
             assert (allocated["node"], allocated["pod"], allocated["units"], allocated["index"]) == (NODE, "default/p", 6, 3)
             assert plugin.stop() == 0
+
+
+def test_a_node_labelled_into_a_memory_sharing_pool_switches_without_a_restart(
+        sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    """Per-node named configs: memory sharing is one more config block, followed like any other."""
+    with FakeApiServer() as api:
+        api.create_node(NODE)
+        configs = config_map_volume(tmp_path / "configs", {"default": {"version": "v1"},
+                                                           "gpushare": {"version": "v1", "sharing": {"memory": {}}}})
+        with PluginProcess("--simulate", PROFILE, "--config-dir", str(configs), "--socket-dir", str(sock_dir),
+                           "--node-name", NODE, "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig"))) \
+                as plugin:
+            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, 20)
+            api.set_labels(NODE, {CONFIG_LABEL: "gpushare"})
+            assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU
+                                    and kubelet.allocatable(COUNT) == 4, 10)
+            assert kubelet.wait_for(lambda: kubelet.seen("nvidia.com/gpu")[-1].event == "stream-ended")
+            api.create_pod("p", node=NODE, containers={"main": cuda(2)},
+                           annotations=gpushare.placement_annotations(1, 2, UNITS_PER_GPU, next(_clock)))
+            responses, _ = kubelet.admit_each(MEM, [2])
+            assert dict(responses[0].envs)["ALIYUN_COM_GPU_MEM_IDX"] == "1"
+            api.set_labels(NODE, {CONFIG_LABEL: None})  # back to whole GPUs
+            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, 10)
+            assert plugin.proc.poll() is None and plugin.stop() == 0
