@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
-         "labeller.vendor", "labeller.rules"}
+         "labeller.vendor", "labeller.rules", "labeller.gpushare"}
 
 
 def module_name(path: Path) -> str:

@@ -16,12 +16,16 @@ Where GFD is ambiguous we choose, and say so:
 - Sharing a subset of a resource's devices (``devices:``): ``count`` counts every device of the
   resource, ``replicas`` and ``sharing-strategy`` describe the shared ones, and
   ``<prefix>.shared-count`` (ours; GFD has no such key) says how many are shared.
+- Sharing by memory (``sharing.memory``, gpushare's model; GFD has no such strategy):
+  ``sharing-strategy=memory``, ``count`` the GPUs (``aliyun.com/gpu-count``), ``replicas`` the
+  memory units of one GPU, no ``-SHARED``; and ``gpushare=true``, gpushare's node label.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -29,6 +33,7 @@ import structlog
 from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.labels import Labeler, Labels
+from labeller.gpushare import RESOURCE_MEM
 from labeller.offer import Offer, Resource
 from vendors.nvidia.devices import GPU, VENDOR, NvidiaDevice
 from vendors.nvidia.facts import COMPUTE_CLASS, GRAPHICS_CLASS, MIB, PCI_VENDOR_ID, name_in_labels
@@ -37,6 +42,7 @@ from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 log = structlog.get_logger(__name__)
 
 TIMESTAMP = "nvidia.com/gfd.timestamp"
+GPUSHARE_LABEL = "gpushare"  # gpushare's install docs: the node selector of its DaemonSets
 # GFD computes its timestamp once per process start, not per pass; so do we.
 _PROCESS_START = int(time.time())
 
@@ -226,6 +232,16 @@ def _sharing_labels(prefix: str, product: str, resources: Sequence[Resource]) ->
     return labels
 
 
+def _memory_sharing_labels(product: str, resources: Sequence[Resource], model: NvidiaGpu) -> Labels:
+    """Memory sharing (``aliyun.com/gpu-mem``, ``aliyun.com/gpu-count``): ``count`` GPUs, ``replicas``
+    the memory units of one GPU of the model described (``count`` x ``replicas`` is what gpu-mem
+    advertises when the GPUs are alike), ``sharing-strategy=memory``."""
+    units = Counter(d.physical.health_key for r in resources if r.name == RESOURCE_MEM for d in r.devices
+                    if isinstance(d.physical, NvidiaDevice) and d.physical.nvml_gpu.name == model.name)
+    return {f"{GPU}.product": product, f"{GPU}.replicas": str(min(units.values(), default=0)),
+            f"{GPU}.sharing-strategy": "memory"}
+
+
 def _model_labels(gpu: NvidiaGpu) -> Labels:
     """memory, family and compute capability of one model."""
     labels: Labels = {}
@@ -282,7 +298,16 @@ def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> L
         mig = migs[0].mig
         return (labels | _sharing_labels(GPU, mig_product_name(migs[0].nvml_gpu.name, mig), resources)
                 | {f"{GPU}.count": str(len(migs))} | _mig_attribute_labels(GPU, mig))
-    return labels | _sharing_labels(GPU, product_name(model.name), resources) | {f"{GPU}.count": str(len(devices))}
+    if any(r.strategy == "memory" for r in resources):
+        sharing = _memory_sharing_labels(product_name(model.name), resources, model)
+    else:
+        sharing = _sharing_labels(GPU, product_name(model.name), resources)
+    return labels | sharing | {f"{GPU}.count": str(len(devices))}
+
+
+def gpushare_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+    """``gpushare=true`` while GPUs are offered by memory: gpushare-era DaemonSets select on it."""
+    return {GPUSHARE_LABEL: "true"} if any(r.name == RESOURCE_MEM for r in offer.of_vendor(VENDOR)) else {}
 
 
 def mig_mixed_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
@@ -313,4 +338,5 @@ LABELERS: tuple[Labeler, ...] = (
     mig_strategy_labels,
     mig_mixed_labels,
     vgpu_labels,
+    gpushare_labels,
 )
