@@ -201,11 +201,21 @@ def offer_document(offer: Offer, node: Node) -> dict[str, Any]:
     }
 
 
+def _shared_text(resource: dict[str, Any]) -> str:
+    """How the devices share their physical ones: replicas, or units of each GPU's memory."""
+    if resource["replicas"] <= 1:
+        return ""
+    if resource["sharing"] != "memory":
+        return f" x {resource['replicas']} replicas, {resource['sharing']}"
+    per_gpu, uneven = divmod(resource["count"], resource["physical"])
+    return ", each its memory in units" if uneven else f", {per_gpu} memory units each"
+
+
 def offer_text(document: dict[str, Any]) -> str:
     lines = []
     for r in document["resources"]:
-        shared = f" x {r['replicas']} replicas, {r['sharing']}" if r["replicas"] > 1 else ""
-        lines.append(f"{r['name']}: {r['count']} devices ({r['physical']} physical{shared}), socket {r['socket']}")
+        lines.append(f"{r['name']}: {r['count']} devices ({r['physical']} physical{_shared_text(r)}), "
+                     f"socket {r['socket']}")
         lines.append(f"  health: {r['health']}")
         for d in r["devices"]:
             where = ", ".join(f"{k} {d[k]}" for k in ("partition", "numa_node") if d[k] is not None)
