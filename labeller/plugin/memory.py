@@ -5,8 +5,9 @@ The kubelet sends Allocate the N memory units it picked for one container, witho
 pod it serves. The extender has written its choice on the pod before binding it
 (``ALIYUN_COM_GPU_MEM_IDX``, ``_ASSIGNED=false``, ``_ASSUME_TIME``), so ``PodMatcher``:
 
-1. lists the pods bound to this node (one LIST, field selector ``spec.nodeName``) and keeps the
-   assumed ones: IDX set, ASSIGNED false, not finished;
+1. lists the Pending pods bound to this node (one LIST, field selector ``spec.nodeName`` and
+   ``status.phase=Pending``, as gpushare) and keeps the assumed ones: IDX set, ASSIGNED false, not
+   being deleted;
 2. keeps those with a gpu-mem container that has not been allocated yet (tracked in memory, per pod
    UID) and asks for exactly N units. gpu-labeller's extender binds at most one assumed pod per node
    at a time (its per-node lock, released when the pod is ASSIGNED), so there is normally exactly one.
@@ -88,7 +89,8 @@ class PodMatcher:
         if self._api is None:
             raise Unmatched(f"node {self.node or '(unknown)'}: cannot read this node's pods: {self._problem}")
         try:
-            pods, _ = self._api.list_pods(field_selector=f"spec.nodeName={self.node}")
+            # A pod waits for Allocate while Pending: running pods, most of a node's, are not listed.
+            pods, _ = self._api.list_pods(field_selector=f"spec.nodeName={self.node},status.phase=Pending")
         except Exception as exc:  # noqa: BLE001 - any API failure fails this Allocate with its reason
             raise Unmatched(f"node {self.node}: cannot list the pods bound to this node to find the one this "
                             f"allocation is for: {exc}") from None
