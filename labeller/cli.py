@@ -69,6 +69,7 @@ LAZY_COMMANDS = {
     "cleanup": ("labeller.daemon.cli:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
     "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
     "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon", "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
+    "explain": ("labeller.authoring:explain", "Say where each label comes from, or why a key is not produced."),
 }
 
 

@@ -207,3 +207,36 @@ LABELERS: tuple[Labeler, ...] = (
     compute_memory_partition_labels,
     partitioning_supported_labels,
 )
+
+
+# --- for people: every key family above, who else writes it and when it is written -------------
+
+_AMD = "AMD k8s-node-labeller (ROCm/k8s-device-plugin)"
+_COUNTED = ("vram", "simd-count", "cu-count", "device-id", "family", "product-name")
+
+
+def _counted_docs(kind: str) -> tuple[KeyDoc, ...]:
+    one = "all GPUs (KFD nodes for vram, simd-count, cu-count) agree on one value"
+    several = "the GPUs (KFD nodes for vram, simd-count, cu-count) have several values: one key per value"
+    return (
+        KeyDoc(f"{NEW}{kind}", _AMD, one, "amd"),
+        KeyDoc(f"{NEW}{kind}.<value>", _AMD, several, "amd"),
+        KeyDoc(f"{BETA}{kind}", _AMD, one, "amdBeta"),
+        KeyDoc(f"{BETA}{kind}.<value>", _AMD, "always, one key per value, counting the GPUs (KFD nodes) that have it",
+               "amdBeta"),
+    )
+
+
+KEY_DOCS: tuple[KeyDoc, ...] = (
+    *(doc for kind in _COUNTED for doc in _counted_docs(kind)),
+    KeyDoc(f"{NEW}driver-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
+    KeyDoc(f"{NEW}driver-src-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
+    KeyDoc(f"{NEW}compute-memory-partition", _AMD, "every GPU reports compute and memory partition modes, and they agree",
+           "amd"),
+    KeyDoc(f"{NEW}compute-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
+    KeyDoc(f"{NEW}memory-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
+    KeyDoc(f"{BETA}firmware.<block>.feat.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",
+           "firmware"),
+    KeyDoc(f"{BETA}firmware.<block>.fw.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",
+           "firmware"),
+)

@@ -401,3 +401,44 @@ LABELERS: tuple[Labeler, ...] = (
     mig_mixed_labels,
     vgpu_labels,
 )
+
+
+# --- for people: every key family above, who else writes it and when it is written -------------
+
+_GFD = "GFD (NVIDIA gpu-feature-discovery)"
+_NVML = "NVML described at least one GPU"
+_SINGLE = "flags.migStrategy is single with every GPU MIG-enabled with one profile (now: {mig_strategy})"
+_MIXED = "flags.migStrategy is mixed and MIG devices of that profile are offered (now: {mig_strategy})"
+_RESOURCE_SUFFIXES = ("product", "count", "replicas", "sharing-strategy", "memory")
+_MIG_SUFFIXES = tuple(suffix for suffix, _, _ in _MIG_ATTRIBUTES if suffix != "memory")
+
+KEY_DOCS: tuple[KeyDoc, ...] = (
+    *(KeyDoc(f"{GPU}.{suffix}", _GFD, _NVML, "nvidia") for suffix in _RESOURCE_SUFFIXES),
+    KeyDoc(f"{GPU}.shared-count", "none: gpu-labeller's own key (GFD has none)",
+           "sharing.{sharing}.resources[nvidia.com/gpu].devices shares only some of the GPUs", "nvidia"),
+    *(KeyDoc(f"{GPU}.{suffix}", _GFD, f"{_NVML} and it reports a compute capability", "nvidia")
+      for suffix in ("family", "compute.major", "compute.minor")),
+    KeyDoc(f"{GPU}.machine", _GFD, _NVML, "machine"),
+    KeyDoc(f"{GPU}.mode", _GFD, _NVML, "nvidia"),
+    KeyDoc(f"{GPU}.clique", _GFD, "every fabric-attached GPU reports the same cluster UUID and clique id "
+           "(multi-node NVLink)", "nvidia"),
+    *(KeyDoc(f"{GPU}.{suffix}", _GFD, _SINGLE, "nvidia") for suffix in _MIG_SUFFIXES),
+    *(KeyDoc(f"nvidia.com/cuda.driver-version.{part}", _GFD, f"{_NVML} and the driver version has 2 or 3 parts", "nvidia")
+      for part in ("major", "minor", "revision", "full")),
+    *(KeyDoc(f"nvidia.com/cuda.driver.{part}", f"{_GFD} (deprecated key)", f"{_NVML} and the driver version has 2 or "
+             "3 parts", "nvidia") for part in ("major", "minor", "rev")),
+    *(KeyDoc(f"nvidia.com/cuda.runtime-version.{part}", _GFD, _NVML, "nvidia") for part in ("major", "minor", "full")),
+    *(KeyDoc(f"nvidia.com/cuda.runtime.{part}", f"{_GFD} (deprecated key)", _NVML, "nvidia") for part in ("major", "minor")),
+    KeyDoc("nvidia.com/mig.capable", _GFD, _NVML, "nvidia"),
+    KeyDoc("nvidia.com/mig.strategy", _GFD, "flags.migStrategy is single or mixed (now: {mig_strategy})", "nvidia"),
+    *(KeyDoc(f"nvidia.com/mig-<profile>.{suffix}", _GFD, _MIXED, "nvidia")
+      for suffix in (*_RESOURCE_SUFFIXES, *_MIG_SUFFIXES)),
+    KeyDoc("nvidia.com/mig-<profile>.shared-count", "none: gpu-labeller's own key (GFD has none)",
+           f"{_MIXED}, and the sharing config shares only some of them", "nvidia"),
+    KeyDoc("nvidia.com/mps.capable", _GFD, _NVML, "nvidia"),
+    KeyDoc("nvidia.com/vgpu.present", _GFD, f"{_NVML} and its vGPU state is known", "nvidia"),
+    *(KeyDoc(f"nvidia.com/vgpu.host-driver-{part}", _GFD, "on a vGPU guest whose PCI config space is readable whole "
+             "(labeller.vgpuDetection in the chart)", "nvidia") for part in ("version", "branch")),
+    KeyDoc(TIMESTAMP, f"{_GFD} (on by default there)", "an NVIDIA GPU is present and labeller.labels.timestamp is on",
+           "timestamp"),
+)
