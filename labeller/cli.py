@@ -25,6 +25,7 @@ from labeller.node import Node, chosen, open_node
 from labeller.offer import Offer
 from labeller.options import BadInput, discovery_options
 from labeller.outputs import FORMATS, render, write_atomic
+from labeller.snippets import SNIPPET_FORMATS, SnippetError, snippet
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +71,7 @@ LAZY_COMMANDS = {
     "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
     "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon", "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
     "explain": ("labeller.authoring:explain", "Say where each label comes from, or why a key is not produced."),
+    "match": ("labeller.authoring:match", "Which nodes a label selector or a node affinity would land on."),
 }
 
 
@@ -131,19 +133,25 @@ def _offer(node: Node, inventory: Inventory, config_path: Path | None, simulate:
 
 @main.command()
 @discovery_options
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
-              help="text: key=value lines; nfd: NFD features.d file.")
+@click.option("--format", "fmt", type=click.Choice([*FORMATS, *SNIPPET_FORMATS]), default="text", show_default=True,
+              help="text: key=value lines; nfd: NFD features.d file; selector, affinity: a ready-to-paste "
+                   "nodeSelector or node affinity selecting nodes like this one (presence and model).")
+@click.option("--min-memory", type=click.IntRange(min=1), metavar="MIB",
+              help="With --format affinity: GPUs with at least this much memory (a Gt on nvidia.com/gpu.memory) "
+                   "instead of this model.")
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
               help="Write to this file instead of standard output: a regular file is replaced atomically, "
                    "a symlink's target is written, a device or FIFO is written through.")
 def labels(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
-           config_name: str | None, fmt: str, output: Path | None) -> None:
+           config_name: str | None, fmt: str, min_memory: int | None, output: Path | None) -> None:
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
+    if min_memory is not None and fmt != "affinity":
+        raise BadInput("--min-memory needs --format affinity (a nodeSelector cannot compare numbers)")
     with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
         inventory = _probe(node)
         label_set = node.labels(inventory, _offer(node, inventory, config_path, simulate))
     label_set.log_problems(log)
-    text = render(label_set.labels, fmt)
+    text = _snippet(label_set.labels, fmt, min_memory) if fmt in SNIPPET_FORMATS else render(label_set.labels, fmt)
     if output is None:
         emit(text)
         return
@@ -152,6 +160,13 @@ def labels(host_root: Path, simulate: str | None, config_path: Path | None, conf
     except OSError as exc:
         message = f"{output}: cannot write: {exc.strerror or exc}"
         raise (WriteFailed(message) if exc.errno in WRITE_ERRNOS else BadInput(message)) from None
+
+
+def _snippet(labels: dict[str, str], fmt: str, min_memory: int | None) -> str:
+    try:
+        return snippet(labels, fmt, min_memory)
+    except SnippetError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def _jsonable(value: Any) -> Any:

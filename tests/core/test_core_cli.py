@@ -74,7 +74,13 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", [["labels"], ["resources"], ["probe"], ["labels", "--simulate", "dgx-h100"],
                                      ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"],
                                      ["labels", "--simulate", "dgx-h100", "--config-dir", "CONFIGS", "--config-name", "a"],
-                                     ["resources", "--simulate", "dgx-h100", "--config-dir", "CONFIGS"]])
+                                     ["resources", "--simulate", "dgx-h100", "--config-dir", "CONFIGS"],
+                                     ["explain", "--simulate", "dgx-h100"],
+                                     ["explain", "nvidia.com/gpu.product", "--simulate", "mixed-l40s-mi210"],
+                                     ["match", "nvidia.com/gpu.product=Tesla-T4"],
+                                     ["match", "amd.com/gpu.present", "--simulate", "mi210-x8"],
+                                     ["labels", "--simulate", "dgx-h100", "--format", "selector"],
+                                     ["labels", "--simulate", "dgx-h100", "--format", "affinity", "--min-memory", "8"]])
 def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path: Path, command: list[str]) -> None:
     configs = config_map_volume(tmp_path / "configs", {"a": "version: v1\n"})
     command = [str(configs) if part == "CONFIGS" else part for part in command]
