@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from labeller.cli import _offer, _probe, emit
-from labeller.completion import complete_label_keys, complete_profiles
+from labeller.completion import complete_label_keys, complete_node_names, complete_profiles
 from labeller.explain import explain as explain_keys
 from labeller.node import chosen, open_node
 from labeller.options import BadInput, discovery_options
@@ -81,7 +81,7 @@ def node_targets(kubeconfig: str | None) -> list[Target]:
 
     kube = connect(kubeconfig)
     try:
-        nodes = kube.list_nodes()
+        nodes, _ = kube.list_nodes()
     except KubeError as exc:
         raise BadInput(f"cannot list nodes: {exc.message}") from None
     finally:
@@ -165,3 +165,33 @@ def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str,
     emit(text)
     if not matched:
         sys.exit(1)
+
+
+# --- nodes -----------------------------------------------------------------------------------------
+
+@click.command()
+@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
+              help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.argument("names", nargs=-1, metavar="[NODE ...]", shell_complete=complete_node_names)
+def nodes(kubeconfig: str | None, fmt: str, names: tuple[str, ...]) -> None:
+    """The GPU nodes at a glance, one line each: vendor, model, count, memory, sharing, MIG, each GPU
+    resource's capacity/allocatable/in use by pods, labeller and plugin readiness. One list of Nodes
+    and one of Pods (bound, not finished), however many nodes."""
+    from labeller.daemon.cli import connect
+    from labeller.fleet import POD_FIELD_SELECTOR, fleet, fleet_text
+    from labeller.kube import KubeError
+
+    kube = connect(kubeconfig)
+    try:
+        node_list, _ = kube.list_nodes()
+        pod_list, _ = kube.list_pods(field_selector=POD_FIELD_SELECTOR)
+    except KubeError as exc:
+        raise BadInput(f"cannot list nodes and pods: {exc.message}") from None
+    finally:
+        kube.close()
+    rows = [r for r in fleet(node_list, pod_list) if not names or r.name in names]
+    unknown = sorted(set(names) - {r.name for r in rows})
+    if unknown:
+        raise BadInput(f"no GPU node named {unknown[0]}")
+    emit(json.dumps([r.document() for r in rows], indent=2) + "\n" if fmt == "json" else fleet_text(rows))

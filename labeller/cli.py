@@ -72,6 +72,7 @@ LAZY_COMMANDS = {
     "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon", "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
     "explain": ("labeller.authoring:explain", "Say where each label comes from, or why a key is not produced."),
     "match": ("labeller.authoring:match", "Which nodes a label selector or a node affinity would land on."),
+    "nodes": ("labeller.authoring:nodes", "The GPU nodes of a cluster at a glance: models, resources, use, readiness."),
 }
 
 
