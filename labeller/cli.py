@@ -170,9 +170,26 @@ def _snippet(labels: dict[str, str], fmt: str, min_memory: int | None) -> str:
         raise BadInput(str(exc)) from None
 
 
+def _pci_class(code: int) -> str:
+    """As lspci -n writes it: class and subclass, ``0302``; a non-zero programming interface after it."""
+    return f"{code >> 8:04x}" + (f" prog-if {code & 0xFF:02x}" if code & 0xFF else "")
+
+
+# PCI fields the probe prints in hex, as lspci does (10de:2330, class 0302, rev a1)
+_HEX_FIELDS: dict[str, Any] = {"vendor_id": "{:04x}".format, "device_id": "{:04x}".format, "revision": "{:02x}".format,
+                               "class_code": _pci_class, "pci_class": _pci_class}
+
+
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            hexed = f.name in _HEX_FIELDS and isinstance(item, int) and not isinstance(item, bool)
+            out[f.name] = _HEX_FIELDS[f.name](item) if hexed else _jsonable(item)
+        if {"vendor_id", "device_id"} <= set(out) and isinstance(out["vendor_id"], str):
+            out = {"bdf": out.pop("bdf", None), "id": f"{out['vendor_id']}:{out['device_id']}", **out}
+        return out
     if isinstance(value, (tuple, list)):
         return [_jsonable(v) for v in value]
     return value
@@ -182,7 +199,8 @@ def _jsonable(value: Any) -> Any:
 @discovery_options
 def probe(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
           config_name: str | None) -> None:
-    """Print the discovered inventory as JSON: what each backend saw, and why it found nothing."""
+    """Print the discovered inventory as JSON: what each backend saw, and why it found nothing. PCI
+    ids, classes and revisions are in hex, as lspci writes them (10de:2330, class 0302, rev a1)."""
     with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
         inventory = _probe(node)
     parts = {part.vendor: part for part in inventory.parts}
