@@ -371,7 +371,7 @@ def near_miss(outcome: Outcome, labels: Mapping[str, str], everywhere: Sequence[
             return False
         return difflib.get_close_matches(requirement.key, list(labels), n=1, cutoff=0.8) != []
     if requirement.operator == "In":
-        return difflib.get_close_matches(value, requirement.values, n=1, cutoff=0.75) != []
+        return difflib.get_close_matches(value, requirement.values, n=1, cutoff=0.8) != []
     return requirement.operator in ("Gt", "Lt") and _integer(value) is not None
 
 

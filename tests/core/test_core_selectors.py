@@ -194,3 +194,41 @@ def test_affinity_with_min_memory_uses_gt_min_minus_one() -> None:
 def test_snippet_bad_input(args: list[str], problem: str) -> None:
     result = gpu_labeller("labels", *args)
     assert result.returncode == 2 and problem in error_line(result)
+
+
+# --- the README's guide -------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def guide() -> str:
+    text = README.read_text()
+    return text[text.index("## Writing selectors"):text.index("## CLI")]
+
+
+def all_profile_labels() -> dict[str, dict[str, str]]:
+    from labeller.node import open_node
+    from vendors.simulate import builtin_profiles
+
+    out = {}
+    for name in builtin_profiles():
+        with open_node(Path("/"), name, None) as node:
+            inventory = node.probe()
+            out[name] = node.labels(inventory, node.offer(inventory)).labels
+    return out
+
+
+def test_every_example_of_the_selector_guide_selects_a_builtin_profile() -> None:
+    import re
+
+    labels = all_profile_labels()
+    blocks = re.findall(r"```yaml\n(.*?)```", guide(), re.S)
+    selectors = re.findall(r"gpu-labeller match '([^']+)'", guide())
+    assert len(blocks) >= 4 and len(selectors) >= 3
+    for block in blocks:
+        selector = selector_from_document(yaml.safe_load(block), "README")
+        assert any(selector.evaluate(node).matched for node in labels.values()), block
+    for text in selectors:
+        assert any(parse_selector(text).evaluate(node).matched for node in labels.values()), text
+    mixed = selector_from_document(yaml.safe_load(blocks[-1]), "README")
+    assert mixed.evaluate(labels["mixed-l40s-mi210"]).matched and mixed.evaluate(labels["mi300x-x8-spx"]).matched
