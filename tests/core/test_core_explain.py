@@ -155,3 +155,17 @@ def test_cli_text_json_and_an_unknown_key_with_the_closest() -> None:
 def test_cli_bad_input_is_one_line_and_exit_2() -> None:
     result = gpu_labeller("explain", "--simulate", "no-such-profile")
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+
+
+def test_state_labels_are_explained_with_named_configs_and_why_not_without(tmp_path: Path) -> None:
+    from tests.builders import config_map_volume
+
+    configs = config_map_volume(tmp_path / "configs", {"default": "version: v1\n", "ts": "version: v1\n"})
+    result = gpu_labeller("explain", "--simulate", "t4-time-slicing", "--config-dir", str(configs), "--config-name", "ts",
+                          "--format", "json", "nvidia.com/device-plugin.config.applied")
+    assert result.returncode == 0, result.stderr
+    [doc] = json.loads(result.stdout)
+    assert (doc["value"], doc["backend"]) == ("ts", "config") and "'ts' is in force" in doc["source"]
+    without = gpu_labeller("explain", "--simulate", "t4-time-slicing", "nvidia.com/device-plugin.config.state")
+    assert without.returncode == 0
+    assert "not produced: written only when configs come from --config-dir" in without.stdout
