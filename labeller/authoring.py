@@ -143,8 +143,8 @@ def match_report(selector: Selector, targets: Sequence[Target], verbose: bool, w
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Label the profiles with this config instead of their own.")
 @click.option("--kubeconfig", metavar="FILE",
-              help="Evaluate against the live cluster's Nodes instead (one list call). [env: KUBECONFIG is not read: "
-                   "give the file]")
+              help="Evaluate against the Nodes of the cluster this kubeconfig reaches instead of profiles (one list "
+                   "call). KUBECONFIG is not read here: without this option, profiles are the targets.")
 @click.option("--verbose", "-v", is_flag=True, help="Also say why each other target does not match.")
 def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str, ...], profiles_dir: Path | None,
           config_path: Path | None, kubeconfig: str | None, verbose: bool) -> None:

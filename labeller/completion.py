@@ -6,11 +6,20 @@ fails (no profiles directory, no cluster, no credentials) completes nothing, nev
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import click
+import structlog
 from click.shell_completion import CompletionItem
+
+
+def _quiet() -> None:
+    """No log line while completing: the shell reads stdout, and the user's terminal shows stderr.
+    (Completion runs in a process of its own, so this changes nothing else.)"""
+    structlog.configure(logger_factory=structlog.ReturnLoggerFactory(),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
 
 
 def _items(values: list[str], incomplete: str, help_of: dict[str, str] | None = None) -> list[CompletionItem]:
@@ -19,6 +28,7 @@ def _items(values: list[str], incomplete: str, help_of: dict[str, str] | None = 
 
 def complete_profiles(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Built-in profile names for ``--simulate`` (a path completes as a file where the shell does)."""
+    _quiet()
     try:
         from vendors.simulate import builtin_profiles
 
@@ -30,6 +40,7 @@ def complete_profiles(ctx: click.Context, param: click.Parameter, incomplete: st
 
 def complete_label_keys(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Every literal key gpu-labeller writes (and the keys of ``--simulate``'s labels when given)."""
+    _quiet()
     try:
         from labeller.explain import catalog, known_keys
         from vendors import VENDORS
@@ -55,6 +66,7 @@ def _simulated_keys(ctx: click.Context) -> list[str]:
 
 def complete_node_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Node names of the cluster ``--kubeconfig`` (or KUBECONFIG) reaches; nothing when none answers."""
+    _quiet()
     try:
         from labeller.kube import Kube
 

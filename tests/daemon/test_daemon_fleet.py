@@ -116,7 +116,9 @@ def complete(*words: str, env: dict[str, str] | None = None) -> list[str]:
     program = [sys.executable, "-c", "from labeller.cli import main; main(prog_name='gpu-labeller')"]
     result = subprocess.run(program, env=environment, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0 and result.stderr == "", result.stderr
-    return [item.split(",", 1)[1] for item in result.stdout.splitlines() if item.startswith("plain,")]
+    lines = [line for line in result.stdout.splitlines() if line]
+    assert all(line.startswith(("plain,", "file,", "dir,")) for line in lines), result.stdout  # nothing else on stdout
+    return [item.split(",", 1)[1] for item in lines if item.startswith("plain,")]
 
 
 def test_completion_offers_profiles_label_keys_and_node_names(tmp_path: Path) -> None:
@@ -127,6 +129,7 @@ def test_completion_offers_profiles_label_keys_and_node_names(tmp_path: Path) ->
     assert "amd.com/gpu.vram" in complete("explain", "amd.com/gpu.v")
     # with a profile on the line, its own keys too (a MIG profile's mig-<profile>.* keys)
     assert "nvidia.com/mig-1g.5gb.count" in complete("explain", "--simulate", "dgx-a100-mig-mixed", "nvidia.com/mig-1g")
+    assert complete("explain", "--simulate", "l40s-x4-mps", "nvidia.com/mps") == ["nvidia.com/mps.capable"]  # it logs
     with FakeApiServer() as api:
         cluster(api)
         kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
