@@ -135,6 +135,8 @@ def test_completion_offers_profiles_label_keys_and_node_names(tmp_path: Path) ->
         kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
         assert complete("nodes", "--kubeconfig", kubeconfig, "h") == ["h100-0"]
         assert complete("nodes", "m", env={"KUBECONFIG": kubeconfig}) == ["mi300x-0"]
+        assert complete("cleanup", "--kubeconfig", kubeconfig, "--node", "t") == ["t4-0"]
+        assert complete("run", "--node-name", "u", env={"KUBECONFIG": kubeconfig}) == ["unlabelled-0"]
 
 
 def test_completion_without_a_cluster_offers_nothing_quietly(tmp_path: Path) -> None:
