@@ -169,7 +169,7 @@ class KeyDoc:
 @functools.cache
 def _pattern_regex(pattern: str) -> re.Pattern[str]:
     parts = re.split(r"<[^>]+>", pattern)
-    return re.compile(".+".join(re.escape(part) for part in parts))
+    return re.compile(".*".join(re.escape(part) for part in parts))
 
 
 @dataclass

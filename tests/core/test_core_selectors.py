@@ -232,3 +232,12 @@ def test_every_example_of_the_selector_guide_selects_a_builtin_profile() -> None
         assert any(parse_selector(text).evaluate(node).matched for node in labels.values()), text
     mixed = selector_from_document(yaml.safe_load(blocks[-1]), "README")
     assert mixed.evaluate(labels["mixed-l40s-mi210"]).matched and mixed.evaluate(labels["mi300x-x8-spx"]).matched
+
+
+def test_match_labels_the_profiles_with_the_config_given(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 4}\n")
+    shared = gpu_labeller("match", "nvidia.com/gpu.replicas=4", "--simulate", "dgx-h100", "--config", str(config))
+    assert shared.returncode == 0 and shared.stdout.startswith("match  dgx-h100"), shared.stdout
+    whole = gpu_labeller("match", "nvidia.com/gpu.replicas=4", "--simulate", "dgx-h100")
+    assert whole.returncode == 1
