@@ -100,7 +100,8 @@ def test_named_configs_read_files_with_the_model_only() -> None:
     assert not {i for i in modules()["labeller.namedconfigs"] if i.split(".")[0] in ("threading", "click", "kubernetes")}
 
 
-@pytest.mark.parametrize("module", ["labeller.explain", "labeller.selectors", "labeller.snippets", "labeller.completion"])
+@pytest.mark.parametrize("module", ["labeller.explain", "labeller.selectors", "labeller.snippets", "labeller.fleet",
+                                    "labeller.completion"])
 def test_the_selector_tools_stay_off_the_api(module: str) -> None:
     """explain, match on profiles and the snippets work without a cluster: their modules import
     neither the adapter nor the daemon (completion reaches the adapter only inside the function
