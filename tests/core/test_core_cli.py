@@ -103,7 +103,8 @@ def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path
 def test_help_lists_every_command_without_loading_them() -> None:
     result = gpu_labeller("--help")
     assert result.returncode == 0
-    for command in ("labels", "resources", "probe", "profiles", "run", "cleanup", "device-plugin", "completion"):
+    for command in ("labels", "resources", "probe", "profiles", "run", "cleanup", "device-plugin", "completion",
+                    "explain", "match", "nodes"):
         assert f"  {command} " in result.stdout
 
 
