@@ -102,11 +102,15 @@ def _node_range(nodes: list[AmdComputeNode]) -> str:
     return f"{{{','.join(map(str, numbers))}}}" if len(numbers) > 1 else "".join(map(str, numbers))
 
 
-def _per_gpu(kind: str, value_of: Callable[[AmdGpu], str | None], source: str, rule: str) -> Labeler:
+def _per_gpu(kind: str, value_of: Callable[[AmdGpu], str | None], source: str, rule: str,
+             read: Callable[[AmdGpu], object]) -> Labeler:
+    """A labeler over the physical GPUs; ``read(gpu)``: what the source said, for people."""
+
     def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
         gpus = _gpus(inventory)
         values = (value_of(gpu) for gpu in gpus)
-        where = f"{source} of {', '.join(g.bdf for g in gpus[:4])}{', ...' if len(gpus) > 4 else ''}"
+        said = ", ".join(dict.fromkeys(repr(read(g)) for g in gpus))
+        where = f"{source} of {', '.join(g.bdf for g in gpus[:4])}{', ...' if len(gpus) > 4 else ''}: {said}"
         return count_labels(kind, (v for v in values if v), config, where, rule)
 
     labeler.__name__ = f"amd_{kind.replace('-', '_')}_labels"
@@ -121,13 +125,15 @@ simd_count_labels = _per_node("simd-count", lambda simd, per_cu, vram: str(simd)
 cu_count_labels = _per_node("cu-count", lambda simd, per_cu, vram: str(simd // per_cu) if per_cu > 0 else None,
                             "properties simd_count / simd_per_cu", "simd_count // simd_per_cu")
 device_id_labels = _per_gpu("device-id", lambda gpu: f"{gpu.device_id:x}", "/sys/bus/pci/devices/<bdf>/device",
-                            "lower-case hex without 0x")
+                            "lower-case hex without 0x", lambda gpu: f"0x{gpu.device_id:04x}")
 family_labels = _per_gpu("family", lambda gpu: gpu.family,
                          "KFD gfx_target_version (else the PCI device id)",
-                         "libdrm's family code (vendors/amd/ids.py)")
+                         "libdrm's family code (vendors/amd/ids.py)",
+                         lambda gpu: gpu.nodes[0].gfx_target_version if gpu.nodes else f"0x{gpu.device_id:04x}")
 product_name_labels = _per_gpu("product-name", lambda gpu: product_name_value(gpu.product_name or "") or None,
                                "/sys/class/drm/card<N>/device/product_name (board FRU; else the amdgpu.ids name)",
-                               "AMD's replacements: ' ' to '_', '(' and ')' dropped; ours: '/' to '_'")
+                               "AMD's replacements: ' ' to '_', '(' and ')' dropped; ours: '/' to '_'",
+                               lambda gpu: gpu.product_name)
 
 
 def _driver_label(kind: str, value_of: Callable[[AmdInventory], str], source: str) -> Labeler:
