@@ -172,3 +172,17 @@ def test_state_labels_are_explained_with_named_configs_and_why_not_without(tmp_p
     without = gpu_labeller("explain", "--simulate", "t4-time-slicing", "nvidia.com/device-plugin.config.state")
     assert without.returncode == 0
     assert "not produced: written only when configs come from --config-dir" in without.stdout
+
+
+def test_a_labeler_without_sources_still_gets_provenance_from_itself() -> None:
+    from labeller.labels import merge
+
+    def extra_labels(inventory: Inventory, config: Config, offer: object) -> dict[str, str]:
+        """example.com/extra: what a new rule writes before it names its sources."""
+        return {"example.com/extra": "1"}
+
+    label_set = merge([extra_labels], Inventory(), parse_config(None), derive(Inventory(), parse_config(None), VENDORS))
+    assert label_set.labels == {"example.com/extra": "1"} and type(label_set.labels["example.com/extra"]) is str
+    source = label_set.sources["example.com/extra"]
+    assert source.labeler.endswith("extra_labels") and source.backend == "rules"
+    assert source.source == "example.com/extra: what a new rule writes before it names its sources."
