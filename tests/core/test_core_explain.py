@@ -55,6 +55,7 @@ def every_label_set(name: str) -> list[tuple[str, LabelSet, Inventory, Config]]:
 @pytest.mark.parametrize("name", PROFILES)
 def test_explain_covers_every_key_a_builtin_profile_produces(name: str) -> None:
     for variant, label_set, inventory, config in every_label_set(name):
+        assert all(type(value) is str for value in label_set.labels.values()), variant  # plain values only
         for item in explain((), label_set, inventory, config, VENDORS, selection_in_use=True):
             where = f"{name} ({variant}): {item.key}"
             assert item.value == label_set.labels[item.key], where
