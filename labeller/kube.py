@@ -32,6 +32,7 @@ MERGE = "application/merge-patch+json"
 JSON = "application/json"
 NFD_GROUP, NFD_VERSION, NFD_PLURAL = "nfd.k8s-sigs.io", "v1alpha1", "nodefeatures"
 REQUEST_TIMEOUT = (3.0, 10.0)  # connect, read (seconds)
+LIST_PAGE_SIZE = 500
 
 _FORBIDDEN = re.compile(r'cannot (?P<verb>\w+) resource "(?P<resource>[^"]+)"')
 _USER = re.compile(r'User "(?P<user>[^"]*)" cannot')
@@ -149,7 +150,8 @@ def _config_problem(exc: Exception) -> str:
 
 
 class Kube:
-    """Node labels, a Node watch, NodeFeature objects and Events: what gpu-labeller needs, nothing more.
+    """Nodes, Pods (for memory sharing), ConfigMaps, NodeFeature objects and Events: what gpu-labeller
+    needs, nothing more.
 
     Requests go through the client's generic ``ApiClient`` (credentials, TLS, token refresh) rather
     than the generated ``CoreV1Api``, whose pydantic-validated methods cost about 20 MiB of memory.
@@ -209,22 +211,44 @@ class Kube:
         Raises Gone when the resourceVersion is too old (list again), Unavailable when the stream breaks.
         Bookmarks arrive as ("BOOKMARK", obj) carrying only a resourceVersion.
         """
-        query = {"watch": "true", "fieldSelector": f"metadata.name={name}", "resourceVersion": resource_version,
-                 "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
+        return self._watch("nodes", "/api/v1/nodes", resource_version, timeout_s,
+                           {"fieldSelector": f"metadata.name={name}"})
+
+    def _watch(self, resource: str, path: str, resource_version: str, timeout_s: int,
+               selectors: Mapping[str, str | None] | None = None) -> Generator[tuple[str, Obj], None, None]:
+        """A watch of ``path`` from ``resource_version``: see ``watch_node``."""
+        query = {key: value for key, value in (selectors or {}).items() if value}
+        query.update({"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                      "timeoutSeconds": str(timeout_s)})
         try:
-            response = self._send("GET", "/api/v1/nodes", query, timeout=(self._timeout[0], timeout_s + 30))
+            response = self._send("GET", path, query, timeout=(self._timeout[0], timeout_s + 30))
         except Exception as exc:  # noqa: BLE001 - as in _request
             self._observe("watch", 0)
             raise _network_error(exc) from None
         self._observe("watch", int(response.status))
         try:
             if response.status != 200:
-                raise _status_error(int(response.status), response.data, "watch", "nodes")
+                raise _status_error(int(response.status), response.data, "watch", resource)
             yield from _watch_events(response)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Unavailable(0, type(exc).__name__, "watch stream broke") from None
         finally:
             response.release_conn()
+
+    def _list(self, resource: str, path: str, selectors: Mapping[str, str | None] | None = None,
+              page_size: int = LIST_PAGE_SIZE) -> tuple[list[Obj], str]:
+        """Every object of a list, fetched in pages (limit/continue), and the list's resourceVersion."""
+        query = {key: value for key, value in (selectors or {}).items() if value}
+        query["limit"] = str(page_size)
+        items: list[Obj] = []
+        while True:
+            listing = self._request("list", resource, "GET", path, query)
+            items.extend(listing.get("items") or [])
+            metadata = listing.get("metadata") or {}
+            token = metadata.get("continue")
+            if not token:
+                return items, str(metadata.get("resourceVersion", ""))
+            query["continue"] = str(token)
 
     def apply_node_labels(self, name: str, labels: Mapping[str, str]) -> Obj:
         """Server-side apply of exactly these labels under our field manager, forced."""
@@ -245,6 +269,66 @@ class Kube:
     def list_node_names(self) -> list[str]:
         listing = self._request("list", "nodes", "GET", "/api/v1/nodes")
         return [str(item["metadata"]["name"]) for item in listing.get("items") or []]
+
+    def list_nodes(self, label_selector: str | None = None) -> tuple[list[Obj], str]:
+        """Every Node (paginated) and the list's resourceVersion, to watch from."""
+        return self._list("nodes", "/api/v1/nodes", {"labelSelector": label_selector})
+
+    def watch_nodes(self, resource_version: str, timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
+        """Every Node's events from ``resource_version`` on: see ``watch_node``."""
+        return self._watch("nodes", "/api/v1/nodes", resource_version, timeout_s)
+
+    # -- pods
+    @staticmethod
+    def _pod_path(namespace: str, name: str = "", subresource: str = "") -> str:
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods"
+        path = f"{path}/{quote(name)}" if name else path
+        return f"{path}/{subresource}" if subresource else path
+
+    def list_pods(self, field_selector: str | None = None, label_selector: str | None = None) -> tuple[list[Obj], str]:
+        """Pods of all namespaces (paginated) and the list's resourceVersion, to watch from."""
+        return self._list("pods", "/api/v1/pods", {"fieldSelector": field_selector, "labelSelector": label_selector})
+
+    def watch_pods(self, resource_version: str, field_selector: str | None = None,
+                   timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
+        """Pods of all namespaces from ``resource_version`` on: see ``watch_node``."""
+        return self._watch("pods", "/api/v1/pods", resource_version, timeout_s, {"fieldSelector": field_selector})
+
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        return self._request("get", "pods", "GET", self._pod_path(namespace, name))
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None],
+                              resource_version: str | None = None) -> Obj:
+        """Merge patch of annotations (None removes one). With ``resource_version``, a Pod changed since
+        then answers 409 (Conflict) and nothing is written."""
+        metadata: Obj = {"annotations": dict(annotations)}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        return self._request("patch", "pods", "PATCH", self._pod_path(namespace, name),
+                             {"fieldManager": FIELD_MANAGER}, {"metadata": metadata}, MERGE)
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> Obj:
+        """Create the pod's Binding to ``node`` (what a scheduler does); the uid guards against a pod
+        deleted and created again under the same name (409)."""
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        return self._request("create", "pods/binding", "POST", self._pod_path(namespace, name, "binding"),
+                             None, body, JSON)
+
+    # -- config maps
+    def get_config_map(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self._request("get", "configmaps", "GET", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}")
+        except NotFound:
+            return None
+
+    def list_config_maps(self, namespace: str) -> tuple[list[Obj], str]:
+        return self._list("configmaps", f"/api/v1/namespaces/{quote(namespace)}/configmaps")
+
+    def watch_config_maps(self, namespace: str, resource_version: str,
+                          timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
+        return self._watch("configmaps", f"/api/v1/namespaces/{quote(namespace)}/configmaps", resource_version, timeout_s)
 
     # -- NodeFeature (nfd.k8s-sigs.io/v1alpha1)
     @staticmethod

@@ -1,26 +1,33 @@
 """A fake Kubernetes API server over real HTTP, for driving the real daemon and the official client.
 
 It keeps the semantics observed on a real kube-apiserver (``shared/reference/real-kubernetes-behaviour.md``)
-for what gpu-labeller touches: Nodes (get, list and watch with a field selector, merge /
-strategic-merge / JSON / server-side-apply patches with per-field-manager label ownership,
-resourceVersion and 409), NodeFeature objects, and Events. Faults are injected on demand: RBAC
-403, 5xx, slow answers and dropped connections. Every request is logged and counted by verb.
+for what gpu-labeller touches: Nodes (get, list and watch with field and label selectors and
+pages, merge / strategic-merge / JSON / server-side-apply patches with per-field-manager label
+ownership, resourceVersion and 409), Pods (create, get, list and watch across or within namespaces
+with field and label selectors and pages, metadata merge patches with a resourceVersion
+precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature objects, and Events.
+Faults are injected on demand: RBAC 403, 5xx, slow answers and dropped connections. Every request
+is logged and counted by verb.
 
-One class per concern: ``Ownership`` (managedFields for labels), ``NodeStore`` (objects,
-resourceVersions, watch history), ``Faults``, ``RequestLog``, ``Handler`` (HTTP routing) and
-``FakeApiServer`` (start/stop, kubeconfig, test helpers).
+One class per concern: ``Ownership`` (managedFields for labels), ``NodeStore`` (nodes, the one
+resourceVersion counter and watch history), ``Selector`` (field and label selectors),
+``ObjectStore`` (namespaced objects: ConfigMaps) and ``PodStore`` (Pods and their binding),
+``Faults``, ``RequestLog``, ``Handler`` (HTTP routing) and ``FakeApiServer`` (start/stop,
+kubeconfig, test helpers).
 """
 
 from __future__ import annotations
 
+import base64
 import bisect
 import copy
 import json
 import re
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -134,6 +141,46 @@ class WatchEvent:
     resource_version: int
     type: str
     obj: Obj
+    resource: str = "nodes"
+    old: Obj | None = None  # the object before a MODIFIED: a filtered watch sees it enter or leave
+
+    def seen_through(self, match: Callable[[Obj], bool]) -> tuple[str, Obj] | None:
+        """This event as a watch filtered by ``match`` sees it: as the real server does, an object that
+        starts matching arrives ADDED and one that stops matching leaves DELETED."""
+        now = match(self.obj)
+        if self.type != "MODIFIED" or self.old is None:
+            return (self.type, self.obj) if now else None
+        before = match(self.old)
+        if before and now:
+            return "MODIFIED", self.obj
+        if now:
+            return "ADDED", self.obj
+        return ("DELETED", self.obj) if before else None
+
+
+Match = Callable[[Obj], bool]
+
+
+def _everything(obj: Obj) -> bool:
+    return True
+
+
+def page(items: list[Obj], key: Callable[[Obj], str], rv: str, limit: str | None,
+         token: str | None) -> tuple[list[Obj], str, str | None]:
+    """One page of a sorted list (limit/continue): the items, the list's resourceVersion, the next token."""
+    if token:
+        try:
+            state = json.loads(base64.urlsafe_b64decode(token))
+            after, rv = str(state["start"]), str(state["rv"])
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(400, "BadRequest", "continue key is not valid") from None
+        items = [item for item in items if key(item) > after]
+    size = int(limit) if limit else 0
+    if size <= 0 or len(items) <= size:
+        return items, rv, None
+    items = items[:size]
+    state = json.dumps({"rv": rv, "start": key(items[-1])}).encode()
+    return items, rv, base64.urlsafe_b64encode(state).decode()
 
 
 class NodeStore:
@@ -156,9 +203,11 @@ class NodeStore:
         self.resource_version += 1
         return str(self.resource_version)
 
-    def _record(self, type_: str, name: str, obj: Obj | None = None) -> None:
-        obj = self.view(name) if obj is None else obj
-        self.history.append(WatchEvent(self.resource_version, type_, obj))
+    def _record(self, type_: str, name: str, obj: Obj | None = None, old: Obj | None = None) -> None:
+        self.record("nodes", type_, self.view(name) if obj is None else obj, old)
+
+    def record(self, resource: str, type_: str, obj: Obj, old: Obj | None = None) -> None:
+        self.history.append(WatchEvent(self.resource_version, type_, obj, resource, old))
         if len(self.history) > 1000:
             self.history = self.history[-500:]
             self.oldest_rv = self.history[0].resource_version - 1
@@ -206,19 +255,34 @@ class NodeStore:
             labels = node["metadata"]["labels"]
             ownership = self.ownership[name]
             before_labels, before_owners = dict(labels), copy.deepcopy(ownership.owners)
+            old = self.view(name)
             change(labels, ownership)
             if labels != before_labels or ownership.owners != before_owners:
                 node["metadata"]["resourceVersion"] = self._bump()
-                self._record("MODIFIED", name)
+                self._record("MODIFIED", name, old=old)
             return self.view(name)
 
-    def list_nodes(self, name: str | None) -> tuple[list[Obj], str]:
+    def write_status(self, name: str, status: Obj) -> Obj:
+        """Merge ``status`` (capacity, allocatable, ...) into a node's status, as its kubelet does."""
         with self.lock:
-            names = [n for n in sorted(self.nodes) if name is None or n == name]
-            return [self.view(n) for n in names], str(self.resource_version)
+            node = self.nodes.get(name)
+            if node is None:
+                raise ApiError(404, "NotFound", f'nodes "{name}" not found', {"name": name, "kind": "nodes"})
+            old = self.view(name)
+            merge_patch(node["status"], status)
+            node["metadata"]["resourceVersion"] = self._bump()
+            self._record("MODIFIED", name, old=old)
+            return self.view(name)
 
-    def events_since(self, rv: int, name: str | None, deadline: float) -> Iterator[WatchEvent | None]:
-        """Yield history after ``rv`` for ``name``, waiting for more until ``deadline``; None = keep-alive tick."""
+    def list_nodes(self, match: Match = _everything, limit: str | None = None,
+                   token: str | None = None) -> tuple[list[Obj], str, str | None]:
+        with self.lock:
+            items = [view for view in (self.view(n) for n in sorted(self.nodes)) if match(view)]
+            return page(items, lambda obj: str(obj["metadata"]["name"]), str(self.resource_version), limit, token)
+
+    def events_since(self, rv: int, resource: str, match: Match, deadline: float) -> Iterator[tuple[str, Obj] | None]:
+        """Yield ``resource``'s history after ``rv`` as a watch filtered by ``match`` sees it, waiting for
+        more until ``deadline``; None = keep-alive tick."""
         if rv < self.oldest_rv:
             raise ApiError(410, "Expired", f"too old resource version: {rv} ({self.oldest_rv})")
         while time.monotonic() < deadline:
@@ -227,15 +291,16 @@ class NodeStore:
                     return
                 if not self.history or self.history[-1].resource_version <= rv:
                     self.lock.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-                pending = self._after(rv, name)
+                pending = self._after(rv, resource, match)
                 if self.history:
                     rv = max(rv, self.history[-1].resource_version)
             yield from pending
             yield None
 
-    def _after(self, rv: int, name: str | None) -> list[WatchEvent]:
+    def _after(self, rv: int, resource: str, match: Match) -> list[tuple[str, Obj]]:
         start = bisect.bisect_right(self.history, rv, key=lambda e: e.resource_version)
-        return [e for e in self.history[start:] if name is None or e.obj["metadata"]["name"] == name]
+        seen = (e.seen_through(match) for e in self.history[start:] if e.resource == resource)
+        return [event for event in seen if event is not None]
 
     def compact(self) -> None:
         """Forget the watch history: any watch resuming from an older resourceVersion gets 410 Gone."""
@@ -247,6 +312,227 @@ class NodeStore:
         with self.lock:
             self.closed = True
             self.lock.notify_all()
+
+
+# --------------------------------------------------------------------------- selectors
+
+
+def merge_patch(target: Obj, patch: Obj) -> None:
+    """RFC 7386 JSON merge patch, in place: None removes a key, objects merge, anything else replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+_REQUIREMENT = re.compile(r"\s*(?P<key>!?[^\s!=,()]+)\s*(?:(?P<op>==|!=|=|\s+in\s+|\s+notin\s+)\s*"
+                          r"(?P<value>\([^)]*\)|[^\s,()]*))?\s*(?:,|$)")
+
+
+class Selector:
+    """A field selector (``spec.nodeName=n,status.phase!=Failed``) and a label selector (``a=b``,
+    ``a!=b``, ``a``, ``!a``, ``a in (x,y)``, ``a notin (x)``) over objects, with the real server's
+    400 for a field it cannot select on."""
+
+    def __init__(self, resource: str, fields: tuple[str, ...], field_selector: str | None,
+                 label_selector: str | None) -> None:
+        self.terms = [self._field_term(resource, fields, term) for term in (field_selector or "").split(",") if term]
+        self.labels = self._label_terms(label_selector or "")
+
+    @staticmethod
+    def _field_term(resource: str, fields: tuple[str, ...], term: str) -> tuple[str, bool, str]:
+        match = re.fullmatch(r"\s*([\w.]+)\s*(!=|==|=)\s*(.*?)\s*", term)
+        if match is None:
+            raise ApiError(400, "BadRequest", f'unable to parse requirement: invalid field selector "{term}"')
+        path, op, value = match.groups()
+        if path not in fields:
+            raise ApiError(400, "BadRequest", f'"{path}" is not a known field selector: only "{", ".join(fields)}"'
+                           f" for {resource}")
+        return path, op != "!=", value
+
+    @staticmethod
+    def _label_terms(selector: str) -> list[tuple[str, str, set[str]]]:
+        terms: list[tuple[str, str, set[str]]] = []
+        position = 0
+        while position < len(selector):
+            match = _REQUIREMENT.match(selector, position)
+            if match is None or match.end() == position:
+                raise ApiError(400, "BadRequest", f"unable to parse requirement: {selector!r}")
+            key, op, value = match.group("key"), (match.group("op") or "").strip(), match.group("value") or ""
+            values = {v.strip() for v in value.strip("()").split(",") if v.strip()}
+            if key.startswith("!"):
+                terms.append((key[1:], "!", set()))
+            else:
+                terms.append((key, {"": "exists", "=": "in", "==": "in", "!=": "notin"}.get(op, op), values))
+            position = match.end()
+        return terms
+
+    @staticmethod
+    def field_value(obj: Obj, path: str) -> str:
+        value: Any = obj
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return "" if value is None else str(value)
+
+    def __call__(self, obj: Obj) -> bool:
+        if any((self.field_value(obj, path) == value) != equal for path, equal, value in self.terms):
+            return False
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        for key, op, values in self.labels:
+            present = key in labels
+            if (op == "exists" and not present) or (op == "!" and present):
+                return False
+            if op == "in" and labels.get(key) not in values:
+                return False
+            if op == "notin" and present and labels[key] in values:
+                return False
+        return True
+
+
+NODE_FIELDS = ("metadata.name", "spec.unschedulable")
+POD_FIELDS = ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.schedulerName", "status.phase",
+              "spec.serviceAccountName")
+CONFIG_MAP_FIELDS = ("metadata.name", "metadata.namespace")
+
+
+# --------------------------------------------------------------------------- namespaced objects
+
+
+class ObjectStore:
+    """Namespaced objects of one resource (ConfigMaps, and Pods through PodStore): create, get, list,
+    watch, metadata merge patch, replace, delete. They share the node store's lock, resourceVersion
+    counter and watch history, as every resource of a real cluster shares etcd's revision."""
+
+    fields: tuple[str, ...] = CONFIG_MAP_FIELDS
+
+    def __init__(self, store: NodeStore, resource: str, kind: str) -> None:
+        self.store, self.resource, self.kind = store, resource, kind
+        self.objects: dict[tuple[str, str], Obj] = {}
+
+    def not_found(self, namespace: str, name: str) -> ApiError:
+        return ApiError(404, "NotFound", f'{self.resource} "{name}" not found', {"name": name, "kind": self.resource})
+
+    def _conflict(self, name: str) -> ApiError:
+        return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {self.resource} "{name}": the object has '
+                        "been modified; please apply your changes to the latest version and try again",
+                        {"name": name, "kind": self.resource})
+
+    def _existing(self, namespace: str, name: str) -> Obj:
+        obj = self.objects.get((namespace, name))
+        if obj is None:
+            raise self.not_found(namespace, name)
+        return obj
+
+    def defaults(self, obj: Obj) -> None:
+        """Fields the server fills in at create."""
+
+    def create(self, namespace: str, body: Obj) -> Obj:
+        obj = copy.deepcopy(body)
+        metadata = obj.setdefault("metadata", {})
+        name = metadata.get("name")
+        if not name:
+            raise ApiError(422, "Invalid", f"{self.kind} is invalid: metadata.name: Required value: name is required")
+        with self.store.lock:
+            if (namespace, name) in self.objects:
+                raise ApiError(409, "AlreadyExists", f'{self.resource} "{name}" already exists',
+                               {"name": name, "kind": self.resource})
+            obj.update({"kind": self.kind, "apiVersion": "v1"})
+            metadata.update({"namespace": namespace, "uid": str(uuid.uuid4()), "creationTimestamp": _now(),
+                             "resourceVersion": self.store._bump()})
+            self.defaults(obj)
+            self.objects[(namespace, name)] = obj
+            self.store.record(self.resource, "ADDED", copy.deepcopy(obj))
+            return copy.deepcopy(obj)
+
+    def get(self, namespace: str, name: str) -> Obj:
+        with self.store.lock:
+            return copy.deepcopy(self._existing(namespace, name))
+
+    def list(self, namespace: str | None, match: Match = _everything, limit: str | None = None,
+             token: str | None = None) -> tuple[list[Obj], str, str | None]:
+        with self.store.lock:
+            keys = sorted(key for key in self.objects if namespace in (None, key[0]))
+            items = [copy.deepcopy(self.objects[key]) for key in keys if match(self.objects[key])]
+            return page(items, lambda obj: f"{obj['metadata']['namespace']}/{obj['metadata']['name']}",
+                        str(self.store.resource_version), limit, token)
+
+    def change(self, namespace: str, name: str, edit: Callable[[Obj], None], stale_rv: str | None = None) -> Obj:
+        """Run ``edit`` on the object; a new resourceVersion and a MODIFIED event when anything changed."""
+        with self.store.lock:
+            obj = self._existing(namespace, name)
+            if stale_rv is not None and stale_rv != obj["metadata"]["resourceVersion"]:
+                raise self._conflict(name)
+            old = copy.deepcopy(obj)
+            edit(obj)
+            if obj != old:
+                obj["metadata"]["resourceVersion"] = self.store._bump()
+                self.store.record(self.resource, "MODIFIED", copy.deepcopy(obj), old)
+            return copy.deepcopy(obj)
+
+    def patch_metadata(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """A merge patch; only metadata labels and annotations change (as on a real Pod, where the
+        spec is immutable and the status has its own subresource). ``metadata.resourceVersion`` in the
+        patch is a precondition: 409 when the object moved on."""
+        metadata = dict(patch.get("metadata") or {})
+        stale = metadata.pop("resourceVersion", None)
+        writable = {key: metadata[key] for key in ("labels", "annotations") if key in metadata}
+        return self.change(namespace, name, lambda obj: merge_patch(obj["metadata"], writable),
+                           stale_rv=str(stale) if stale is not None else None)
+
+    def replace(self, namespace: str, name: str, body: Obj) -> Obj:
+        sent = (body.get("metadata") or {}).get("resourceVersion")
+
+        def swap(obj: Obj) -> None:
+            kept = {key: obj["metadata"][key] for key in ("namespace", "uid", "creationTimestamp", "resourceVersion")}
+            obj.clear()
+            obj.update(copy.deepcopy(body))
+            obj["metadata"].update(kept)
+        return self.change(namespace, name, swap, stale_rv=str(sent) if sent else None)
+
+    def delete(self, namespace: str, name: str) -> Obj:
+        with self.store.lock:
+            obj = self._existing(namespace, name)
+            del self.objects[(namespace, name)]
+            obj["metadata"]["resourceVersion"] = self.store._bump()
+            self.store.record(self.resource, "DELETED", copy.deepcopy(obj))
+            return copy.deepcopy(obj)
+
+
+class PodStore(ObjectStore):
+    """Pods: a Pending phase at create, and the ``binding`` subresource a scheduler creates."""
+
+    fields = POD_FIELDS
+
+    def __init__(self, store: NodeStore) -> None:
+        super().__init__(store, "pods", "Pod")
+
+    def defaults(self, obj: Obj) -> None:
+        obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
+        obj.setdefault("status", {}).setdefault("phase", "Pending")
+
+    def bind(self, namespace: str, name: str, binding: Obj) -> Obj:
+        """As the real server: 404 for a missing pod, 409 when it is already bound or its uid differs."""
+        target = str((binding.get("target") or {}).get("name") or "")
+        uid = (binding.get("metadata") or {}).get("uid")
+
+        def assign(pod: Obj) -> None:
+            if uid and uid != pod["metadata"]["uid"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": Precondition '
+                               f"failed: UID in precondition: {uid}, UID in object meta: {pod['metadata']['uid']}")
+            bound = pod["spec"].get("nodeName")
+            if bound:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} '
+                               f"is already assigned to node \"{bound}\"", {"name": name, "kind": "pods/binding"})
+            pod["spec"]["nodeName"] = target
+            conditions = pod["status"].setdefault("conditions", [])
+            conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
+        if not target:
+            raise ApiError(422, "Invalid", "Binding is invalid: target.name: Required value")
+        self.change(namespace, name, assign)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
 
 # --------------------------------------------------------------------------- faults and request log
@@ -388,6 +674,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self._dispatch("PUT")
 
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
     def _dispatch(self, method: str) -> None:
         url = urlparse(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
@@ -401,7 +690,7 @@ class Handler(BaseHTTPRequestHandler):
         api.log.add(request)
         try:
             if (verb, resource) in api.faults.forbidden:
-                named = name if verb not in ("list", "watch") else name_from_selector(query.get("fieldSelector"))
+                named = name if verb not in ("list", "watch") else name_in_selector(query.get("fieldSelector"))
                 raise ApiError(403, "Forbidden", forbidden_message(api.user, verb, resource, named, namespace))
             fault = api.faults.take(verb, resource)
             if fault is not None:
@@ -416,8 +705,9 @@ class Handler(BaseHTTPRequestHandler):
                     raise ApiError(fault.status, "InternalError" if fault.status >= 500 else "Injected",
                                    fault.message or f"injected fault {fault.status}")
             if verb == "watch":
+                match = api.selector(resource, query)  # a bad selector is a 400 before the stream starts
                 request.code = 200
-                self._watch(name_from_selector(query.get("fieldSelector")), query)
+                self._watch(resource, namespace, match, query)
                 return
             code, answer = self._route(method, verb, resource, namespace, name, body, query)
         except ApiError as err:
@@ -441,6 +731,8 @@ class Handler(BaseHTTPRequestHandler):
             namespace, parts = parts[1], parts[2:]
         resource = parts[0] if parts else "unknown"
         name = parts[1] if len(parts) > 1 else None
+        if len(parts) > 2:  # a subresource: pods/<name>/binding
+            resource = f"{resource}/{parts[2]}"
         return resource, name, namespace
 
     @staticmethod
@@ -483,11 +775,16 @@ class Handler(BaseHTTPRequestHandler):
                 with api.store.lock:
                     return 200, api.store.get(name)
             if verb == "list":
-                items, rv = api.store.list_nodes(name_from_selector(query.get("fieldSelector")))
-                return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items}
+                return 200, self._list("NodeList", *api.store.list_nodes(api.selector(resource, query), query.get("limit"),
+                                                                          query.get("continue")))
             if verb == "patch":
                 assert name is not None
                 return 200, self._patch_node(name, body, query)
+        if resource == "pods/binding" and verb == "create" and namespace is not None and name is not None:
+            return 201, api.pods.bind(namespace, name, body or {})
+        objects = api.namespaced.get(resource)
+        if objects is not None:
+            return self._namespaced(objects, verb, namespace, name, body, query)
         if resource == "nodefeatures" and namespace is not None:
             return api.custom_object(verb, "nodefeatures", namespace, name, body)
         if resource == "events" and verb == "create" and namespace is not None:
@@ -495,6 +792,39 @@ class Handler(BaseHTTPRequestHandler):
                 api.store.events.append(body)
             return 201, body
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({method} {self.path})")
+
+    @staticmethod
+    def _list(kind: str, items: list[Obj], rv: str, token: str | None) -> Obj:
+        metadata: Obj = {"resourceVersion": rv}
+        if token:
+            metadata["continue"] = token
+        return {"kind": kind, "apiVersion": "v1", "metadata": metadata, "items": items}
+
+    def _namespaced(self, objects: ObjectStore, verb: str, namespace: str | None, name: str | None, body: Any,
+                    query: dict[str, str]) -> tuple[int, Obj]:
+        if verb == "list":
+            match = self.server.api.selector(objects.resource, query)
+            return 200, self._list(f"{objects.kind}List", *objects.list(namespace, match, query.get("limit"),
+                                                                        query.get("continue")))
+        if namespace is None:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({self.path})")
+        if verb == "create":
+            return 201, objects.create(namespace, body or {})
+        if name is None:
+            raise ApiError(405, "MethodNotAllowed", f"{verb} needs a name")
+        if verb == "get":
+            return 200, objects.get(namespace, name)
+        if verb == "delete":
+            return 200, objects.delete(namespace, name)
+        if verb == "update":
+            return 200, objects.replace(namespace, name, body or {})
+        if verb == "patch":
+            content_type = self.headers.get("Content-Type", "").split(";")[0].strip()
+            if content_type not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+                raise ApiError(415, "UnsupportedMediaType", f"the fake patches {objects.resource} only with merge "
+                               f"patches, not {content_type}")
+            return 200, objects.patch_metadata(namespace, name, body or {})
+        raise ApiError(405, "MethodNotAllowed", f"{verb} {objects.resource} is not supported by the fake")
 
     def _patch_node(self, name: str, body: Any, query: dict[str, str]) -> Obj:
         store = self.server.api.store
@@ -522,8 +852,14 @@ class Handler(BaseHTTPRequestHandler):
             return store.write_labels(name, merge, stale_rv=stale)
         raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
 
-    def _watch(self, name: str | None, query: dict[str, str]) -> None:
+    def _watch(self, resource: str, namespace: str | None, match: Match, query: dict[str, str]) -> None:
         api = self.server.api
+        objects = api.namespaced.get(resource)
+        if objects is not None and namespace is not None:
+            selected, namespace_match = match, namespace
+
+            def match(obj: Obj) -> bool:
+                return bool(obj["metadata"].get("namespace") == namespace_match and selected(obj))
         timeout = float(query.get("timeoutSeconds") or 300)
         deadline = time.monotonic() + min(timeout, api.max_watch_s)
         self.send_response(200)
@@ -534,13 +870,13 @@ class Handler(BaseHTTPRequestHandler):
         api.open_watches_change(+1)
         try:
             if rv_text == "0":
-                items, rv_text = api.store.list_nodes(name)
+                items, rv_text, _ = (api.store.list_nodes(match) if objects is None else objects.list(None, match))
                 for item in items:
                     self._chunk({"type": "ADDED", "object": item})
             try:
-                for event in api.store.events_since(int(rv_text), name, deadline):
+                for event in api.store.events_since(int(rv_text), resource, match, deadline):
                     if event is not None:
-                        self._chunk({"type": event.type, "object": event.obj})
+                        self._chunk({"type": event[0], "object": event[1]})
                     elif api.drop_watches.is_set():
                         self.close_connection = True
                         self.connection.shutdown(2)
@@ -570,13 +906,10 @@ def forbidden_message(user: str, verb: str, resource: str, name: str | None, nam
             f"at {scope}")
 
 
-def name_from_selector(selector: str | None) -> str | None:
-    if not selector:
-        return None
-    match = re.fullmatch(r"metadata\.name=(.+)", selector)
-    if match is None:
-        raise ApiError(400, "BadRequest", f"the fake supports only metadata.name field selectors, not {selector!r}")
-    return match.group(1)
+def name_in_selector(selector: str | None) -> str | None:
+    """The name a field selector's ``metadata.name=`` term names, if any."""
+    match = re.search(r"(?:^|,)\s*metadata\.name\s*==?\s*([^,]+)", selector or "")
+    return match.group(1).strip() if match else None
 
 
 class _Server(ThreadingHTTPServer):
@@ -595,6 +928,9 @@ class FakeApiServer:
     def __init__(self, max_watch_s: float = 300.0, user: str = "labeller") -> None:
         self.user = user  # who the 403 answers name: "labeller", "system:serviceaccount:<ns>:<name>", ...
         self.store = NodeStore()
+        self.pods = PodStore(self.store)
+        self.config_maps = ObjectStore(self.store, "configmaps", "ConfigMap")
+        self.namespaced: dict[str, ObjectStore] = {"pods": self.pods, "configmaps": self.config_maps}
         self.faults = Faults()
         self.log = RequestLog()
         self.max_watch_s = max_watch_s
@@ -640,6 +976,11 @@ class FakeApiServer:
         }))
         return path
 
+    def selector(self, resource: str, query: dict[str, str]) -> Selector:
+        objects = self.namespaced.get(resource)
+        fields = NODE_FIELDS if objects is None else objects.fields
+        return Selector(resource, fields, query.get("fieldSelector"), query.get("labelSelector"))
+
     def open_watches_change(self, delta: int) -> None:
         with self._watches_lock:
             self.open_watches += delta
@@ -651,6 +992,53 @@ class FakeApiServer:
 
     def delete_node(self, name: str) -> None:
         self.store.delete(name)
+
+    def set_node_status(self, name: str, capacity: dict[str, str] | None = None,
+                        allocatable: dict[str, str] | None = None) -> Obj:
+        """What a kubelet reports: capacity and allocatable (allocatable defaults to capacity)."""
+        status: Obj = {}
+        if capacity is not None:
+            status["capacity"] = dict(capacity)
+        if allocatable is not None or capacity is not None:
+            status["allocatable"] = dict(allocatable if allocatable is not None else capacity or {})
+        return self.store.write_status(name, status)
+
+    def create_pod(self, name: str, namespace: str = "default", *, node: str | None = None,
+                   containers: dict[str, dict[str, str]] | None = None, labels: dict[str, str] | None = None,
+                   annotations: dict[str, str] | None = None, phase: str = "Pending") -> Obj:
+        """A pod with one container per ``containers`` entry (name -> resource limits), unbound unless
+        ``node`` is given."""
+        spec: Obj = {"containers": [{"name": cname, "image": "busybox", "resources": {"limits": dict(limits)}}
+                                    for cname, limits in (containers or {"main": {}}).items()]}
+        if node:
+            spec["nodeName"] = node
+        metadata: Obj = {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations or {})}
+        return self.pods.create(namespace, {"metadata": metadata, "spec": spec, "status": {"phase": phase}})
+
+    def pod(self, name: str, namespace: str = "default") -> Obj:
+        return self.pods.get(namespace, name)
+
+    def set_pod_phase(self, name: str, phase: str, namespace: str = "default") -> Obj:
+        """What the kubelet writes through the status subresource."""
+        return self.pods.change(namespace, name, lambda pod: pod["status"].update({"phase": phase}))
+
+    def set_pod_annotations(self, name: str, annotations: dict[str, str | None], namespace: str = "default") -> Obj:
+        return self.pods.patch_metadata(namespace, name, {"metadata": {"annotations": annotations}})
+
+    def start_deleting_pod(self, name: str, namespace: str = "default") -> Obj:
+        """A graceful delete under way: the pod stays, with a deletionTimestamp."""
+        return self.pods.change(namespace, name, lambda pod: pod["metadata"].update({"deletionTimestamp": _now()}))
+
+    def delete_pod(self, name: str, namespace: str = "default") -> Obj:
+        return self.pods.delete(namespace, name)
+
+    def set_config_map(self, name: str, data: dict[str, str], namespace: str = "kube-system") -> Obj:
+        """Create the ConfigMap, or replace its data."""
+        with self.store.lock:
+            exists = (namespace, name) in self.config_maps.objects
+        if exists:
+            return self.config_maps.change(namespace, name, lambda obj: obj.update({"data": dict(data)}))
+        return self.config_maps.create(namespace, {"metadata": {"name": name}, "data": dict(data)})
 
     def labels(self, name: str) -> dict[str, str]:
         with self.store.lock:
