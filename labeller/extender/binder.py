@@ -35,7 +35,9 @@ class BindError(Exception):
 @dataclass(frozen=True)
 class BindOptions:
     policy: str = "binpack"
-    wait_s: float = 10.0  # how long a bind waits for the node's previous pod to be allocated
+    # How long a bind waits for the node's previous pod to be allocated: below the kube-scheduler's
+    # default extender httpTimeout (5 s), so the scheduler hears the answer.
+    wait_s: float = 4.0
     stale_s: float = 60.0  # an assumed pod older than this no longer holds the node
     attempts: int = 3  # annotation patches tried on resourceVersion conflicts
 

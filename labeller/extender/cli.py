@@ -53,8 +53,9 @@ def _connect(kubeconfig: str | None, observer: Metrics | None = None) -> Kube:
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
 @click.option("--policy", type=click.Choice(POLICIES), default="binpack", show_default=True,
               help="binpack: the fitting GPU with the least free memory; spread: the one with the most.")
-@click.option("--bind-wait", type=Duration(), default="10s", show_default=True,
-              help="How long a bind waits for the node's previous gpu-mem pod to be allocated by the device plugin.")
+@click.option("--bind-wait", type=Duration(), default="4s", show_default=True,
+              help="How long a bind waits for the node's previous gpu-mem pod to be allocated by the device plugin; "
+                   "keep it below the scheduler's extender httpTimeout (default 5s).")
 @click.option("--assume-timeout", type=Duration(minimum=1), default="60s", show_default=True,
               help="A pod bound this long ago and still not allocated no longer holds its node's allocation lock.")
 @click.option("--watch-timeout", type=Duration(minimum=1), default="300s", show_default=True,
