@@ -74,7 +74,7 @@ class Binder:
             return
         key = gpushare.pod_key(pod)
         with self._node_lock(node):
-            self._await_allocation(node, key)
+            waited_s = self._await_allocation(node, key)
             patched, gpu = self._annotate(pod, request, node)
             self.cache.place(patched, node)
             try:
@@ -82,9 +82,10 @@ class Binder:
             except BindError:
                 self.cache.release(key)
                 raise
-        log.info("bound", reason="bind", pod=key, node=node, device=gpu, units=request)
+        log.info("bound", reason="bind", pod=key, node=node, device=gpu, units=request, waited_ms=round(waited_s * 1000, 1))
 
-    def _await_allocation(self, node: str, key: str) -> None:
+    def _await_allocation(self, node: str, key: str) -> float:
+        """Wait until no other pod on ``node`` awaits Allocate; the seconds waited, or BindError."""
         started = time.monotonic()
         deadline = started + self.options.wait_s
         stale_ns = int(self.options.stale_s * 1e9)
@@ -96,7 +97,9 @@ class Binder:
                 raise BindError(f"node {node}: pod {waiting.key} still awaits its GPU from the device plugin{age}; "
                                 f"one pod per node at a time awaits Allocate, the scheduler will try again")
             self.cache.wait(min(left, 0.5))
-        self._observe_wait(time.monotonic() - started)
+        waited = time.monotonic() - started
+        self._observe_wait(waited)
+        return waited
 
     def _annotate(self, pod: Obj, request: int, node: str) -> tuple[Obj, int]:
         """Write the placement with the pod's resourceVersion (retrying on conflicts); (pod, GPU)."""
