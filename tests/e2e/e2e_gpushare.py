@@ -42,7 +42,7 @@ from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402
 from tests.e2e.e2e_memory_sharing import CONFIGS, PROFILE, UNITS, allocations, envs_of, uuids  # noqa: E402
-from tests.e2e.e2e_ownership import check, figure, results, wait  # noqa: E402
+from tests.e2e.e2e_ownership import check, figure, verdict, wait  # noqa: E402
 from tests.e2e.e2e_sharing import stop  # noqa: E402
 
 NODES = ("e2e-gpushare-a", "e2e-gpushare-b")
@@ -270,9 +270,7 @@ def main() -> int:
         if not args.keep:
             cluster.down()
         print(f"logs in {work}")
-    failed = [what for ok, what in results if not ok]
-    print(f"{len(results) - len(failed)} checks passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return verdict()
 
 
 if __name__ == "__main__":
