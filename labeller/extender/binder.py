@@ -73,8 +73,16 @@ class Binder:
             self._create_binding(pod, node)
             return
         key = gpushare.pod_key(pod)
-        with self._node_lock(node):
-            waited_s = self._await_allocation(node, key)
+        started = time.monotonic()
+        lock = self._node_lock(node)
+        # One deadline for the queue of binds to this node and for the wait on the assumed pod, so that
+        # the scheduler hears an answer within --bind-wait however many binds wait for the node.
+        if not lock.acquire(timeout=self.options.wait_s):
+            self._observe_wait(time.monotonic() - started)
+            raise BindError(f"node {node}: other binds to this node are still waiting for the device plugin; "
+                            "the scheduler will try again")
+        try:
+            waited_s = self._await_allocation(node, key, started)
             patched, gpu = self._annotate(pod, request, node)
             self.cache.place(patched, node)
             try:
@@ -82,11 +90,12 @@ class Binder:
             except BindError:
                 self.cache.release(key)
                 raise
+        finally:
+            lock.release()
         log.info("bound", reason="bind", pod=key, node=node, device=gpu, units=request, waited_ms=round(waited_s * 1000, 1))
 
-    def _await_allocation(self, node: str, key: str) -> float:
-        """Wait until no other pod on ``node`` awaits Allocate; the seconds waited, or BindError."""
-        started = time.monotonic()
+    def _await_allocation(self, node: str, key: str, started: float) -> float:
+        """Wait until no other pod on ``node`` awaits Allocate; the seconds waited since ``started``, or BindError."""
         deadline = started + self.options.wait_s
         stale_ns = int(self.options.stale_s * 1e9)
         while (waiting := self.cache.assumed_on(node, key, self._clock_ns(), stale_ns)) is not None:
