@@ -23,7 +23,6 @@ from labeller.extender.placement import POLICIES
 from labeller.extender.server import Extender
 from labeller.gpushare import RESOURCE_MEM
 from labeller.kube import Kube, KubeError
-from labeller.log import configure
 from labeller.options import BadInput
 from labeller.params import Duration
 from labeller.runtime import HealthServer, PortUnavailable, install_signals, start_http_server
@@ -149,9 +148,3 @@ def inspect_text(nodes: list[dict[str, object]]) -> str:
     share = f" ({100 * used // total}%)" if total else ""
     lines.append(f"Allocated/Total GPU memory of healthy GPUs in cluster: {used}/{total}{share}")
     return "\n".join(lines)
-
-
-def kubectl_inspect_gpushare() -> None:
-    """The ``kubectl-inspect-gpushare`` console script: ``kubectl inspect gpushare [NODE]``."""
-    configure("warning", json_output=False)
-    inspect.main(prog_name="kubectl inspect gpushare")
