@@ -25,6 +25,7 @@ from labeller.node import Node, chosen, open_node
 from labeller.offer import Offer
 from labeller.options import BadInput, discovery_options
 from labeller.outputs import FORMATS, render, write_atomic
+from labeller.snippets import SNIPPET_FORMATS, SnippetError, snippet
 
 log = structlog.get_logger(__name__)
 
@@ -72,6 +73,9 @@ LAZY_COMMANDS = {
     "scheduler-extender": ("labeller.extender.cli:scheduler_extender",
                            "Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible."),
     "inspect": ("labeller.extender.cli:inspect", "Per node and GPU: total, used and free GPU memory and its pods."),
+    "explain": ("labeller.authoring:explain", "Say where each label comes from, or why a key is not produced."),
+    "match": ("labeller.authoring:match", "Which nodes a label selector or a node affinity would land on."),
+    "nodes": ("labeller.authoring:nodes", "The GPU nodes of a cluster at a glance: models, resources, use, readiness."),
 }
 
 
@@ -147,19 +151,25 @@ def _offer(node: Node, inventory: Inventory, config_path: Path | None, simulate:
 
 @main.command()
 @discovery_options
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
-              help="text: key=value lines; nfd: NFD features.d file.")
+@click.option("--format", "fmt", type=click.Choice([*FORMATS, *SNIPPET_FORMATS]), default="text", show_default=True,
+              help="text: key=value lines; nfd: NFD features.d file; selector, affinity: a ready-to-paste "
+                   "nodeSelector or node affinity selecting nodes like this one (presence and model).")
+@click.option("--min-memory", type=click.IntRange(min=1), metavar="MIB",
+              help="With --format affinity: GPUs with at least this much memory (a Gt on nvidia.com/gpu.memory) "
+                   "instead of this model.")
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
               help="Write to this file instead of standard output: a regular file is replaced atomically, "
                    "a symlink's target is written, a device or FIFO is written through.")
 def labels(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
-           config_name: str | None, fmt: str, output: Path | None) -> None:
+           config_name: str | None, fmt: str, min_memory: int | None, output: Path | None) -> None:
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
+    if min_memory is not None and fmt != "affinity":
+        raise BadInput("--min-memory needs --format affinity (a nodeSelector cannot compare numbers)")
     with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
         inventory = _probe(node)
         label_set = node.labels(inventory, _offer(node, inventory, config_path, simulate))
     label_set.log_problems(log)
-    text = render(label_set.labels, fmt)
+    text = _snippet(label_set.labels, fmt, min_memory) if fmt in SNIPPET_FORMATS else render(label_set.labels, fmt)
     if output is None:
         emit(text)
         return
@@ -170,9 +180,33 @@ def labels(host_root: Path, simulate: str | None, config_path: Path | None, conf
         raise (WriteFailed(message) if exc.errno in WRITE_ERRNOS else BadInput(message)) from None
 
 
+def _snippet(labels: dict[str, str], fmt: str, min_memory: int | None) -> str:
+    try:
+        return snippet(labels, fmt, min_memory)
+    except SnippetError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _pci_class(code: int) -> str:
+    """As lspci -n writes it: class and subclass, ``0302``; a non-zero programming interface after it."""
+    return f"{code >> 8:04x}" + (f" prog-if {code & 0xFF:02x}" if code & 0xFF else "")
+
+
+# PCI fields the probe prints in hex, as lspci does (10de:2330, class 0302, rev a1)
+_HEX_FIELDS: dict[str, Any] = {"vendor_id": "{:04x}".format, "device_id": "{:04x}".format, "revision": "{:02x}".format,
+                               "class_code": _pci_class, "pci_class": _pci_class}
+
+
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            hexed = f.name in _HEX_FIELDS and isinstance(item, int) and not isinstance(item, bool)
+            out[f.name] = _HEX_FIELDS[f.name](item) if hexed else _jsonable(item)
+        if {"vendor_id", "device_id"} <= set(out) and isinstance(out["vendor_id"], str):
+            out = {"bdf": out.pop("bdf", None), "id": f"{out['vendor_id']}:{out['device_id']}", **out}
+        return out
     if isinstance(value, (tuple, list)):
         return [_jsonable(v) for v in value]
     return value
@@ -182,7 +216,8 @@ def _jsonable(value: Any) -> Any:
 @discovery_options
 def probe(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
           config_name: str | None) -> None:
-    """Print the discovered inventory as JSON: what each backend saw, and why it found nothing."""
+    """Print the discovered inventory as JSON: what each backend saw, and why it found nothing. PCI
+    ids, classes and revisions are in hex, as lspci writes them (10de:2330, class 0302, rev a1)."""
     with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
         inventory = _probe(node)
     parts = {part.vendor: part for part in inventory.parts}
@@ -215,11 +250,21 @@ def offer_document(offer: Offer, node: Node) -> dict[str, Any]:
     }
 
 
+def _shared_text(resource: dict[str, Any]) -> str:
+    """How the devices share their physical ones: replicas, or units of each GPU's memory."""
+    if resource["replicas"] <= 1:
+        return ""
+    if resource["sharing"] != "memory":
+        return f" x {resource['replicas']} replicas, {resource['sharing']}"
+    per_gpu, uneven = divmod(resource["count"], resource["physical"])
+    return ", each its memory in units" if uneven else f", {per_gpu} memory units each"
+
+
 def offer_text(document: dict[str, Any]) -> str:
     lines = []
     for r in document["resources"]:
-        shared = f" x {r['replicas']} replicas, {r['sharing']}" if r["replicas"] > 1 else ""
-        lines.append(f"{r['name']}: {r['count']} devices ({r['physical']} physical{shared}), socket {r['socket']}")
+        lines.append(f"{r['name']}: {r['count']} devices ({r['physical']} physical{_shared_text(r)}), "
+                     f"socket {r['socket']}")
         lines.append(f"  health: {r['health']}")
         for d in r["devices"]:
             where = ", ".join(f"{k} {d[k]}" for k in ("partition", "numa_node") if d[k] is not None)

@@ -4,10 +4,17 @@ A labeler is a pure function ``(Inventory, Config, Offer) -> dict[str, str]``: w
 found, the config, and what the node offers (``labeller.offer``). ``merge`` runs labelers in order. Different labelers own different keys; when two of them produce the same key with
 different values, that is a bug in the rules, so ``merge`` reports it instead of letting the last
 one silently win.
+
+Provenance comes from the same derivation: a labeler may return a value made with ``derived``
+(a ``str`` that also carries its backend, exact source and rule); ``merge`` keeps the plain value
+in ``LabelSet.labels`` and the how in ``LabelSet.sources``. A value returned as a plain ``str``
+still gets a ``Provenance``: its labeler and that labeler's docstring. ``KeyDoc`` says, per key
+family, who else writes the key and when gpu-labeller writes it (``gpu-labeller explain``).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -105,13 +112,88 @@ def sanitise_value(value: str) -> str:
     return cleaned
 
 
+class Derived(str):
+    """A label value that says where it came from; ``merge`` turns it back into a plain ``str``."""
+
+    backend: str
+    source: str
+    rule: str
+
+
+def derived(value: str, backend: str, source: str, rule: str = "") -> str:
+    """``value``, carrying its ``backend`` ("nvml", "sysfs", "pci", "dmi", "config", "offer", ...),
+    its exact ``source`` (the call or file and what it said) and the ``rule`` applied to it."""
+    out = Derived(value)
+    out.backend, out.source, out.rule = backend, source, rule
+    return out
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where one label's value came from: the labeler that produced it, and what that labeler said."""
+
+    labeler: str  # "vendors.nvidia.labels.gpu_resource_labels"
+    backend: str
+    source: str
+    rule: str
+
+
+def provenance(labeler: Callable[..., object], value: str) -> Provenance:
+    name = f"{getattr(labeler, '__module__', '?')}.{getattr(labeler, '__name__', repr(labeler))}"
+    if isinstance(value, Derived):
+        return Provenance(name, value.backend, value.source, value.rule)
+    doc = (getattr(labeler, "__doc__", None) or "").strip().split("\n")[0]
+    return Provenance(name, "rules", doc or "(the labeler gives no detail)", "")
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """A family of label keys, for people: ``pattern`` is a key where ``<name>`` stands for any text
+    (``nvidia.com/mig-<profile>.count``); ``writer`` says who writes it ("gpu-labeller", or the owner
+    of a key gpu-labeller never writes), ``upstream`` which other tools write the same key, ``when``
+    when gpu-labeller writes it (formatted with the config's ``mig_strategy`` and ``sharing``), and
+    ``group`` the ``labeller.labels`` group that turns it off."""
+
+    pattern: str
+    upstream: str
+    when: str = ""
+    group: str = ""
+    writer: str = "gpu-labeller"
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _pattern_regex(self.pattern)
+
+    @property
+    def template(self) -> bool:
+        return "<" in self.pattern
+
+
+@functools.cache
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    parts = re.split(r"<[^>]+>", pattern)
+    return re.compile(".*".join(re.escape(part) for part in parts))
+
+
 @dataclass
 class LabelSet:
-    """The result of labelling a node: valid labels plus what had to be dropped, and why."""
+    """The result of labelling a node: valid labels plus what had to be dropped, and why, and where
+    each value came from."""
 
     labels: Labels = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)  # key -> reason
     conflicts: list[str] = field(default_factory=list)
+    sources: dict[str, Provenance] = field(default_factory=dict)  # key -> where its value came from
+
+    def add(self, labels: Labels, labeler: Callable[..., object]) -> None:
+        """Take ``labels`` from ``labeler``: plain values, with their provenance in ``sources``."""
+        for key, value in labels.items():
+            previous = self.labels.get(key)
+            if previous is not None and previous != value:
+                name = getattr(labeler, "__name__", repr(labeler))
+                self.conflicts.append(f"{key}: {name} says {value!r}, an earlier labeler {previous!r}")
+            self.labels[key] = str(value)
+            self.sources[key] = provenance(labeler, value)
 
     def log_problems(self, log: Any) -> None:
         """One warning per dropped label and per conflict (the caller's logger carries the context)."""
@@ -125,18 +207,14 @@ def merge(labelers: Iterable[Labeler], inventory: Inventory, config: Config, off
     """Run labelers in order and merge their output; report, never hide, conflicting values."""
     result = LabelSet()
     for labeler in labelers:
-        for key, value in labeler(inventory, config, offer).items():
-            previous = result.labels.get(key)
-            if previous is not None and previous != value:
-                name = getattr(labeler, "__name__", repr(labeler))
-                result.conflicts.append(f"{key}: {name} says {value!r}, an earlier labeler {previous!r}")
-            result.labels[key] = value
+        result.add(labeler(inventory, config, offer), labeler)
     return result
 
 
 def validated(label_set: LabelSet) -> LabelSet:
     """Drop, one by one, labels Kubernetes would reject; keep all the others."""
-    out = LabelSet(dropped=dict(label_set.dropped), conflicts=list(label_set.conflicts))
+    out = LabelSet(dropped=dict(label_set.dropped), conflicts=list(label_set.conflicts),
+                   sources=dict(label_set.sources))
     for key, value in label_set.labels.items():
         problem = key_problem(key)
         if problem is None and not is_valid_value(value):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labeller.config import Config, ConfigError, load_config
-from labeller.labels import LabelSet, validated
+from labeller.labels import Labels, LabelSet, derived, validated
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"  # set by people or the GPU Operator, read only
 STATE_LABEL = "nvidia.com/device-plugin.config.state"  # success | failed: written by gpu-labeller
@@ -99,8 +99,19 @@ class Selection:
     def labels(self) -> LabelSet:
         """The state labels gpu-labeller writes: ``config.state`` and ``config.applied`` (a name that
         is not a valid label value is dropped from the set, and reported there)."""
-        state = "success" if self.ok else "failed"
-        return validated(LabelSet({STATE_LABEL: state, APPLIED_LABEL: self.name}))
+        state = LabelSet()
+        state.add(self.state_labels(), Selection.labels)
+        return validated(state)
+
+    def state_labels(self) -> Labels:
+        asked = "the default (no config label)" if self.wanted is None else repr(self.wanted)
+        source = f"--config-dir: the node asked for {asked}; {self.name!r} is in force"
+        why = f": {self.problem}" if self.problem else ""
+        return {
+            STATE_LABEL: derived("success" if self.ok else "failed", "config", source + why,
+                                 "success when the config asked for is the one in force, else failed"),
+            APPLIED_LABEL: derived(self.name, "config", source, "the name of the config in force"),
+        }
 
 
 class Chooser:

@@ -61,6 +61,7 @@ class Node:
             state = self.selection.labels()
             label_set.labels.update(state.labels)
             label_set.dropped.update(state.dropped)
+            label_set.sources.update(state.sources)
         return label_set
 
     def select(self, selection: Selection) -> bool:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from labeller.completion import complete_profiles
 from labeller.namedconfigs import CONFIG_LABEL
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,7 +37,7 @@ def discovery_options(func: F) -> F:
         help="Config file (NVIDIA device-plugin config v1 format plus a 'labeller' section). [env: CONFIG_FILE]",
     )(func)
     func = click.option(
-        "--simulate", metavar="PROFILE|FILE", envvar="GPU_LABELLER_SIMULATE",
+        "--simulate", metavar="PROFILE|FILE", envvar="GPU_LABELLER_SIMULATE", shell_complete=complete_profiles,
         help="Replay a built-in profile (see 'gpu-labeller profiles') or a profile file instead of this machine. [env: GPU_LABELLER_SIMULATE]",
     )(func)
     func = click.option(

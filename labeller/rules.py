@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from labeller.config import Config
 from labeller.inventory import Inventory
-from labeller.labels import Labeler, LabelSet, Labels, merge, validated
+from labeller.labels import Labeler, LabelSet, Labels, derived, merge, validated
 from labeller.offer import Offer
 from labeller.vendor import Vendor
 
@@ -22,11 +22,22 @@ def present(vendor: Vendor, inventory: Inventory) -> bool:
     return bool(inventory.pci_gpus_of(vendor.pci_vendor_id)) or part is not None
 
 
+def _presence_source(vendor: Vendor, inventory: Inventory) -> tuple[str, str, str]:
+    gpus = inventory.pci_gpus_of(vendor.pci_vendor_id)
+    rule = "true when the vendor has a GPU on the PCI bus or its backend described one"
+    if not gpus:
+        return vendor.name, f"the {vendor.name} backend described GPUs", rule
+    listed = ", ".join(f"{g.bdf} [{g.vendor_id:04x}:{g.device_id:04x}] class {g.class_code >> 8:04x}" for g in gpus[:3])
+    more = f" and {len(gpus) - 3} more" if len(gpus) > 3 else ""
+    return "pci", f"/sys/bus/pci/devices: {listed}{more}", rule
+
+
 def presence_labeler(vendors: Sequence[Vendor]) -> Labeler:
     """``<vendor presence label>=true`` for each vendor with a GPU whose label groups are on."""
 
     def presence_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
-        return {v.presence_label: "true" for v in vendors if v.labels_enabled(config) and present(v, inventory)}
+        return {v.presence_label: derived("true", *_presence_source(v, inventory))
+                for v in vendors if v.labels_enabled(config) and present(v, inventory)}
 
     return presence_labels
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from labeller.inventory import BackendReport, Inventory, PciGpu, VendorPart
-from labeller.labels import Labeler
+from labeller.labels import KeyDoc, Labeler
 
 if TYPE_CHECKING:
     from labeller.config import Config
@@ -171,3 +171,4 @@ class Vendor:
     mps: MpsCheck = no_mps
     offer_inputs: OfferInputs = no_inputs
     cdi: CdiSpec = no_cdi
+    key_docs: tuple[KeyDoc, ...] = ()  # every key family its labelers write, for people (gpu-labeller explain)

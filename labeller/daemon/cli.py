@@ -12,6 +12,7 @@ import click
 import structlog
 
 from labeller import configwatch
+from labeller.completion import complete_node_names
 from labeller.configwatch import ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.daemon.loop import Daemon, Options
 from labeller.node import Node, named_configs, open_node
@@ -85,7 +86,8 @@ def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | 
 
 
 @click.command()
-@click.option("--node-name", envvar="NODE_NAME", help="This Node's name (downward API); required. [env: NODE_NAME]")
+@click.option("--node-name", envvar="NODE_NAME", shell_complete=complete_node_names,
+              help="This Node's name (downward API); required. [env: NODE_NAME]")
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
 @discovery_options
@@ -169,7 +171,7 @@ def _serve(daemon: Daemon, metrics: Metrics, port: int, bind: str) -> None:
 
 
 @click.command()
-@click.option("--node", "nodes", multiple=True, help="Node to clean (repeatable).")
+@click.option("--node", "nodes", multiple=True, shell_complete=complete_node_names, help="Node to clean (repeatable).")
 @click.option("--all-nodes", is_flag=True, help="Clean every node in the cluster.")
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")

@@ -5,8 +5,9 @@ The kubelet sends Allocate the N memory units it picked for one container, witho
 pod it serves. The extender has written its choice on the pod before binding it
 (``ALIYUN_COM_GPU_MEM_IDX``, ``_ASSIGNED=false``, ``_ASSUME_TIME``), so ``PodMatcher``:
 
-1. lists the pods bound to this node (one LIST, field selector ``spec.nodeName``) and keeps the
-   assumed ones: IDX set, ASSIGNED false, not finished;
+1. lists the Pending pods bound to this node (one LIST, field selector ``spec.nodeName`` and
+   ``status.phase=Pending``, as gpushare) and keeps the assumed ones: IDX set, ASSIGNED false, not
+   being deleted;
 2. keeps those with a gpu-mem container that has not been allocated yet (tracked in memory, per pod
    UID) and asks for exactly N units. gpu-labeller's extender binds at most one assumed pod per node
    at a time (its per-node lock, released when the pod is ASSIGNED), so there is normally exactly one.
@@ -88,7 +89,8 @@ class PodMatcher:
         if self._api is None:
             raise Unmatched(f"node {self.node or '(unknown)'}: cannot read this node's pods: {self._problem}")
         try:
-            pods, _ = self._api.list_pods(field_selector=f"spec.nodeName={self.node}")
+            # A pod waits for Allocate while Pending: running pods, most of a node's, are not listed.
+            pods, _ = self._api.list_pods(field_selector=f"spec.nodeName={self.node},status.phase=Pending")
         except Exception as exc:  # noqa: BLE001 - any API failure fails this Allocate with its reason
             raise Unmatched(f"node {self.node}: cannot list the pods bound to this node to find the one this "
                             f"allocation is for: {exc}") from None
@@ -220,11 +222,18 @@ class MemoryAllocator:
             raise RequestError(f"{self.resource.name}: unknown or repeated device ID(s): {', '.join(ids[:5])}")
 
     def _gpu(self, match: Match) -> PhysicalDevice:
+        """The GPU the pod was bound to; Unmatched when this node has no such GPU or it is too small
+        for the pod (an extender that took gpu-mem / gpu-count for every GPU of a node with mixed sizes)."""
+        pod, node = gpushare.pod_key(match.pod), self._matcher.node
         if not 0 <= match.gpu_index < len(self._gpus):
-            raise Unmatched(f"node {self._matcher.node}: pod {gpushare.pod_key(match.pod)} was bound to GPU index "
-                            f"{match.gpu_index} ({gpushare.ANN_IDX}), but this node shares {len(self._gpus)} GPU(s) "
-                            "by memory")
-        return self._gpus[match.gpu_index]
+            raise Unmatched(f"node {node}: pod {pod} was bound to GPU index {match.gpu_index} ({gpushare.ANN_IDX}), "
+                            f"but this node shares {len(self._gpus)} GPU(s) by memory")
+        gpu = self._gpus[match.gpu_index]
+        wanted, has = gpushare.pod_request(match.pod), self._units[gpu.health_key]
+        if wanted > has:
+            raise Unmatched(f"node {node}: pod {pod} asks for {wanted} {self._unit} of {gpushare.RESOURCE_MEM} on GPU "
+                            f"{match.gpu_index} ({gpu.visible_id}), which has {has} {self._unit}")
+        return gpu
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int, policy: str) -> list[str]:
         """Units of the GPU the waiting pod was bound to, when there are enough; else the generic choice."""

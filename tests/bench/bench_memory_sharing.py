@@ -3,7 +3,8 @@ the fake API server. Prints figures; not a test.
 
 The real ``gpu-labeller device-plugin`` process (``--simulate t4-x4-gpushare``, ``--node-name``,
 ``--kubeconfig``) serves the kubelet emulator; the fake API server holds ``--pods-on-node`` pods bound
-to the node (already assigned, as running pods are; the kubelet's default limit is 110 pods a node)
+to the node (Running and assigned; the kubelet's default limit is 110 pods a node; the plugin lists
+only the node's Pending pods)
 and ``--pods-elsewhere`` on other nodes. Each round places one assumed pod (as the extender does at
 bind, not timed), admits it as a real kubelet does: GetPreferredAllocation, then Allocate (each
 timed: one pod LIST each, and Allocate's merge patch marking the pod ASSIGNED), and deletes it. Budget: Allocate p99 <= 5 ms as for whole GPUs (issue 4); the lookup

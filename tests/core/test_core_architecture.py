@@ -89,8 +89,9 @@ def test_only_the_plugin_speaks_grpc() -> None:
 def test_nothing_on_a_real_node_imports_a_simulation() -> None:
     simulations = {m for m in modules() if m.endswith(".simulate") or m == "vendors.sim_pci"}
     importers = {module for module, imports in modules().items() if ours(imports) & simulations}
-    # the profile replayer imports each vendor's simulator by name; labeller.node imports it only for --simulate
-    assert importers <= simulations | {"labeller.node", "labeller.cli"}
+    # the profile replayer imports each vendor's simulator by name; labeller.node imports it only for --simulate;
+    # match (its default targets) and completion (--simulate names) list the built-in profiles
+    assert importers <= simulations | {"labeller.node", "labeller.cli", "labeller.authoring", "labeller.completion"}
 
 
 def test_named_configs_read_files_with_the_model_only() -> None:
@@ -108,3 +109,17 @@ def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
     assert ours(modules()["labeller.extender.cache"]) - packages <= {"labeller.gpushare", "labeller.extender.placement"}
     for module in ("labeller.gpushare", "labeller.extender.placement", "labeller.extender.cache"):
         assert not {i for i in modules()[module] if i.split(".")[0] in ("kubernetes", "urllib3", "click", "grpc")}, module
+
+
+@pytest.mark.parametrize("module", ["labeller.explain", "labeller.selectors", "labeller.snippets", "labeller.fleet",
+                                    "labeller.completion"])
+def test_the_selector_tools_stay_off_the_api(module: str) -> None:
+    """explain, match on profiles and the snippets work without a cluster: their modules import
+    neither the adapter nor the daemon (completion reaches the adapter only inside the function
+    that completes node names, guarded)."""
+    above = {m for m in ours(modules()[module]) if m.startswith(("labeller.daemon", "labeller.plugin"))}
+    assert above == set()
+    clients = {i for i in modules()[module] if i.split(".")[0] in ("kubernetes", "grpc", "urllib3")}
+    assert clients == set()
+    if module != "labeller.completion":
+        assert "labeller.kube" not in modules()[module]

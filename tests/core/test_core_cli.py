@@ -74,7 +74,15 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", [["labels"], ["resources"], ["probe"], ["labels", "--simulate", "dgx-h100"],
                                      ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"],
                                      ["labels", "--simulate", "dgx-h100", "--config-dir", "CONFIGS", "--config-name", "a"],
-                                     ["resources", "--simulate", "dgx-h100", "--config-dir", "CONFIGS"]])
+                                     ["resources", "--simulate", "dgx-h100", "--config-dir", "CONFIGS"],
+                                     ["labels", "--simulate", "t4-x4-gpushare"],
+                                     ["resources", "--simulate", "t4-x4-gpushare", "--format", "json"],
+                                     ["explain", "--simulate", "dgx-h100"],
+                                     ["explain", "nvidia.com/gpu.product", "--simulate", "mixed-l40s-mi210"],
+                                     ["match", "nvidia.com/gpu.product=Tesla-T4"],
+                                     ["match", "amd.com/gpu.present", "--simulate", "mi210-x8"],
+                                     ["labels", "--simulate", "dgx-h100", "--format", "selector"],
+                                     ["labels", "--simulate", "dgx-h100", "--format", "affinity", "--min-memory", "8"]])
 def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path: Path, command: list[str]) -> None:
     configs = config_map_volume(tmp_path / "configs", {"a": "version: v1\n"})
     command = [str(configs) if part == "CONFIGS" else part for part in command]
@@ -97,7 +105,8 @@ def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path
 def test_help_lists_every_command_without_loading_them() -> None:
     result = gpu_labeller("--help")
     assert result.returncode == 0
-    for command in ("labels", "resources", "probe", "profiles", "run", "cleanup", "device-plugin", "completion"):
+    for command in ("labels", "resources", "probe", "profiles", "run", "cleanup", "device-plugin", "completion",
+                    "explain", "match", "nodes"):
         assert f"  {command} " in result.stdout
 
 
@@ -117,7 +126,7 @@ def test_a_node_with_both_vendors_gets_both_label_sets() -> None:
     assert labels["beta.amd.com/gpu.device-id.740f"] == "2" and labels["amd.com/gpu.vram"] == "64G"
     assert labels["nvidia.com/gpu.present"] == labels["amd.com/gpu.present"] == "true"
     probe = json.loads(gpu_labeller("probe", "--simulate", "mixed-l40s-mi210").stdout)
-    assert sorted(g["vendor_id"] for g in probe["pci_gpus"]) == [0x1002, 0x1002, 0x10DE, 0x10DE]
+    assert sorted(g["vendor_id"] for g in probe["pci_gpus"]) == ["1002", "1002", "10de", "10de"]
 
 
 def test_a_simulated_node_never_consults_this_machines_nvml(tmp_path: Path) -> None:
@@ -168,3 +177,15 @@ def test_resources_json_lists_each_device_with_its_physical_device() -> None:
     assert (amd["name"], amd["count"], amd["physical"], amd["replicas"]) == ("amd.com/gpu", 63, 63, 1)
     assert {d["partition"] for d in amd["devices"]} == {"xcp"}  # the capture has no partition mode files
     assert len({d["gpu"] for d in amd["devices"]}) == 8  # 63 partitions of 8 GPUs
+
+
+def test_probe_prints_pci_ids_classes_and_revisions_in_hex_as_lspci() -> None:
+    result = gpu_labeller("probe", "--simulate", "mixed-l40s-mi210")
+    assert result.returncode == 0, result.stderr
+    probe = json.loads(result.stdout)
+    nvidia_gpu = next(g for g in probe["pci_gpus"] if g["vendor_id"] == "10de")
+    assert (nvidia_gpu["id"], nvidia_gpu["class_code"], nvidia_gpu["revision"]) == ("10de:26b9", "0302", "a1")
+    amd_gpu = next(g for g in probe["pci_gpus"] if g["vendor_id"] == "1002")
+    assert (amd_gpu["id"], amd_gpu["class_code"]) == ("1002:740f", "0380")
+    assert probe["nvidia"]["gpus"][0]["pci_class"] == "0302"
+    assert probe["amd"]["gpus"][0]["device_id"] == "740f"

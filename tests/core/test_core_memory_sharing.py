@@ -114,6 +114,12 @@ def test_the_resources_and_labels_commands_agree_on_the_gpushare_profile() -> No
     assert labels["nvidia.com/gpu.sharing-strategy"] == "memory" and labels["gpushare"] == "true"
 
 
+def test_resources_text_says_how_many_memory_units_each_gpu_offers() -> None:
+    lines = run_cli("resources", "--simulate", "t4-x4-gpushare").stdout.splitlines()
+    assert lines[0] == "aliyun.com/gpu-mem: 56 devices (4 physical, 14 memory units each), socket aliyun-gpu-mem.sock"
+    assert "aliyun.com/gpu-count: 4 devices (4 physical), socket aliyun-gpu-count.sock" in lines
+
+
 def test_a_bad_memory_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("version: v1\nflags: {migStrategy: mixed}\nsharing: {memory: {unit: GiB}}\n")

@@ -13,7 +13,11 @@ Uses K8S_STATE and the K8S_*_PORT variables of the k8s folder's up.sh. It
    gpu-mem containers and a cpu/memory one, and a pod without the extender's annotations; and checks
    what the real device manager got from Allocate (its `allocate` events), the pods' phases and
    ALIYUN_COM_GPU_MEM_ASSIGNED, and what the plugin's ServiceAccount may do;
-then stops everything and the cluster with `down.sh --wipe` (unless --keep).
+4. starts the real kube-scheduler with `gpu-labeller scheduler-extender` (port --extender-port) as its
+   extender for aliyun.com/gpu-mem and creates --burst pods at once, all asking the same memory: every
+   container must get the GPU its pod was bound to, no GPU may hold more than it has, and the time
+   until all run is the throughput the extender's per-node lock allows;
+then stops everything and the cluster with `scheduler-down.sh` and `down.sh --wipe` (unless --keep).
 """
 
 from __future__ import annotations
@@ -72,6 +76,10 @@ def envs_of(event: dict[str, Any]) -> dict[str, str]:
     return {e["Name"]: e["Value"] for e in event.get("envs") or []}
 
 
+def annotations_of(admin: Kube, name: str) -> dict[str, str]:
+    return dict(admin.get_pod("default", name)["metadata"].get("annotations") or {})
+
+
 def pod_body(name: str, containers: dict[str, dict[str, str]], annotations: dict[str, str] | None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
@@ -79,10 +87,86 @@ def pod_body(name: str, containers: dict[str, dict[str, str]], annotations: dict
                                                       for c, limits in containers.items()]}}
 
 
+SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1beta3
+kind: KubeSchedulerConfiguration
+extenders:
+- urlPrefix: http://127.0.0.1:{port}/gpushare-scheduler
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  weight: 1
+  bindVerb: bind
+  enableHTTPS: false
+  nodeCacheCapable: true
+  ignorable: false
+  httpTimeout: 30s
+  managedResources: [{{name: aliyun.com/gpu-mem, ignoredByScheduler: false}}]
+"""
+
+
+def through_the_scheduler(cluster: Cluster, admin: Kube, args: argparse.Namespace, work: Path,
+                          processes: list[subprocess.Popen[str]], dpk: Path, gpus: list[str]) -> None:
+    """A burst of equal requests through the real scheduler and gpu-labeller's extender."""
+    config = work / "scheduler.yaml"
+    config.write_text(SCHEDULER_CONFIG.format(port=args.extender_port))
+    processes.append(subprocess.Popen(
+        [sys.executable, "-m", "labeller.cli", "--log-format", "json", "scheduler-extender", "--port",
+         str(args.extender_port), "--bind", "127.0.0.1", "--kubeconfig", str(cluster.admin)],
+        stderr=(work / "extender.log").open("w"), text=True, cwd=ROOT))
+    subprocess.run([str(args.k8s / "scheduler-up.sh"), "--config", str(config)], env=cluster.env, check=True,
+                   stdout=subprocess.DEVNULL)
+    earlier = [p["metadata"]["name"] for p in admin.list_pods(field_selector=f"spec.nodeName={NODE}")[0]]
+    for name in earlier:  # free every GPU first
+        cluster.kubectl("delete", "pod", name, "--wait=false")
+    check(wait(lambda: not admin.list_pods(field_selector=f"spec.nodeName={NODE}")[0], 60) is not None,
+          f"the {len(earlier)} earlier pods are gone")
+    names = [f"burst-{i}" for i in range(args.burst)]
+    started = time.monotonic()
+    for name in names:
+        body = pod_body(name, {"main": {gpushare.RESOURCE_MEM: "4"}}, None)
+        del body["spec"]["nodeName"]
+        cluster.kubectl("create", "-f", "-", stdin=json.dumps(body))
+
+    def phases() -> list[str]:
+        return [str(admin.get_pod("default", n).get("status", {}).get("phase")) for n in names]
+
+    all_running = wait(lambda: phases() == ["Running"] * len(names), 120)
+    figure(f"{len(names)} pods of 4 GiB created at once -> all Running through scheduler, extender and plugin: "
+           f"{time.monotonic() - started:.2f} s" if all_running is not None else f"not all Running: {phases()}")
+    events = {e.get("name"): envs_of(e) for e in allocations(dpk)}
+    used = [0] * len(gpus)
+    wrong = []
+    for name in names:
+        index = gpushare.assigned_gpu(admin.get_pod("default", name))
+        visible = events.get(name, {}).get("NVIDIA_VISIBLE_DEVICES")
+        if index is None or visible != gpus[index]:
+            wrong.append(f"{name}: IDX {index}, NVIDIA_VISIBLE_DEVICES {visible}")
+        else:
+            used[index] += 4
+    check(all_running is not None and not wrong,
+          f"every pod of the burst runs on the GPU the extender bound it to (GiB per GPU: {used}){'; ' if wrong else ''}"
+          + "; ".join(wrong))
+    check(max(used) <= UNITS, f"no GPU holds more than its {UNITS} GiB")
+    body = pod_body("one-too-many", {"main": {gpushare.RESOURCE_MEM: "4"}}, None)
+    del body["spec"]["nodeName"]
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(body))
+
+    def unschedulable() -> str:
+        conditions = admin.get_pod("default", "one-too-many").get("status", {}).get("conditions") or []
+        return next((str(c.get("message")) for c in conditions if c.get("type") == "PodScheduled"
+                     and c.get("status") == "False"), "")
+
+    wait(lambda: unschedulable() != "", 30)
+    check(unschedulable() != "" and gpushare.ANN_IDX not in annotations_of(admin, "one-too-many"),
+          f"a pod that fits no GPU stays Pending, unbound: {unschedulable()[:140]!r}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k8s", type=Path, default=Path("/work/shared/k8s"))
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    parser.add_argument("--extender-port", type=int, default=int(os.environ.get("K8S_SCHED_PORT", "10259")) + 1)
+    parser.add_argument("--burst", type=int, default=12,
+                        help="4 GiB pods created at once through the scheduler (12 fill the 4 x 14 GiB GPUs 3 each)")
     args = parser.parse_args()
     cluster = Cluster(args.k8s, Path(os.environ.get("K8S_STATE", "/tmp/gpu-labeller-k8s")))
     work = Path(tempfile.mkdtemp(prefix="e2e-gpushare-"))
@@ -121,7 +205,7 @@ def main() -> int:
             return str(admin.get_pod("default", name).get("status", {}).get("phase"))
 
         def annotations(name: str) -> dict[str, str]:
-            return dict(admin.get_pod("default", name)["metadata"].get("annotations") or {})
+            return annotations_of(admin, name)
 
         # 1. As the extender binds with its per-node lock: one assumed pod at a time, equal requests, different GPUs.
         to_running = []
@@ -179,9 +263,11 @@ def main() -> int:
         check([can(v, "pods") for v in ("list", "patch", "create", "delete")] == ["yes", "yes", "no", "no"]
               and can("patch", "nodes") == "no" and can("create", "configmaps") == "no" and can("get", "nodes") == "no",
               "the plugin's ServiceAccount may list and patch pods, and nothing else (no node access: no label followed)")
+        through_the_scheduler(cluster, admin, args, work, processes, dpk, gpus)
     finally:
         stop(*reversed(processes))
         if not args.keep:
+            subprocess.run([str(args.k8s / "scheduler-down.sh")], env=cluster.env, check=False, stdout=subprocess.DEVNULL)
             cluster.down()
         print(f"logs in {work}")
     failed_checks = [what for ok, what in results if not ok]

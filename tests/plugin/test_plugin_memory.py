@@ -15,11 +15,13 @@ import pytest
 
 from labeller import gpushare
 from labeller.kube import Kube
+from labeller.namedconfigs import CONFIG_LABEL
 from labeller.plugin.app import DevicePlugin, PluginSettings
-from tests.builders import offer_of
+from tests.builders import config_map_volume, offer_of
 from tests.fakes.apiserver import FakeApiServer, Fault
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import simulated
+from tests.plugin.test_plugin_cli import PluginProcess
 
 NODE = "gpu-node-1"
 MEM, COUNT = gpushare.RESOURCE_MEM, gpushare.RESOURCE_COUNT
@@ -199,3 +201,55 @@ def test_a_gpu_index_this_node_does_not_share_fails_the_pod(sock_dir: Path, tmp_
                                                  r"but this node shares 4 GPU\(s\) by memory"):
             node.admit(1)
         assert node.annotations("off-the-end")[gpushare.ANN_ASSIGNED] == "false"
+
+
+def test_a_pod_larger_than_its_gpu_fails_with_both_sizes(sock_dir: Path, tmp_path: Path) -> None:
+    """An extender that took gpu-mem / gpu-count for every GPU can overshoot one GPU of a node with
+    mixed sizes; the plugin says so instead of handing out memory the GPU does not have."""
+    with memory_node(sock_dir, tmp_path) as node:
+        node.place("too-big", 3, {"a": cuda(10), "b": cuda(6)})
+        with pytest.raises(AdmissionError, match=r"pod default/too-big asks for 16 GiB of aliyun.com/gpu-mem on GPU 3 "
+                                                 r"\(GPU-[0-9a-f-]+\), which has 14 GiB"):
+            node.admit(10)
+
+
+def test_the_device_plugin_process_serves_memory_sharing_with_its_node_and_kubeconfig(
+        sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        api.create_node(NODE)
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        with PluginProcess("--simulate", PROFILE, "--socket-dir", str(sock_dir), "--node-name", NODE,
+                           "--kubeconfig", str(kubeconfig)) as plugin:
+            assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU, 20)
+            annotations = gpushare.placement_annotations(3, 6, UNITS_PER_GPU, next(_clock))
+            api.create_pod("p", node=NODE, containers={"main": cuda(6)}, annotations=annotations)
+            responses, (ids,) = kubelet.admit_each(MEM, [6])
+            assert dict(responses[0].envs)["ALIYUN_COM_GPU_MEM_IDX"] == "3"
+            assert api.pod("p")["metadata"]["annotations"][gpushare.ANN_ASSIGNED] == "true"
+            allocated = plugin.event("allocated by memory")
+            assert (allocated["node"], allocated["pod"], allocated["units"], allocated["index"]) == (NODE, "default/p", 6, 3)
+            assert plugin.stop() == 0
+
+
+def test_a_node_labelled_into_a_memory_sharing_pool_switches_without_a_restart(
+        sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    """Per-node named configs: memory sharing is one more config block, followed like any other."""
+    with FakeApiServer() as api:
+        api.create_node(NODE)
+        configs = config_map_volume(tmp_path / "configs", {"default": {"version": "v1"},
+                                                           "gpushare": {"version": "v1", "sharing": {"memory": {}}}})
+        with PluginProcess("--simulate", PROFILE, "--config-dir", str(configs), "--socket-dir", str(sock_dir),
+                           "--node-name", NODE, "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig"))) \
+                as plugin:
+            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, 20)
+            api.set_labels(NODE, {CONFIG_LABEL: "gpushare"})
+            assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU
+                                    and kubelet.allocatable(COUNT) == 4, 10)
+            assert kubelet.wait_for(lambda: kubelet.seen("nvidia.com/gpu")[-1].event == "stream-ended")
+            api.create_pod("p", node=NODE, containers={"main": cuda(2)},
+                           annotations=gpushare.placement_annotations(1, 2, UNITS_PER_GPU, next(_clock)))
+            responses, _ = kubelet.admit_each(MEM, [2])
+            assert dict(responses[0].envs)["ALIYUN_COM_GPU_MEM_IDX"] == "1"
+            api.set_labels(NODE, {CONFIG_LABEL: None})  # back to whole GPUs
+            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, 10)
+            assert plugin.proc.poll() is None and plugin.stop() == 0

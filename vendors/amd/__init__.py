@@ -35,4 +35,5 @@ VENDOR = Vendor(
     cdi=cdi_in("vendors.amd.cdi"),
     health_source="KFD topology: a compute node whose topology node disappears",
     simulator="vendors.amd.simulate",
+    key_docs=labels.KEY_DOCS,
 )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from labeller.config import Config
 from labeller.inventory import Inventory
-from labeller.labels import Labeler, Labels, is_valid_value, sanitise_value
+from labeller.labels import KeyDoc, Labeler, Labels, derived, is_valid_value, sanitise_value
 from labeller.offer import Offer
 from vendors.amd.devices import VENDOR, AmdDevice
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
@@ -40,24 +40,35 @@ def product_name_value(name: str) -> str:
     return value if is_valid_value(value) else sanitise_value(value)
 
 
-def count_labels(kind: str, values: Iterable[str], config: Config) -> Labels:
-    """The beta and new-style labels for one kind, from one value per GPU entry."""
+def count_labels(kind: str, values: Iterable[str], config: Config, source: str = "", rule: str = "",
+                 unit: str = "GPU") -> Labels:
+    """The beta and new-style labels for one kind, from one value per GPU entry (a ``unit``); ``source``
+    and ``rule`` say where each value came from and how it was made."""
     counts = Counter(v for v in values if v)
     labels: Labels = {}
     if not counts:
         return labels
+    total = sum(counts.values())
     single = next(iter(counts)) if len(counts) == 1 else None
+    made = f"{rule}; " if rule else ""
+
+    def plain(value: str) -> str:
+        return derived(value, "sysfs", source, f"{made}the one value of all {total} {unit}(s)")
+
+    def counted(value: str, count: int) -> str:
+        return derived(str(count), "sysfs", source, f"{made}{count} of {total} {unit}(s) have {kind} {value}")
+
     if config.labels.amd_beta:
         for value, count in counts.items():
-            labels[f"{BETA}{kind}.{value}"] = str(count)
+            labels[f"{BETA}{kind}.{value}"] = counted(value, count)
         if single is not None:
-            labels[f"{BETA}{kind}"] = single
+            labels[f"{BETA}{kind}"] = plain(single)
     if config.labels.amd:
         if single is not None:
-            labels[f"{NEW}{kind}"] = single
+            labels[f"{NEW}{kind}"] = plain(single)
         else:
             for value, count in counts.items():
-                labels[f"{NEW}{kind}.{value}"] = str(count)
+                labels[f"{NEW}{kind}.{value}"] = counted(value, count)
     return labels
 
 
@@ -70,35 +81,62 @@ def _offered_nodes(offer: Offer) -> list[AmdComputeNode]:
     return [d.node for r in offer.of_vendor(VENDOR) for d in r.physical_devices if isinstance(d, AmdDevice)]
 
 
-def _per_node(kind: str, value_of: Callable[[int, int, int | None], str | None]) -> Labeler:
-    """A labeler over the KFD nodes offered; ``value_of(simd_count, simd_per_cu, vram_bytes)``."""
+def _per_node(kind: str, value_of: Callable[[int, int, int | None], str | None], source: str, rule: str) -> Labeler:
+    """A labeler over the KFD nodes offered; ``value_of(simd_count, simd_per_cu, vram_bytes)``;
+    ``source``: the KFD files read, under each node's directory."""
 
     def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
-        values = (value_of(n.simd_count, n.simd_per_cu, n.vram_bytes) for n in _offered_nodes(offer))
-        return count_labels(kind, (v for v in values if v), config)
+        nodes = _offered_nodes(offer)
+        values = (value_of(n.simd_count, n.simd_per_cu, n.vram_bytes) for n in nodes)
+        where = f"/sys/class/kfd/kfd/topology/nodes/{_node_range(nodes)}/{source}"
+        return count_labels(kind, (v for v in values if v), config, where, rule, "KFD node")
 
     labeler.__name__ = f"amd_{kind.replace('-', '_')}_labels"
     return labeler
 
 
-def _per_gpu(kind: str, value_of: Callable[[AmdGpu], str | None]) -> Labeler:
+def _node_range(nodes: list[AmdComputeNode]) -> str:
+    numbers = sorted(n.kfd_node for n in nodes)
+    if len(numbers) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{{{numbers[0]}..{numbers[-1]}}}"
+    return f"{{{','.join(map(str, numbers))}}}" if len(numbers) > 1 else "".join(map(str, numbers))
+
+
+def _per_gpu(kind: str, value_of: Callable[[AmdGpu], str | None], source: str, rule: str,
+             read: Callable[[AmdGpu], object]) -> Labeler:
+    """A labeler over the physical GPUs; ``read(gpu)``: what the source said, for people."""
+
     def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
-        values = (value_of(gpu) for gpu in _gpus(inventory))
-        return count_labels(kind, (v for v in values if v), config)
+        gpus = _gpus(inventory)
+        values = (value_of(gpu) for gpu in gpus)
+        said = ", ".join(dict.fromkeys(repr(read(g)) for g in gpus))
+        where = f"{source} of {', '.join(g.bdf for g in gpus[:4])}{', ...' if len(gpus) > 4 else ''}: {said}"
+        return count_labels(kind, (v for v in values if v), config, where, rule)
 
     labeler.__name__ = f"amd_{kind.replace('-', '_')}_labels"
     return labeler
 
 
-vram_labels = _per_node("vram", lambda simd, per_cu, vram: vram_gib_label(vram) if vram is not None else None)
-simd_count_labels = _per_node("simd-count", lambda simd, per_cu, vram: str(simd))
-cu_count_labels = _per_node("cu-count", lambda simd, per_cu, vram: str(simd // per_cu) if per_cu > 0 else None)
-device_id_labels = _per_gpu("device-id", lambda gpu: f"{gpu.device_id:x}")
-family_labels = _per_gpu("family", lambda gpu: gpu.family)
-product_name_labels = _per_gpu("product-name", lambda gpu: product_name_value(gpu.product_name or "") or None)
+vram_labels = _per_node("vram", lambda simd, per_cu, vram: vram_gib_label(vram) if vram is not None else None,
+                        "mem_banks/0/properties size_in_bytes",
+                        "AMD's round(bytes // 2^20 / 1024) in GiB, halves away from zero, 'G' appended")
+simd_count_labels = _per_node("simd-count", lambda simd, per_cu, vram: str(simd), "properties simd_count",
+                              "the count as KFD gives it")
+cu_count_labels = _per_node("cu-count", lambda simd, per_cu, vram: str(simd // per_cu) if per_cu > 0 else None,
+                            "properties simd_count / simd_per_cu", "simd_count // simd_per_cu")
+device_id_labels = _per_gpu("device-id", lambda gpu: f"{gpu.device_id:x}", "/sys/bus/pci/devices/<bdf>/device",
+                            "lower-case hex without 0x", lambda gpu: f"0x{gpu.device_id:04x}")
+family_labels = _per_gpu("family", lambda gpu: gpu.family,
+                         "KFD gfx_target_version (else the PCI device id)",
+                         "libdrm's family code (vendors/amd/ids.py)",
+                         lambda gpu: gpu.nodes[0].gfx_target_version if gpu.nodes else f"0x{gpu.device_id:04x}")
+product_name_labels = _per_gpu("product-name", lambda gpu: product_name_value(gpu.product_name or "") or None,
+                               "/sys/class/drm/card<N>/device/product_name (board FRU; else the amdgpu.ids name)",
+                               "AMD's replacements: ' ' to '_', '(' and ')' dropped; ours: '/' to '_'",
+                               lambda gpu: gpu.product_name)
 
 
-def _driver_label(kind: str, value_of: Callable[[AmdInventory], str]) -> Labeler:
+def _driver_label(kind: str, value_of: Callable[[AmdInventory], str], source: str) -> Labeler:
     """amd.com only; AMD writes the empty value when the module has no such file (in-tree amdgpu)."""
 
     def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
@@ -106,14 +144,19 @@ def _driver_label(kind: str, value_of: Callable[[AmdInventory], str]) -> Labeler
         if not config.labels.amd or part is None or not part.gpus:
             return {}
         value = value_of(part)
-        return {f"{NEW}{kind}": value if is_valid_value(value) else sanitise_value(value)}
+        rule = "as read" if is_valid_value(value) else "bad characters to '-', trimmed to 63 characters"
+        if not value:
+            rule = "empty: the module has no such file (in-tree amdgpu), as AMD's labeller writes it"
+        return {f"{NEW}{kind}": derived(value if is_valid_value(value) else sanitise_value(value), "sysfs",
+                                        f"{source} = {value!r}", rule)}
 
     labeler.__name__ = f"amd_{kind.replace('-', '_')}_labels"
     return labeler
 
 
-driver_version_labels = _driver_label("driver-version", lambda amd: amd.driver_version)
-driver_src_version_labels = _driver_label("driver-src-version", lambda amd: amd.driver_src_version)
+driver_version_labels = _driver_label("driver-version", lambda amd: amd.driver_version, "/sys/module/amdgpu/version")
+driver_src_version_labels = _driver_label("driver-src-version", lambda amd: amd.driver_src_version,
+                                          "/sys/module/amdgpu/srcversion")
 
 
 def firmware_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
@@ -121,11 +164,14 @@ def firmware_labels(inventory: Inventory, config: Config, offer: Offer) -> Label
     if not config.labels.firmware:
         return {}
     counts: Counter[str] = Counter()
-    for gpu in _gpus(inventory):
+    gpus = _gpus(inventory)
+    for gpu in gpus:
         for block, feature, version in gpu.firmware:
             counts[f"{BETA}firmware.{block}.feat.{feature}"] += 1
             counts[f"{BETA}firmware.{block}.fw.{version}"] += 1
-    return {key: str(count) for key, count in counts.items()}
+    source = "debugfs /sys/kernel/debug/dri/<card>/amdgpu_firmware_info of each GPU"
+    return {key: derived(str(count), "debugfs", source, f"{count} of {len(gpus)} GPU(s) have this firmware; versions in decimal")
+            for key, count in counts.items()}
 
 
 def compute_memory_partition_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
@@ -134,7 +180,9 @@ def compute_memory_partition_labels(inventory: Inventory, config: Config, offer:
              if g.compute_partition and g.memory_partition}
     if not config.labels.amd or len(modes) != 1:
         return {}
-    return {f"{NEW}compute-memory-partition": modes.pop()}
+    source = "/sys/module/amdgpu/drivers/pci:amdgpu/<bdf>/current_compute_partition and current_memory_partition"
+    return {f"{NEW}compute-memory-partition": derived(modes.pop(), "sysfs", source,
+                                                      "'<compute>_<memory>', lower-case, when every GPU agrees")}
 
 
 def partitioning_supported_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
@@ -142,9 +190,13 @@ def partitioning_supported_labels(inventory: Inventory, config: Config, offer: O
     gpus = sorted(_gpus(inventory), key=lambda g: g.bdf)
     if not config.labels.amd or not gpus:
         return {}
+    where = f"/sys/module/amdgpu/drivers/pci:amdgpu/{gpus[0].bdf}"
+    rule = "true when the file exists on the first GPU in PCI address order"
     return {
-        f"{NEW}compute-partitioning-supported": str(gpus[0].compute_partitioning_supported).lower(),
-        f"{NEW}memory-partitioning-supported": str(gpus[0].memory_partitioning_supported).lower(),
+        f"{NEW}compute-partitioning-supported": derived(str(gpus[0].compute_partitioning_supported).lower(), "sysfs",
+                                                        f"{where}/available_compute_partition", rule),
+        f"{NEW}memory-partitioning-supported": derived(str(gpus[0].memory_partitioning_supported).lower(), "sysfs",
+                                                       f"{where}/available_memory_partition", rule),
     }
 
 
@@ -160,4 +212,37 @@ LABELERS: tuple[Labeler, ...] = (
     firmware_labels,
     compute_memory_partition_labels,
     partitioning_supported_labels,
+)
+
+
+# --- for people: every key family above, who else writes it and when it is written -------------
+
+_AMD = "AMD k8s-node-labeller (ROCm/k8s-device-plugin)"
+_COUNTED = ("vram", "simd-count", "cu-count", "device-id", "family", "product-name")
+
+
+def _counted_docs(kind: str) -> tuple[KeyDoc, ...]:
+    one = "all GPUs (KFD nodes for vram, simd-count, cu-count) agree on one value"
+    several = "the GPUs (KFD nodes for vram, simd-count, cu-count) have several values: one key per value"
+    return (
+        KeyDoc(f"{NEW}{kind}", _AMD, one, "amd"),
+        KeyDoc(f"{NEW}{kind}.<value>", _AMD, several, "amd"),
+        KeyDoc(f"{BETA}{kind}", _AMD, one, "amdBeta"),
+        KeyDoc(f"{BETA}{kind}.<value>", _AMD, "always, one key per value, counting the GPUs (KFD nodes) that have it",
+               "amdBeta"),
+    )
+
+
+KEY_DOCS: tuple[KeyDoc, ...] = (
+    *(doc for kind in _COUNTED for doc in _counted_docs(kind)),
+    KeyDoc(f"{NEW}driver-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
+    KeyDoc(f"{NEW}driver-src-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
+    KeyDoc(f"{NEW}compute-memory-partition", _AMD, "every GPU reports compute and memory partition modes, and they agree",
+           "amd"),
+    KeyDoc(f"{NEW}compute-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
+    KeyDoc(f"{NEW}memory-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
+    KeyDoc(f"{BETA}firmware.<block>.feat.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",
+           "firmware"),
+    KeyDoc(f"{BETA}firmware.<block>.fw.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",
+           "firmware"),
 )

@@ -23,4 +23,5 @@ VENDOR = Vendor(
     simulator="vendors.nvidia.simulate",
     mps=mps.check,
     offer_inputs=mps.offer_inputs,
+    key_docs=labels.KEY_DOCS,
 )

@@ -1,0 +1,197 @@
+"""Commands for the people who write nodeSelectors: ``explain`` (where each label comes from),
+``match`` (which nodes a selector or an affinity would land on) and ``nodes`` (the fleet at a
+glance). Loaded only when invoked; only ``nodes`` and ``match --kubeconfig`` load the Kubernetes
+client (through labeller.kube), and only then."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from labeller.cli import _offer, _probe, emit
+from labeller.completion import complete_label_keys, complete_node_names, complete_profiles
+from labeller.explain import explain as explain_keys
+from labeller.node import chosen, open_node
+from labeller.options import BadInput, discovery_options
+from labeller.selectors import (Selector, SelectorError, Term, hint, load_selector, near_miss, nothing_matches,
+                                parse_selector)
+
+
+@click.command()
+@click.argument("keys", nargs=-1, metavar="[KEY ...]", shell_complete=complete_label_keys)
+@discovery_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def explain(keys: tuple[str, ...], host_root: Path, simulate: str | None, config_path: Path | None,
+            config_dir: Path | None, config_name: str | None, fmt: str) -> None:
+    """Say where each label comes from (backend, exact source, rule, upstream tool), or why a key
+    is not produced. Exit 1 when a KEY is not a gpu-labeller key (with the closest one)."""
+    with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
+        inventory = _probe(node)
+        label_set = node.labels(inventory, _offer(node, inventory, config_path, simulate))
+        results = explain_keys(keys, label_set, inventory, node.config, node.vendors, node.selection is not None)
+    if fmt == "json":
+        emit(json.dumps([r.document() for r in results], indent=2) + "\n")
+    else:
+        emit("".join(r.text() for r in results))
+    if any(not r.known for r in results):
+        sys.exit(1)
+
+
+# --- match -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    """Something a selector is evaluated against: a simulated profile or a live Node."""
+
+    name: str
+    labels: Mapping[str, str]
+
+
+def profile_labels(profile: str, config_path: Path | None = None) -> dict[str, str]:
+    """The labels ``labels --simulate profile`` prints (BadInput for a bad profile)."""
+    with open_node(Path("/"), profile, config_path) as node:
+        inventory = _probe(node)
+        return node.labels(inventory, _offer(node, inventory, config_path, profile)).labels
+
+
+def profile_targets(profiles: Sequence[str], profiles_dir: Path | None, config_path: Path | None) -> list[Target]:
+    """The given profiles, or every profile file of ``profiles_dir``, or every built-in profile."""
+    from vendors.simulate import builtin_profiles
+
+    if profiles_dir is not None:
+        if not profiles_dir.is_dir():
+            raise BadInput(f"{profiles_dir}: --profiles-dir: not a directory")
+        names = [str(p) for p in sorted(profiles_dir.iterdir()) if p.suffix in (".yaml", ".yml", ".json") and p.is_file()]
+        if not names:
+            raise BadInput(f"{profiles_dir}: --profiles-dir: no profile files (*.yaml, *.yml, *.json)")
+    else:
+        names = list(profiles) or sorted(builtin_profiles())
+    return [Target(Path(n).stem if "/" in n else n, profile_labels(n, config_path)) for n in names]
+
+
+def node_targets(kubeconfig: str | None) -> list[Target]:
+    """Every Node of the cluster, with its labels: one list call."""
+    from labeller.daemon.cli import connect
+    from labeller.kube import KubeError
+
+    kube = connect(kubeconfig)
+    try:
+        nodes, _ = kube.list_nodes()
+    except KubeError as exc:
+        raise BadInput(f"cannot list nodes: {exc.message}") from None
+    finally:
+        kube.close()
+    return [Target(str(n["metadata"]["name"]), dict(n["metadata"].get("labels") or {})) for n in nodes]
+
+
+def selector_of(selector_text: str | None, affinity: Path | None) -> Selector:
+    """The selector string, or the affinity file, or both (ANDed); BadInput when neither or invalid."""
+    if selector_text is None and affinity is None:
+        raise BadInput("give a SELECTOR (e.g. 'nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3') or --affinity FILE")
+    try:
+        parsed = parse_selector(selector_text) if selector_text is not None else None
+        loaded = load_selector(affinity) if affinity is not None else None
+    except SelectorError as exc:
+        raise BadInput(str(exc)) from None
+    if parsed is None:
+        assert loaded is not None
+        return loaded
+    if loaded is None:
+        return parsed
+    extra = parsed.terms[0].requirements
+    return Selector(tuple(Term((*extra, *t.requirements), t.fields) for t in loaded.terms))
+
+
+def match_report(selector: Selector, targets: Sequence[Target], verbose: bool, what: str) -> tuple[str, int]:
+    """The lines ``match`` prints and how many targets match."""
+    everywhere = [t.labels for t in targets]
+    lines, matched, others = [], 0, 0
+    for target in targets:
+        outcome = selector.evaluate(target.labels, target.name)
+        term = f" (term {outcome.term + 1})" if len(selector.terms) > 1 else ""
+        if outcome.matched:
+            matched += 1
+            lines.append(f"match  {target.name}{term}")
+        elif (near := near_miss(outcome, target.labels, everywhere)) or verbose:
+            label = "near " if near else "no   "
+            reasons = "; ".join(hint(r, target.labels, everywhere) for r in outcome.failed)
+            lines.append(f"{label}  {target.name}{term}: {reasons}")
+        else:
+            others += 1
+    if not matched:
+        lines += nothing_matches(selector, everywhere)
+    summary = f"{matched} of {len(targets)} {what} match"
+    if others:
+        summary += f"; {others} other{'s' if others > 1 else ''} far from it (--verbose says why)"
+    return "".join(line + "\n" for line in [*lines, summary]), matched
+
+
+@click.command()
+@click.argument("selector_text", metavar="[SELECTOR]", required=False)
+@click.option("--affinity", type=click.Path(path_type=Path, dir_okay=False),
+              help="A YAML or JSON file with nodeAffinity (requiredDuringSchedulingIgnoredDuringExecution), a "
+                   "nodeSelector map, a pod spec or a workload; ANDed with SELECTOR when both are given.")
+@click.option("--simulate", "profiles", multiple=True, metavar="PROFILE|FILE", shell_complete=complete_profiles,
+              help="Evaluate against this profile (repeatable); default: every built-in profile.")
+@click.option("--profiles-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Evaluate against every profile file in this directory.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Label the profiles with this config instead of their own.")
+@click.option("--kubeconfig", metavar="FILE",
+              help="Evaluate against the Nodes of the cluster this kubeconfig reaches instead of profiles (one list "
+                   "call). KUBECONFIG is not read here: without this option, profiles are the targets.")
+@click.option("--verbose", "-v", is_flag=True, help="Also say why each other target does not match.")
+def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str, ...], profiles_dir: Path | None,
+          config_path: Path | None, kubeconfig: str | None, verbose: bool) -> None:
+    """Which nodes a label selector (k=v, k!=v, k in (a,b), k notin (a,b), k, !k) or a node affinity
+    file would land on: built-in profiles, given profiles, or a live cluster's Nodes. Near misses
+    name the requirement that failed and the closest existing value. Exit 0 when something
+    matches, 1 when nothing does, 2 on bad input."""
+    selector = selector_of(selector_text, affinity)
+    if kubeconfig is not None and (profiles or profiles_dir is not None):
+        raise BadInput("give --kubeconfig (live nodes) or --simulate/--profiles-dir (profiles), not both")
+    if profiles and profiles_dir is not None:
+        raise BadInput("give --simulate PROFILE or --profiles-dir DIR, not both")
+    if kubeconfig is not None:
+        targets, what = node_targets(kubeconfig), "nodes"
+    else:
+        targets, what = profile_targets(profiles, profiles_dir, config_path), "profiles"
+    text, matched = match_report(selector, targets, verbose, what)
+    emit(text)
+    if not matched:
+        sys.exit(1)
+
+
+# --- nodes -----------------------------------------------------------------------------------------
+
+@click.command()
+@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
+              help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.argument("names", nargs=-1, metavar="[NODE ...]", shell_complete=complete_node_names)
+def nodes(kubeconfig: str | None, fmt: str, names: tuple[str, ...]) -> None:
+    """The GPU nodes at a glance, one line each: vendor, model, count, memory, sharing, MIG, each GPU
+    resource's capacity/allocatable/in use by pods, labeller and plugin readiness. One list of Nodes
+    and one of Pods (bound, not finished), however many nodes."""
+    from labeller.daemon.cli import connect
+    from labeller.fleet import POD_FIELD_SELECTOR, fleet, fleet_text
+    from labeller.kube import KubeError
+
+    kube = connect(kubeconfig)
+    try:
+        node_list, _ = kube.list_nodes()
+        pod_list, _ = kube.list_pods(field_selector=POD_FIELD_SELECTOR)
+    except KubeError as exc:
+        raise BadInput(f"cannot list nodes and pods: {exc.message}") from None
+    finally:
+        kube.close()
+    rows = [r for r in fleet(node_list, pod_list) if not names or r.name in names]
+    unknown = sorted(set(names) - {r.name for r in rows})
+    if unknown:
+        raise BadInput(f"no GPU node named {unknown[0]}")
+    emit(json.dumps([r.document() for r in rows], indent=2) + "\n" if fmt == "json" else fleet_text(rows))

@@ -1,0 +1,81 @@
+"""Shell completion for arguments: profile names, label keys, node names.
+
+Completion runs inside the user's shell on every Tab: it must be quick and silent. Anything that
+fails (no profiles directory, no cluster, no credentials) completes nothing, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import click
+import structlog
+from click.shell_completion import CompletionItem
+
+
+def _quiet() -> None:
+    """No log line while completing: the shell reads stdout, and the user's terminal shows stderr.
+    (Completion runs in a process of its own, so this changes nothing else.)"""
+    structlog.configure(logger_factory=structlog.ReturnLoggerFactory(),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+
+
+def _items(values: list[str], incomplete: str, help_of: dict[str, str] | None = None) -> list[CompletionItem]:
+    return [CompletionItem(v, help=(help_of or {}).get(v)) for v in values if v.startswith(incomplete)]
+
+
+def complete_profiles(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Built-in profile names for ``--simulate`` (a path completes as a file where the shell does)."""
+    _quiet()
+    try:
+        from vendors.simulate import builtin_profiles
+
+        profiles = builtin_profiles()
+    except Exception:  # noqa: BLE001 - completion never fails loudly
+        return []
+    return _items(sorted(profiles), incomplete, profiles)
+
+
+def complete_label_keys(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Every literal key gpu-labeller writes (and the keys of ``--simulate``'s labels when given)."""
+    _quiet()
+    try:
+        from labeller.explain import catalog, known_keys
+        from vendors import VENDORS
+
+        keys = set(known_keys(catalog(VENDORS)))
+        keys.update(_simulated_keys(ctx))
+    except Exception:  # noqa: BLE001
+        return []
+    return _items(sorted(keys), incomplete)
+
+
+def _simulated_keys(ctx: click.Context) -> list[str]:
+    """The labels of the profile named by ``--simulate`` on the command line so far, if any."""
+    simulate = ctx.params.get("simulate")
+    if not simulate:
+        return []
+    from labeller.node import open_node
+
+    with open_node(ctx.params.get("host_root") or Path("/"), simulate, None) as node:
+        inventory = node.probe()
+        return list(node.labels(inventory, node.offer(inventory)).labels)
+
+
+def complete_node_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Node names of the cluster ``--kubeconfig`` (or KUBECONFIG) reaches; nothing when none answers."""
+    _quiet()
+    try:
+        from labeller.kube import Kube
+
+        kubeconfig = ctx.params.get("kubeconfig") or os.environ.get("KUBECONFIG")
+        kube = Kube(kubeconfig, request_timeout=(1.0, 2.0))
+        try:
+            names = sorted(kube.list_node_names())
+        finally:
+            kube.close()
+    except BaseException:  # noqa: BLE001 - no cluster, no credentials, a timeout: complete nothing
+        return []
+    return _items(names, incomplete)
