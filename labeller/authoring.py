@@ -5,6 +5,7 @@ client (through labeller.kube), and only then."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ import click
 from labeller.cli import _offer, _probe, emit
 from labeller.completion import complete_label_keys, complete_node_names, complete_profiles
 from labeller.explain import explain as explain_keys
+from labeller.log import at_least
 from labeller.node import chosen, open_node
 from labeller.options import BadInput, discovery_options
 from labeller.selectors import (Selector, SelectorError, Term, hint, load_selector, near_miss, nothing_matches,
@@ -71,7 +73,9 @@ def profile_targets(profiles: Sequence[str], profiles_dir: Path | None, config_p
             raise BadInput(f"{profiles_dir}: --profiles-dir: no profile files (*.yaml, *.yml, *.json)")
     else:
         names = list(profiles) or sorted(builtin_profiles())
-    return [Target(Path(n).stem if "/" in n else n, profile_labels(n, config_path)) for n in names]
+    # One answer about many profiles: their info lines (MPS not served, ...) would only be noise.
+    with at_least("warning") if len(names) > 1 else contextlib.nullcontext():
+        return [Target(Path(n).stem if "/" in n else n, profile_labels(n, config_path)) for n in names]
 
 
 def node_targets(kubeconfig: str | None) -> list[Target]:

@@ -79,7 +79,21 @@ LAZY_COMMANDS = {
 }
 
 
+# A link to gpu-labeller by one of these names runs that command: kubectl finds plugins by name on PATH.
+KUBECTL_PLUGINS = {"kubectl-inspect-gpushare": ("inspect", "kubectl inspect gpushare")}
+
+
 class LazyGroup(click.Group):
+    def main(self, args: Any = None, prog_name: str | None = None, *rest: Any, **extra: Any) -> Any:
+        plugin = KUBECTL_PLUGINS.get(os.path.basename(sys.argv[0]))
+        if args is None and plugin is not None:
+            name, prog = plugin
+            command = self.get_command(click.Context(self), name)
+            assert command is not None
+            configure("warning", json_output=False)
+            return command.main(sys.argv[1:], prog, *rest, **extra)
+        return super().main(args, prog_name, *rest, **extra)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -29,3 +31,17 @@ def configure(level: str = "info", json_output: bool | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+@contextmanager
+def at_least(level: str) -> Iterator[None]:
+    """Drop records below ``level`` for a while (e.g. the per-profile info lines while many profiles
+    are labelled for one answer), then log as configured again."""
+    before = structlog.get_config()["wrapper_class"]
+    threshold = getattr(logging, level.upper())
+    if before.get_effective_level(None) < threshold:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(threshold))
+    try:
+        yield
+    finally:
+        structlog.configure(wrapper_class=before)

@@ -35,7 +35,9 @@ class BindError(Exception):
 @dataclass(frozen=True)
 class BindOptions:
     policy: str = "binpack"
-    wait_s: float = 10.0  # how long a bind waits for the node's previous pod to be allocated
+    # How long a bind waits for the node's previous pod to be allocated: below the kube-scheduler's
+    # default extender httpTimeout (5 s), so the scheduler hears the answer.
+    wait_s: float = 4.0
     stale_s: float = 60.0  # an assumed pod older than this no longer holds the node
     attempts: int = 3  # annotation patches tried on resourceVersion conflicts
 
@@ -71,8 +73,16 @@ class Binder:
             self._create_binding(pod, node)
             return
         key = gpushare.pod_key(pod)
-        with self._node_lock(node):
-            self._await_allocation(node, key)
+        started = time.monotonic()
+        lock = self._node_lock(node)
+        # One deadline for the queue of binds to this node and for the wait on the assumed pod, so that
+        # the scheduler hears an answer within --bind-wait however many binds wait for the node.
+        if not lock.acquire(timeout=self.options.wait_s):
+            self._observe_wait(time.monotonic() - started)
+            raise BindError(f"node {node}: other binds to this node are still waiting for the device plugin; "
+                            "the scheduler will try again")
+        try:
+            waited_s = self._await_allocation(node, key, started)
             patched, gpu = self._annotate(pod, request, node)
             self.cache.place(patched, node)
             try:
@@ -80,10 +90,12 @@ class Binder:
             except BindError:
                 self.cache.release(key)
                 raise
-        log.info("bound", reason="bind", pod=key, node=node, device=gpu, units=request)
+        finally:
+            lock.release()
+        log.info("bound", reason="bind", pod=key, node=node, device=gpu, units=request, waited_ms=round(waited_s * 1000, 1))
 
-    def _await_allocation(self, node: str, key: str) -> None:
-        started = time.monotonic()
+    def _await_allocation(self, node: str, key: str, started: float) -> float:
+        """Wait until no other pod on ``node`` awaits Allocate; the seconds waited since ``started``, or BindError."""
         deadline = started + self.options.wait_s
         stale_ns = int(self.options.stale_s * 1e9)
         while (waiting := self.cache.assumed_on(node, key, self._clock_ns(), stale_ns)) is not None:
@@ -94,7 +106,9 @@ class Binder:
                 raise BindError(f"node {node}: pod {waiting.key} still awaits its GPU from the device plugin{age}; "
                                 f"one pod per node at a time awaits Allocate, the scheduler will try again")
             self.cache.wait(min(left, 0.5))
-        self._observe_wait(time.monotonic() - started)
+        waited = time.monotonic() - started
+        self._observe_wait(waited)
+        return waited
 
     def _annotate(self, pod: Obj, request: int, node: str) -> tuple[Obj, int]:
         """Write the placement with the pod's resourceVersion (retrying on conflicts); (pod, GPU)."""

@@ -23,7 +23,6 @@ from labeller.extender.placement import POLICIES
 from labeller.extender.server import Extender
 from labeller.gpushare import RESOURCE_MEM
 from labeller.kube import Kube, KubeError
-from labeller.log import configure
 from labeller.options import BadInput
 from labeller.params import Duration
 from labeller.runtime import HealthServer, PortUnavailable, install_signals, start_http_server
@@ -53,8 +52,9 @@ def _connect(kubeconfig: str | None, observer: Metrics | None = None) -> Kube:
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
 @click.option("--policy", type=click.Choice(POLICIES), default="binpack", show_default=True,
               help="binpack: the fitting GPU with the least free memory; spread: the one with the most.")
-@click.option("--bind-wait", type=Duration(), default="10s", show_default=True,
-              help="How long a bind waits for the node's previous gpu-mem pod to be allocated by the device plugin.")
+@click.option("--bind-wait", type=Duration(), default="4s", show_default=True,
+              help="How long a bind waits for the node's previous gpu-mem pod to be allocated by the device plugin; "
+                   "keep it below the scheduler's extender httpTimeout (default 5s).")
 @click.option("--assume-timeout", type=Duration(minimum=1), default="60s", show_default=True,
               help="A pod bound this long ago and still not allocated no longer holds its node's allocation lock.")
 @click.option("--watch-timeout", type=Duration(minimum=1), default="300s", show_default=True,
@@ -148,9 +148,3 @@ def inspect_text(nodes: list[dict[str, object]]) -> str:
     share = f" ({100 * used // total}%)" if total else ""
     lines.append(f"Allocated/Total GPU memory of healthy GPUs in cluster: {used}/{total}{share}")
     return "\n".join(lines)
-
-
-def kubectl_inspect_gpushare() -> None:
-    """The ``kubectl-inspect-gpushare`` console script: ``kubectl inspect gpushare [NODE]``."""
-    configure("warning", json_output=False)
-    inspect.main(prog_name="kubectl inspect gpushare")

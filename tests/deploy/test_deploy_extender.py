@@ -63,7 +63,7 @@ def test_args_parse_with_the_real_cli(values: dict[str, Any]) -> None:
     ctx = scheduler_extender.make_context("scheduler-extender", list(args[1:]))
     assert ctx.params["port"] == values.get("port", 39999)
     assert ctx.params["policy"] == values.get("policy", "binpack")
-    assert ctx.params["bind_wait"] == (5.0 if values else 10.0)
+    assert ctx.params["bind_wait"] == (5.0 if values else 4.0)
     assert ctx.params["assume_timeout"] == (120.0 if values else 60.0)
 
 

@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from labeller import gpushare
 from tests.core.cli import error_line, gpu_labeller
 from tests.builders import wait_for
@@ -74,14 +76,25 @@ def test_inspect_of_an_unreachable_cluster_fails_with_one_line(api: FakeApiServe
     assert error_line(result).startswith('Error: cannot read the cluster: 403 Forbidden: pods is forbidden')
 
 
-def test_kubectl_plugin_is_the_same_inspect(api: FakeApiServer, kubeconfig: Path) -> None:
+@pytest.mark.parametrize("how", ["console script", "link to gpu-labeller"])
+def test_kubectl_plugin_is_the_same_inspect(api: FakeApiServer, kubeconfig: Path, tmp_path: Path, how: str) -> None:
     cluster(api)
-    script = shutil.which("kubectl-inspect-gpushare", path=os.path.dirname(sys.executable))
+    bin_dir = os.path.dirname(sys.executable)
+    if how == "console script":
+        script = shutil.which("kubectl-inspect-gpushare", path=bin_dir)
+    else:
+        script = str(tmp_path / "kubectl-inspect-gpushare")
+        os.symlink(str(shutil.which("gpu-labeller", path=bin_dir)), script)
     assert script is not None, "pip install -e . installs the kubectl plugin script"
     result = subprocess.run([script, "n1", "--kubeconfig", str(kubeconfig)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1].startswith("n1    0    16     9     7")
     assert result.stderr == ""
+    usage = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.stdout.startswith("Usage: kubectl inspect gpushare [OPTIONS] [NODE]")
+    unknown = subprocess.run([script, "nowhere", "--kubeconfig", str(kubeconfig)], capture_output=True, text=True,
+                             timeout=60)
+    assert unknown.returncode == 2 and error_line(unknown).startswith("Error: node nowhere: not found")
 
 
 def free_port() -> int:

@@ -137,6 +137,20 @@ def test_one_pod_per_node_awaits_allocation(api: FakeApiServer, start_extender: 
     assert api.pod("second")["spec"]["nodeName"] == "n1"
 
 
+def test_binds_queued_on_one_node_all_answer_within_the_bind_wait(api: FakeApiServer, start_extender: Start) -> None:
+    extender = start_extender(wait_s=0.5)
+    client = Client(extender.http.port)
+    share_node(api, "n1")
+    pods = [mem_pod(api, f"p{i}", 1) for i in range(6)]
+    wait_for(lambda: extender.cache.counts[0] == 1)
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=6) as pool:  # nobody allocates: the first pod holds the node
+        errors = list(pool.map(lambda pod: client.bind(pod, "n1"), pods))
+    assert time.monotonic() - started < 1.5  # not 6 x 0.5 s: the queue and the wait share one deadline
+    assert errors.count("") == 1
+    assert all("still awaits its GPU" in e or "other binds to this node are still waiting" in e for e in errors if e)
+
+
 def test_a_stale_or_finished_assumed_pod_does_not_hold_the_node(api: FakeApiServer, start_extender: Start) -> None:
     extender = start_extender(wait_s=0.3, stale_s=1.0)
     client = Client(extender.http.port)

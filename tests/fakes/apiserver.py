@@ -460,7 +460,8 @@ class ObjectStore:
     def list(self, namespace: str | None, match: Match = _everything, limit: str | None = None,
              token: str | None = None) -> tuple[list[Obj], str, str | None]:
         with self.store.lock:
-            keyed = sorted((f"{ns}/{name}", obj) for (ns, name), obj in self.objects.items() if namespace in (None, ns))
+            keyed = sorted(((f"{ns}/{name}", obj) for (ns, name), obj in self.objects.items() if namespace in (None, ns)),
+                           key=lambda pair: pair[0])
             return page(((key, obj) for key, obj in keyed if match(obj)), str(self.store.resource_version), limit, token)
 
     def change(self, namespace: str, name: str, edit: Callable[[Obj], None], stale_rv: str | None = None) -> Obj:
