@@ -7,7 +7,8 @@
 gpu-labeller.yaml is the chart with its default values, plus createNamespace=true so that
 `kubectl apply -f` works without Helm, and two example named configs (EXAMPLE_CONFIGS: whole GPUs
 by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4). validating-admission-policy.yaml holds only the optional
-ValidatingAdmissionPolicy and its binding (admissionPolicy.enabled=true). Both are rendered as
+ValidatingAdmissionPolicy and its binding (admissionPolicy.enabled=true), scheduler-extender.yaml only
+the scheduler extender's objects (extender.enabled=true). All are rendered as
 release "gpu-labeller" in namespace "gpu-labeller". Needs helm-python-sdk (the project's test extra).
 """
 
@@ -32,9 +33,10 @@ HEADER = (
     "# Do not edit: change the chart and run `" + REGEN_COMMAND + "`.\n"
 )
 # Objects in the order `kubectl apply -f` needs them (as Helm installs them).
-KIND_ORDER = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
-              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+KIND_ORDER = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
+              "Service", "DaemonSet", "Deployment", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 VAP_TEMPLATE = "validatingadmissionpolicy.yaml"
+EXTENDER_TEMPLATE = "scheduler-extender.yaml"
 EXAMPLE_CONFIGS: dict[str, Any] = {
     "default": {"version": "v1", "flags": {"migStrategy": "none"}},
     "time-sliced-4": {"version": "v1", "flags": {"migStrategy": "none"},
@@ -75,11 +77,16 @@ def manifests() -> dict[str, str]:
     main = render_chart({"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}})
     policy = render_chart({"admissionPolicy": {"enabled": True}})
     vap = {path: text for path, text in policy.items() if path.endswith("/" + VAP_TEMPLATE)}
+    extender = {path: text for path, text in render_chart({"extender": {"enabled": True}}).items()
+                if path.endswith("/" + EXTENDER_TEMPLATE)}
     return {
         "gpu-labeller.yaml": join(documents(main), "default values, createNamespace=true, config.data: "
                                   f"{', '.join(EXAMPLE_CONFIGS)}"),
         "validating-admission-policy.yaml": join(
             documents(vap), "admissionPolicy.enabled=true; Kubernetes >= 1.30; apply after gpu-labeller.yaml"),
+        "scheduler-extender.yaml": join(
+            documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; apply after "
+            "gpu-labeller.yaml and configure the kube-scheduler (README)"),
     }
 
 

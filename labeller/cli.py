@@ -70,13 +70,30 @@ LAZY_COMMANDS = {
     "cleanup": ("labeller.daemon.cli:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
     "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
     "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon", "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
+    "scheduler-extender": ("labeller.extender.cli:scheduler_extender",
+                           "Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible."),
+    "inspect": ("labeller.extender.cli:inspect", "Per node and GPU: total, used and free GPU memory and its pods."),
     "explain": ("labeller.authoring:explain", "Say where each label comes from, or why a key is not produced."),
     "match": ("labeller.authoring:match", "Which nodes a label selector or a node affinity would land on."),
     "nodes": ("labeller.authoring:nodes", "The GPU nodes of a cluster at a glance: models, resources, use, readiness."),
 }
 
 
+# A link to gpu-labeller by one of these names runs that command: kubectl finds plugins by name on PATH.
+KUBECTL_PLUGINS = {"kubectl-inspect-gpushare": ("inspect", "kubectl inspect gpushare")}
+
+
 class LazyGroup(click.Group):
+    def main(self, args: Any = None, prog_name: str | None = None, *rest: Any, **extra: Any) -> Any:
+        plugin = KUBECTL_PLUGINS.get(os.path.basename(sys.argv[0]))
+        if args is None and plugin is not None:
+            name, prog = plugin
+            command = self.get_command(click.Context(self), name)
+            assert command is not None
+            configure("warning", json_output=False)
+            return command.main(sys.argv[1:], prog, *rest, **extra)
+        return super().main(args, prog_name, *rest, **extra)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 
@@ -233,11 +250,21 @@ def offer_document(offer: Offer, node: Node) -> dict[str, Any]:
     }
 
 
+def _shared_text(resource: dict[str, Any]) -> str:
+    """How the devices share their physical ones: replicas, or units of each GPU's memory."""
+    if resource["replicas"] <= 1:
+        return ""
+    if resource["sharing"] != "memory":
+        return f" x {resource['replicas']} replicas, {resource['sharing']}"
+    per_gpu, uneven = divmod(resource["count"], resource["physical"])
+    return ", each its memory in units" if uneven else f", {per_gpu} memory units each"
+
+
 def offer_text(document: dict[str, Any]) -> str:
     lines = []
     for r in document["resources"]:
-        shared = f" x {r['replicas']} replicas, {r['sharing']}" if r["replicas"] > 1 else ""
-        lines.append(f"{r['name']}: {r['count']} devices ({r['physical']} physical{shared}), socket {r['socket']}")
+        lines.append(f"{r['name']}: {r['count']} devices ({r['physical']} physical{_shared_text(r)}), "
+                     f"socket {r['socket']}")
         lines.append(f"  health: {r['health']}")
         for d in r["devices"]:
             where = ", ".join(f"{k} {d[k]}" for k in ("partition", "numa_node") if d[k] is not None)

@@ -19,7 +19,8 @@ from typing import Any, Literal
 from labeller.documents import DocumentError, read_document
 
 MigStrategy = Literal["none", "single", "mixed"]
-SharingStrategy = Literal["none", "time-slicing", "mps"]
+SharingStrategy = Literal["none", "time-slicing", "mps", "memory"]
+MemoryUnit = Literal["GiB", "MiB"]
 AmdResourceNaming = Literal["single", "mixed"]
 
 MAX_RESOURCE_NAME_LENGTH = 63
@@ -56,11 +57,24 @@ class SharedResource:
 
 
 @dataclass(frozen=True)
+class MemorySharing:
+    """``sharing.memory``: whole NVIDIA GPUs offered by memory (gpushare's ``aliyun.com/gpu-mem``, one
+    device per ``unit`` of each GPU's memory, and ``aliyun.com/gpu-count``) instead of ``nvidia.com/gpu``."""
+
+    unit: MemoryUnit = "GiB"
+
+    @property
+    def unit_bytes(self) -> int:
+        return 1 << (30 if self.unit == "GiB" else 20)
+
+
+@dataclass(frozen=True)
 class Sharing:
     strategy: SharingStrategy = "none"
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     resources: tuple[SharedResource, ...] = ()
+    memory: MemorySharing | None = None  # sharing.memory: then strategy is "memory" and resources is empty
 
     def entry(self, resource: str) -> SharedResource | None:
         """The sharing entry for ``resource``, or None when it is not shared."""
@@ -174,7 +188,7 @@ _TOP_SPEC: dict[str, Spec] = {
     "version": ("v1",),
     "flags": _FLAGS_SPEC,
     "resources": IGNORED,  # NVIDIA parses and ignores it too
-    "sharing": {"timeSlicing": _SHARED_BLOCK_SPEC, "mps": _SHARED_BLOCK_SPEC},
+    "sharing": {"timeSlicing": _SHARED_BLOCK_SPEC, "mps": _SHARED_BLOCK_SPEC, "memory": {"unit": ("GiB", "MiB")}},
     "imex": IGNORED,
     "labeller": {"labels": _LABELS_SPEC, "amd": _AMD_SPEC},
 }
@@ -322,7 +336,21 @@ def _mps_resources(resources: tuple[SharedResource, ...], mig_strategy: str) -> 
                               "clients an MPS server accepts")
 
 
+def _memory_sharing(raw: Mapping[str, Any], mig_strategy: str) -> Sharing:
+    """``sharing.memory``: alone (one way of sharing per node), and whole GPUs only."""
+    others = [key for key in ("timeSlicing", "mps") if raw.get(key) is not None]
+    if others:
+        raise ConfigError(f"sharing: memory and {others[0]} are both set; a node shares its GPUs one way "
+                          f"(by memory: aliyun.com/gpu-mem, or by {others[0]}: replicas); keep one")
+    if mig_strategy != "none":
+        raise ConfigError(f"sharing.memory: cannot be combined with flags.migStrategy: {mig_strategy}; memory "
+                          "sharing offers whole GPUs by their memory (use migStrategy none, or MIG without sharing.memory)")
+    return Sharing(strategy="memory", memory=MemorySharing(unit=raw["memory"].get("unit", "GiB")))
+
+
 def _sharing(raw: Mapping[str, Any], mig_strategy: str) -> Sharing:
+    if "memory" in raw:
+        return _memory_sharing(raw, mig_strategy)
     mps, time_slicing = raw.get("mps"), raw.get("timeSlicing")
     if mps is not None and time_slicing is not None:
         # NVIDIA's plugin then silently uses mps alone: say so instead of ignoring half the file.

@@ -55,6 +55,9 @@ OWNED_PREFIXES: tuple[str, ...] = (
     "nvidia.com/device-plugin.config.state",
     "nvidia.com/device-plugin.config.applied",
 )
+# Exact keys gpu-labeller may write (and remove when it set them): gpushare's node label, written while
+# GPUs are offered by memory (sharing.memory).
+OWNED_KEYS: tuple[str, ...] = ("gpushare",)
 # Keys the GPU Operator and its managers read or write: never written or removed, not even by
 # `cleanup --include-foreign`, whichever prefix they fall under.
 NOT_OWNED_PREFIXES: tuple[str, ...] = (
@@ -76,7 +79,7 @@ def owns(key: str) -> bool:
     """True if the key is one gpu-labeller may write (and remove, when it set the label itself)."""
     if key in NOT_OWNED_KEYS or key.startswith(NOT_OWNED_PREFIXES):
         return False
-    return key.startswith(OWNED_PREFIXES)
+    return key in OWNED_KEYS or key.startswith(OWNED_PREFIXES)
 
 
 def is_valid_value(value: str) -> bool:

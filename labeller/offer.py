@@ -18,6 +18,12 @@ Sharing (NVIDIA's config format, applied to any vendor's resource; one case per 
 - MPS replicas are advertised only while the vendor says its MPS control daemon serves exactly
   that resource (``Vendor.mps``); until then the resource is ``held`` (``waiting``), and devices
   MPS cannot share (MIG) are held for good. Held resources are neither advertised nor labelled.
+- ``sharing.memory`` (gpushare's model) offers the whole GPUs of ``nvidia.com/gpu`` by their memory
+  instead: ``aliyun.com/gpu-mem`` with one device ``<id>::<n>`` per unit (GiB or MiB, floored) of
+  each GPU's memory, and ``aliyun.com/gpu-count`` with one device per GPU; nothing under
+  ``nvidia.com/gpu``. A GPU that cannot be shared so (MIG enabled, memory unknown or under one unit)
+  is held for good, with the reason. Which GPU a container gets is decided at bind by the scheduler
+  extender (``ALIYUN_COM_GPU_MEM_IDX``: the GPU's position in ``aliyun.com/gpu-count``).
 
 Where GFD's labels contradict what NVIDIA's plugin advertises, gpu-labeller labels what is
 advertised (README, "Deviations"). The cases, all decided by the groups NVIDIA's package returns:
@@ -39,13 +45,16 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from labeller.config import Config, ConfigError, DeviceSelector, SharedResource, SharingStrategy
+from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource, SharingStrategy
+from labeller.gpushare import RESOURCE_COUNT, RESOURCE_MEM
 
 if TYPE_CHECKING:
     from labeller.inventory import Inventory
     from labeller.vendor import Vendor
 
 REPLICA_SEPARATOR = "::"
+# What sharing.memory shares (under gpushare's RESOURCE_MEM and RESOURCE_COUNT).
+MEMORY_SHARED_BASE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +76,8 @@ class PhysicalDevice:
     partition: str | None = None  # a partition's profile (a MIG profile, an AMD compute mode); None: whole
     # Every name a config's ``devices`` list may give it (UUID, index "0" or "1:0", PCI address).
     names: tuple[str, ...] = ()
+    memory_bytes: int = 0  # its memory, when the vendor knows it (memory sharing divides it); 0: unknown
+    split: bool = False  # a whole device whose memory belongs to partitions it does not serve (MIG enabled)
 
 
 @dataclass(frozen=True)
@@ -214,8 +225,44 @@ def mps_shared(whole_part: list[Resource], shared: Resource, check: MpsCheck) ->
     return whole_part, [Held(shared, reason, waiting)]
 
 
+def memory_problem(device: PhysicalDevice, memory: MemorySharing) -> str | None:
+    """Why ``device`` cannot be offered by memory, or None."""
+    if device.partition is not None or device.split:
+        return "MIG is enabled (memory sharing offers whole GPUs only)"
+    if device.memory_bytes < memory.unit_bytes:
+        return f"its memory is unknown or less than one {memory.unit}"
+    return None
+
+
+def memory_units(device: PhysicalDevice, memory: MemorySharing) -> int:
+    """How many units of ``aliyun.com/gpu-mem`` the device offers: its memory, floored."""
+    return device.memory_bytes // memory.unit_bytes
+
+
+def memory_shared(group: DeviceGroup, memory: MemorySharing) -> tuple[list[Resource], list[Held]]:
+    """``aliyun.com/gpu-mem`` and ``aliyun.com/gpu-count`` over the group's whole GPUs; the others held."""
+    problems = {p.health_key: problem for p in group.devices if (problem := memory_problem(p, memory)) is not None}
+    held = []
+    if problems:
+        unusable = [p for p in group.devices if p.health_key in problems]
+        reason = "; ".join(f"{p.visible_id}: {problems[p.health_key]}" for p in unusable)
+        held.append(Held(whole(group.base, group.vendor, unusable), f"not shared by memory: {reason}", waiting=False))
+    gpus = [p for p in group.devices if p.health_key not in problems]
+    if not gpus:
+        return [], held
+    units = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in gpus
+                  for n in range(memory_units(p, memory)))
+    per_gpu = min(memory_units(p, memory) for p in gpus)
+    return [Resource(RESOURCE_MEM, group.base, group.vendor, units, per_gpu, "memory"),
+            Resource(RESOURCE_COUNT, group.base, group.vendor, tuple(AdvertisedDevice(p.visible_id, p) for p in gpus),
+                     1, "memory")], held
+
+
 def share(group: DeviceGroup, config: Config, mps: MpsCheck) -> tuple[list[Resource], list[Held]]:
     """The resources ``group`` becomes under the sharing config, and those held back."""
+    memory = config.sharing.memory
+    if memory is not None and group.base == MEMORY_SHARED_BASE:
+        return memory_shared(group, memory)
     entry = config.sharing.entry(group.base)
     if entry is None:
         return [whole(group.base, group.vendor, group.devices)], []

@@ -110,15 +110,31 @@ class HealthServer:
         self._server.server_close()
 
 
+Answer = tuple[int, bytes, str]  # HTTP code, body, content type
+# An application served beside the health endpoints: (method, path, body) -> its answer, None for 404.
+App = Callable[[str, str, bytes], "Answer | None"]
+
+
 def _handler(ready: Callable[[], bool], healthy: Callable[[], bool],
-             registry: CollectorRegistry | None) -> type[BaseHTTPRequestHandler]:
+             registry: CollectorRegistry | None, app: App | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
+        disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
+
         def log_message(self, format: str, *args: Any) -> None:
             return
 
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            answer = app("POST", self.path.split("?", 1)[0], body) if app is not None else None
+            self._answer(*answer if answer is not None else (404, b"not found\n"))
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path == "/healthz":
+            answer = app("GET", path, b"") if app is not None else None
+            if answer is not None:
+                self._answer(*answer)
+            elif path == "/healthz":
                 self._answer(*(200, b"ok\n") if healthy() else (503, b"loop stalled\n"))
             elif path == "/readyz":
                 self._answer(*(200, b"ready\n") if ready() else (503, b"not ready\n"))
@@ -137,17 +153,23 @@ def _handler(ready: Callable[[], bool], healthy: Callable[[], bool],
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # a scheduler's burst of extender calls must not be refused
+
+
 def start_http_server(port: int, bind: str = "0.0.0.0", ready: Callable[[], bool] = lambda: True,
                       healthy: Callable[[], bool] = lambda: True,
-                      registry: CollectorRegistry | None = None) -> HealthServer:
-    """Serve /healthz, /readyz and /metrics (when ``registry`` is given) on a daemon thread.
+                      registry: CollectorRegistry | None = None, app: App | None = None,
+                      flag: str = "--metrics-port") -> HealthServer:
+    """Serve /healthz, /readyz and /metrics (when ``registry`` is given), and ``app`` before them, on
+    a daemon thread.
 
-    Raises PortUnavailable naming the address when it cannot be bound."""
+    Raises PortUnavailable naming the address (and the ``flag`` that chose it) when it cannot be bound."""
     try:
-        server = ThreadingHTTPServer((bind, port), _handler(ready, healthy, registry))
+        server = _Server((bind, port), _handler(ready, healthy, registry, app))
     except OSError as exc:
-        raise PortUnavailable(f"--metrics-port {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
-    server.daemon_threads = True
+        raise PortUnavailable(f"{flag} {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
     thread = threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True)
     thread.start()
     return HealthServer(server, thread)

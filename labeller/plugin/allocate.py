@@ -5,15 +5,22 @@ kubelet's ContainerAllocateResponse."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from labeller.config import Sharing
 from labeller.offer import PhysicalDevice, Resource
 from labeller.plugin.api import api_pb2 as pb
+from labeller.plugin.preferred import preferred
 from labeller.vendor import Allocate, ContainerEdits
 
 
 class RequestError(ValueError):
     """A request the kubelet should not have sent; becomes gRPC INVALID_ARGUMENT."""
+
+
+class Unmatched(RequestError):
+    """A valid request this node cannot serve now (no pod waits for it); becomes FAILED_PRECONDITION,
+    and the kubelet fails the pod with the message."""
 
 
 def unique_physical(resource: Resource, ids: Sequence[str]) -> list[PhysicalDevice]:
@@ -45,6 +52,16 @@ def response(edits: ContainerEdits) -> pb.ContainerAllocateResponse:
     )
 
 
+class ResourceAllocator(Protocol):
+    """What a resource's service asks: Allocate and GetPreferredAllocation answers."""
+
+    resource: Resource
+
+    def allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse: ...
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int, policy: str) -> list[str]: ...
+
+
 class Allocator:
     """Builds ContainerAllocateResponses for one resource."""
 
@@ -64,3 +81,6 @@ class Allocator:
             raise RequestError(f"{self.resource.name}: maximum request size for shared resources is 1, "
                                f"got {len(ids)} (sharing.*.failRequestsGreaterThanOne)")
         return response(self._allocate(physical))
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int, policy: str) -> list[str]:
+        return preferred(self.resource, available, must_include, size, policy)

@@ -18,16 +18,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import structlog
 
 from labeller.config import Config
+from labeller.gpushare import RESOURCE_COUNT
 from labeller.offer import PhysicalDevice, Resource
-from labeller.plugin.allocate import Allocator
+from labeller.plugin.allocate import Allocator, ResourceAllocator
 from labeller.plugin.cdi import CdiSpecs
 from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
 from labeller.plugin.manager import PluginManager
@@ -35,6 +36,9 @@ from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.server import DevicePluginService, SocketServer
 from labeller.vendor import Checker, Vendor
 from vendors import VENDORS
+
+if TYPE_CHECKING:
+    from labeller.plugin.memory import PodApi, PodMatcher
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +54,10 @@ class PluginSettings:
     # the health switches NVIDIA's plugin reads (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
     health_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     cdi_spec_dir: Path | None = None  # where CDI spec files go under a CDI deviceListStrategy; None: nowhere
+    # Memory sharing (aliyun.com/gpu-mem) reads this node's pods: its name, and the API client, made
+    # the first time such a resource is served (the only time the plugin loads the Kubernetes client).
+    node_name: str = ""
+    pod_api: Callable[[], PodApi] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class DevicePlugin:
         self._batch: _Batch | None = None
         self._cdi = CdiSpecs(settings.cdi_spec_dir, vendors) if settings.cdi_spec_dir is not None else None
         self._offer_lock = threading.Lock()
+        self._pods: PodMatcher | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,8 +120,7 @@ class DevicePlugin:
         policy = offer.config.plugin.shared_devices_allocation_policy
         before = {r.name: r for r in self.resources}
         for resource in offer.resources:
-            allocate = self._vendors[resource.vendor].allocator(offer.config, offer.host_root, resource)
-            allocator = Allocator(resource, offer.config.sharing, allocate)
+            allocator = self._allocator(resource, offer)
             service = self._services.get(resource.name)
             if service is None:
                 service = DevicePluginService(allocator, self.board, self.metrics, policy)
@@ -134,6 +142,39 @@ class DevicePlugin:
         self._watch_health((frozenset(physical), offer.host_root, offer.handles))
         self._update_device_gauges()
         self.applied += 1
+
+    def _allocator(self, resource: Resource, batch: _Batch) -> ResourceAllocator:
+        memory = batch.config.sharing.memory
+        if resource.strategy != "memory" or memory is None:
+            allocate = self._vendors[resource.vendor].allocator(batch.config, batch.host_root, resource)
+            return Allocator(resource, batch.config.sharing, allocate)
+        from labeller.plugin import memory as by_memory  # loaded only where GPUs are shared by memory
+
+        if resource.name == RESOURCE_COUNT:
+            return by_memory.CountAllocator(resource)
+        allocate = self._vendors[resource.vendor].allocator(batch.config, batch.host_root, resource)
+        return by_memory.MemoryAllocator(resource, allocate, self._pod_matcher(), memory.unit)
+
+    def _pod_matcher(self) -> PodMatcher:
+        """The one matcher of pods to Allocate calls, made when memory sharing is first served."""
+        if self._pods is None:
+            from labeller.plugin.memory import PodMatcher
+
+            node, factory, problem, api = self.settings.node_name, self.settings.pod_api, None, None
+            if not node:
+                problem = "this node's name is unknown: give --node-name NAME or set NODE_NAME"
+            elif factory is None:
+                problem = "no Kubernetes API access configured"
+            else:
+                try:
+                    api = factory()
+                except Exception as exc:  # noqa: BLE001 - every Allocate then says why
+                    problem = str(exc)
+            if problem is not None:
+                log.error("GPUs are shared by memory but this node's pods cannot be read; every gpu-mem "
+                          "allocation will fail", reason="no-pod-access", node=node, error=problem)
+            self._pods = PodMatcher(api, node, problem=problem)
+        return self._pods
 
     # --- health -----------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import structlog
@@ -20,10 +22,27 @@ from labeller.plugin.cdi import DEFAULT_SPEC_DIR
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.prober import Prober
 
+if TYPE_CHECKING:
+    from labeller.plugin.memory import PodApi
+
 log = structlog.get_logger(__name__)
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")
 STALL_SECONDS = 10.0
+
+
+def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
+    """The API client memory sharing reads and annotates pods with, made on first use."""
+
+    def connect() -> PodApi:
+        from labeller.daemon.cli import connect as connect_api
+
+        try:
+            return connect_api(kubeconfig)
+        except click.ClickException as exc:
+            raise RuntimeError(exc.message) from None
+
+    return connect
 
 
 @click.command("device-plugin")
@@ -72,8 +91,12 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
                                           ConfigMetrics(metrics.registry, "gpu_labeller_plugin"), terminate)
     install_signals(terminate.set, reload.set)
     plugin = DevicePlugin(PluginSettings(socket_dir=socket_dir, kubelet_socket=kubelet_socket,
-                                         recovery_seconds=health_recovery_seconds, cdi_spec_dir=cdi_spec_dir), metrics)
+                                         recovery_seconds=health_recovery_seconds, cdi_spec_dir=cdi_spec_dir,
+                                         node_name=node_name or "", pod_api=pod_api(kubeconfig)), metrics)
     with open_node(host_root, simulate, config_path, selection) as node:
+        if node.config.sharing.memory is not None and not node_name:
+            raise BadInput("sharing.memory: the plugin reads the pods bound to this Node to serve aliyun.com/gpu-mem; "
+                           "give --node-name NAME or set NODE_NAME")
         try:
             http = start_http_server(metrics_port, metrics_bind, ready=lambda: plugin.ready,
                                      healthy=lambda: plugin.healthy(STALL_SECONDS), registry=metrics.registry)

@@ -13,12 +13,11 @@ from typing import Any
 import grpc
 import structlog
 
-from labeller.plugin.allocate import Allocator, RequestError
+from labeller.plugin.allocate import RequestError, ResourceAllocator, Unmatched
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard
 from labeller.plugin.metrics import PluginMetrics
-from labeller.plugin.preferred import preferred
 from labeller.offer import Resource
 
 log = structlog.get_logger(__name__)
@@ -31,16 +30,16 @@ STREAM_RECHECK_SECONDS = 1.0
 class DevicePluginService(pb_grpc.DevicePluginServicer):
     """The five DevicePlugin methods for one resource name; its devices can be replaced while served."""
 
-    def __init__(self, allocator: Allocator, board: HealthBoard, metrics: PluginMetrics, policy: str):
+    def __init__(self, allocator: ResourceAllocator, board: HealthBoard, metrics: PluginMetrics, policy: str):
         self._allocator, self._board, self._metrics, self._policy = allocator, board, metrics, policy
         self._stopped = threading.Event()
-        self._cached: tuple[int, Allocator, pb.ListAndWatchResponse] | None = None
+        self._cached: tuple[int, ResourceAllocator, pb.ListAndWatchResponse] | None = None
 
     @property
     def resource(self) -> Resource:
         return self._allocator.resource
 
-    def update(self, allocator: Allocator, policy: str) -> None:
+    def update(self, allocator: ResourceAllocator, policy: str) -> None:
         """Serve ``allocator.resource`` (same name) from now on. Open ListAndWatch streams send the
         new list when the board next changes (``HealthBoard.track`` does that)."""
         if allocator.resource.name != self.resource.name:
@@ -88,11 +87,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
                                context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
         responses = []
-        resource, policy = self.resource, self._policy
+        allocator, policy = self._allocator, self._policy
         for container in request.container_requests:
             try:
-                ids = preferred(resource, list(container.available_deviceIDs),
-                                list(container.must_include_deviceIDs), int(container.allocation_size), policy)
+                ids = allocator.preferred(list(container.available_deviceIDs), list(container.must_include_deviceIDs),
+                                          int(container.allocation_size), policy)
             except Exception:  # only a hint: a bug here must not fail the pod
                 log.exception("preferred allocation failed; answering with no preference", resource=self.resource.name)
                 ids = []
@@ -108,7 +107,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         except RequestError as exc:
             self._metrics.allocations.labels(resource=name, outcome="rejected").inc()
             log.warning("allocate rejected", resource=name, reason=str(exc))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, Unmatched)
+                          else grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # context.abort raises; this line only satisfies type checkers
         for container in request.container_requests:
             self._metrics.allocations.labels(resource=name, outcome="ok").inc()

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
-         "labeller.vendor", "labeller.rules"}
+         "labeller.vendor", "labeller.rules", "labeller.gpushare"}
 
 
 def module_name(path: Path) -> str:
@@ -98,6 +98,17 @@ def test_named_configs_read_files_with_the_model_only() -> None:
     """Choosing a named config is part of the dry run: no Kubernetes, no threads, no click."""
     assert ours(modules()["labeller.namedconfigs"]) <= MODEL
     assert not {i for i in modules()["labeller.namedconfigs"] if i.split(".")[0] in ("threading", "click", "kubernetes")}
+
+
+def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
+    """The annotations' meaning and where memory fits are shared by the extender and the plugin:
+    plain data, no client, no I/O; the cache adds only a lock."""
+    packages = {"labeller", "labeller.extender"}  # ``from labeller import gpushare`` names the package too
+    assert ours(modules()["labeller.gpushare"]) == set()
+    assert ours(modules()["labeller.extender.placement"]) - packages <= {"labeller.gpushare"}
+    assert ours(modules()["labeller.extender.cache"]) - packages <= {"labeller.gpushare", "labeller.extender.placement"}
+    for module in ("labeller.gpushare", "labeller.extender.placement", "labeller.extender.cache"):
+        assert not {i for i in modules()[module] if i.split(".")[0] in ("kubernetes", "urllib3", "click", "grpc")}, module
 
 
 @pytest.mark.parametrize("module", ["labeller.explain", "labeller.selectors", "labeller.snippets", "labeller.fleet",

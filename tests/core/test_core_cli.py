@@ -75,6 +75,8 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
                                      ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"],
                                      ["labels", "--simulate", "dgx-h100", "--config-dir", "CONFIGS", "--config-name", "a"],
                                      ["resources", "--simulate", "dgx-h100", "--config-dir", "CONFIGS"],
+                                     ["labels", "--simulate", "t4-x4-gpushare"],
+                                     ["resources", "--simulate", "t4-x4-gpushare", "--format", "json"],
                                      ["explain", "--simulate", "dgx-h100"],
                                      ["explain", "nvidia.com/gpu.product", "--simulate", "mixed-l40s-mi210"],
                                      ["match", "nvidia.com/gpu.product=Tesla-T4"],

@@ -78,6 +78,16 @@ def test_devices_and_rename_are_read() -> None:
     assert by_default.sharing.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu.shared"
 
 
+def test_memory_sharing_is_read_with_gib_by_default() -> None:
+    config = parse_config({"sharing": {"memory": {}}})
+    assert config.sharing.strategy == "memory" and config.sharing.resources == ()
+    assert config.sharing.memory is not None and config.sharing.memory.unit == "GiB"
+    assert config.sharing.memory.unit_bytes == 1 << 30
+    mib = parse_config({"sharing": {"memory": {"unit": "MiB"}}}).sharing.memory
+    assert mib is not None and mib.unit_bytes == 1 << 20
+    assert parse_config({}).sharing.memory is None
+
+
 def test_amd_resource_naming_strategy() -> None:
     assert parse_config(None).amd_resource_naming == "single"
     assert parse_config({"labeller": {"amd": {"resourceNamingStrategy": "mixed"}}}).amd_resource_naming == "mixed"
@@ -133,6 +143,17 @@ def test_label_groups() -> None:
         ({"flags": {"migStrategy": "mixed"}, "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
          "sharing.mps: MPS cannot be combined with flags.migStrategy: mixed"),
         ({"flags": {"mpsRoot": "run/mps"}}, "flags.mpsRoot: must be an absolute path"),
+        ({"sharing": {"memory": {"unit": "KiB"}}}, "sharing.memory.unit: must be one of GiB, MiB, got 'KiB'"),
+        ({"sharing": {"memory": {"unit": "GiB", "replicas": 2}}}, "sharing.memory.replicas: unknown key"),
+        ({"sharing": {"memory": None}}, "sharing.memory: must be a mapping"),
+        ({"sharing": {"memory": {}, "timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}},
+         "sharing: memory and timeSlicing are both set; a node shares its GPUs one way"),
+        ({"sharing": {"memory": {}, "mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
+         "sharing: memory and mps are both set"),
+        ({"flags": {"migStrategy": "single"}, "sharing": {"memory": {}}},
+         "sharing.memory: cannot be combined with flags.migStrategy: single"),
+        ({"flags": {"migStrategy": "mixed"}, "sharing": {"memory": {"unit": "MiB"}}},
+         "sharing.memory: cannot be combined with flags.migStrategy: mixed"),
         ({"labeller": {"amd": {"resourceNamingStrategy": "per-gpu"}}},
          "labeller.amd.resourceNamingStrategy: must be one of single, mixed"),
         ({"labeller": {"labels": {"intel": True}}}, "labeller.labels.intel: unknown key"),

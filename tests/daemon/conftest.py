@@ -71,17 +71,6 @@ class Running:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-def kubeconfig(api: FakeApiServer, tmp_path: Path) -> Path:
-    return api.write_kubeconfig(tmp_path / "kubeconfig")
-
-
-@pytest.fixture
 def start(api: FakeApiServer, kubeconfig: Path) -> Iterator[Callable[..., Running]]:
     running: list[Running] = []
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from labeller.labels import FIELD_MANAGER
 from tests.builders import wait_for
 from tests.daemon.conftest import NODE, OTHERS
 from tests.fakes.apiserver import FakeApiServer
@@ -236,3 +237,19 @@ def test_features_file_output_needs_no_cluster_credentials(tmp_path: Path) -> No
                                 "--once"), capture_output=True, text=True, timeout=30, check=False, env=env)
     assert result.returncode == 0, result.stderr
     assert "amd.com/gpu.present=true" in features.read_text().splitlines()
+
+
+def test_a_memory_sharing_node_gets_gpushare_and_loses_it_when_sharing_stops(api: FakeApiServer, kubeconfig: Path,
+                                                                              tmp_path: Path) -> None:
+    api.create_node(NODE, {**OTHERS})
+    assert subprocess.run(run_args(kubeconfig, "--once", profile="t4-x4-gpushare"), capture_output=True,
+                          timeout=30, check=False).returncode == 0
+    labels = ours(api)
+    assert (labels["gpushare"], labels["nvidia.com/gpu.sharing-strategy"], labels["nvidia.com/gpu.replicas"]) == \
+        ("true", "memory", "14")
+    assert api.managers_of(NODE, "gpushare") == {(FIELD_MANAGER, "Apply")}
+    whole = tmp_path / "whole.yaml"
+    whole.write_text("version: v1\n")
+    assert subprocess.run(run_args(kubeconfig, "--once", "--config", str(whole), profile="t4-x4-gpushare"),
+                          capture_output=True, timeout=30, check=False).returncode == 0
+    assert "gpushare" not in api.labels(NODE) and ours(api)["nvidia.com/gpu.sharing-strategy"] == "none"

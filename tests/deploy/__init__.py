@@ -43,6 +43,12 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     "mps-cdi": {"config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver",
                                                       "plugin": {"deviceListStrategy": ["envvar", "cdi-cri"]}},
                            "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}},
+    "extender": {"extender": {"enabled": True}},
+    "extender-nodeport": {"extender": {"enabled": True, "policy": "spread", "bindWait": "5s", "assumeTimeout": 120,
+                                       "service": {"type": "NodePort", "nodePort": 32766}}},
+    # Memory sharing in one pool (pods access for the plugin) with both admission policies
+    "memory-sharing": {"admissionPolicy": {"enabled": True}, "config": {"default": "whole", "data": {
+        "whole": {"version": "v1"}, "gpushare": {"version": "v1", "sharing": {"memory": {"unit": "GiB"}}}}}},
     "everything": {
         "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
         "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],

@@ -1,10 +1,5 @@
-"""The optional ValidatingAdmissionPolicy: its shape, and its CEL evaluated on admission requests.
-
-The CEL is evaluated with cel-python (`celpy`), emulating the API server:
-matchConditions first (no match: the policy does not apply), then the variables in order, then every
-validation; an evaluation error denies, as failurePolicy Fail does. Kubernetes' `join` string-list
-extension is supplied by the test.
-"""
+"""The optional ValidatingAdmissionPolicy: its shape, and its CEL evaluated on admission requests
+(tests.deploy.cel emulates the API server)."""
 
 from __future__ import annotations
 
@@ -13,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_PREFIXES
+from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_KEYS, OWNED_PREFIXES
 from tests.deploy import one, render
+from tests.deploy.cel import Policy
 
 Obj = dict[str, Any]
 USERNAME = "system:serviceaccount:gpu-labeller:gpu-labeller"
@@ -45,58 +41,13 @@ def test_username_follows_namespace_and_service_account_overrides() -> None:
 def test_prefix_lists_match_the_labeller() -> None:
     variables = {v["name"]: v["expression"] for v in policy_and_binding()[0]["spec"]["variables"]}
     assert variables["ownedPrefixes"] == "[" + ",".join(f'"{p}"' for p in OWNED_PREFIXES) + "]"
+    assert variables["ownedKeys"] == "[" + ",".join(f'"{k}"' for k in OWNED_KEYS) + "]"
     assert variables["notOwnedPrefixes"] == "[" + ",".join(f'"{p}"' for p in NOT_OWNED_PREFIXES) + "]"
     assert variables["notOwnedKeys"] == "[" + ",".join(f'"{k}"' for k in NOT_OWNED_KEYS) + "]"
     assert f"e.manager == '{FIELD_MANAGER}'" in variables["labellerLabelFields"]
 
 
 # --- CEL evaluation -------------------------------------------------------------------------------
-
-import celpy  # noqa: E402  (cel-python, from the test extra)
-from celpy import celtypes  # noqa: E402
-from celpy.adapter import json_to_cel  # noqa: E402
-from celpy.evaluation import CELEvalError  # noqa: E402
-
-
-def _join(items: Any, separator: Any = "") -> Any:
-    return celtypes.StringType(str(separator).join(str(i) for i in items))
-
-
-class Policy:
-    def __init__(self, spec: Obj) -> None:
-        self.env = celpy.Environment()
-        self.spec = spec
-        self.compiled: dict[str, Any] = {}
-
-    def program(self, expression: str) -> Any:
-        if expression not in self.compiled:
-            self.compiled[expression] = self.env.program(self.env.compile(expression), functions={"join": _join})
-        return self.compiled[expression]
-
-    def admit(self, request: Obj, obj: Obj | None, old: Obj | None) -> tuple[bool, list[str]]:
-        """(allowed, denial messages) the API server would answer."""
-        activation: dict[str, Any] = {"request": json_to_cel(request), "object": json_to_cel(obj),
-                                      "oldObject": json_to_cel(old)}
-        for condition in self.spec["matchConditions"]:
-            if not self.program(condition["expression"]).evaluate(activation):
-                return True, []
-        variables: dict[Any, Any] = {}
-        try:
-            for variable in self.spec["variables"]:
-                activation["variables"] = celtypes.MapType(variables)
-                variables[celtypes.StringType(variable["name"])] = self.program(variable["expression"]).evaluate(activation)
-            activation["variables"] = celtypes.MapType(variables)
-            messages = []
-            for validation in self.spec["validations"]:
-                if not self.program(validation["expression"]).evaluate(activation):
-                    message = validation.get("message")
-                    if "messageExpression" in validation:
-                        message = str(self.program(validation["messageExpression"]).evaluate(activation))
-                    messages.append(message)
-        except CELEvalError as e:
-            return False, [f"evaluation error: {e}"]  # failurePolicy: Fail
-        return not messages, messages
-
 
 @pytest.fixture(scope="module")
 def policy() -> Policy:
@@ -162,8 +113,9 @@ def test_every_expression_compiles(policy: Policy) -> None:
     {"set_": {"nvidia.com/mig.capable": "true", "nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/gfd.timestamp": "1"}},
     {"remove": ("nvidia.com/gpu.count",)},
     {"set_": {"nvidia.com/device-plugin.config.state": "failed", "nvidia.com/device-plugin.config.applied": "ts4"}},
+    {"set_": {"gpushare": "true", "nvidia.com/gpu.sharing-strategy": "memory"}},
     {},  # nothing but managedFields/resourceVersion
-], ids=["change", "add-nvidia", "add-amd", "add-mig", "remove", "config-state", "no-op"])
+], ids=["change", "add-nvidia", "add-amd", "add-mig", "remove", "config-state", "gpushare", "no-op"])
 def test_own_node_and_owned_labels_are_allowed(policy: Policy, change: dict[str, Any]) -> None:
     old = node()
     allowed, messages = policy.admit(request(), relabel(old, **change), old)
@@ -199,8 +151,9 @@ def test_token_without_node_claim_is_denied(policy: Policy) -> None:
     ({"set_": {"nvidia.com/gpu.workload.config": "vm-passthrough"}}, "nvidia.com/gpu.workload.config"),
     ({"set_": {"nvidia.com/mig.config": "all-1g.10gb"}}, "nvidia.com/mig.config"),
     ({"set_": {"nvidia.com/device-plugin.config": "x"}}, "nvidia.com/device-plugin.config"),
+    ({"set_": {"gpushare.example.com/x": "y"}}, "gpushare.example.com/x"),  # an owned key is not a prefix
 ], ids=["change-foreign", "add-foreign", "remove-foreign", "gpu-operator-deploy", "workload-config", "mig-config",
-        "plugin-config"])
+        "plugin-config", "gpushare-prefix"])
 def test_foreign_labels_are_denied(policy: Policy, change: dict[str, Any], refused: str) -> None:
     old = node()
     new = relabel(old, **{"set_": {"nvidia.com/gpu.count": "2"}, **change}) if "set_" in change else relabel(old, **change)

@@ -43,6 +43,8 @@ def test_namespaced_objects_land_in_the_release_namespace(name: str, values: dic
     for obj in render(values):
         if obj["kind"] in cluster_scoped:
             assert "namespace" not in obj["metadata"]
+        elif obj["kind"] in ("Role", "RoleBinding"):  # the extender reads unhealthy-GPU ConfigMaps of kube-system
+            assert obj["metadata"]["namespace"] == "kube-system", obj["kind"]
         else:
             assert obj["metadata"]["namespace"] == "gpu-labeller", obj["kind"]
 
@@ -166,6 +168,10 @@ def test_config_create_false_needs_the_name_of_an_existing_config_map() -> None:
     {"config": {"nodeLabel": "not a label!"}},
     {"labeller": {"interval": "soon"}},
     {"labeller": {"interval": 0}},
+    {"extender": {"policy": "random"}},
+    {"extender": {"bindWait": "soon"}},
+    {"extender": {"service": {"type": "LoadBalancer"}}},
+    {"extender": {"replicas": 2}},
 ], ids=lambda v: json.dumps(v))
 def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
     chart = helm_python.Chart.load(CHART)

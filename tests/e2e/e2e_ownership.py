@@ -58,6 +58,13 @@ def check(ok: bool, what: str) -> bool:
     return ok
 
 
+def verdict() -> int:
+    """Print how many checks passed; the exit code: 1 when one failed."""
+    failed = [what for ok, what in results if not ok]
+    print(f"{len(results) - len(failed)} checks passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
 def figure(text: str) -> None:
     figures.append(text)
     print(f"  figure: {text}", flush=True)

@@ -165,22 +165,28 @@ def _everything(obj: Obj) -> bool:
     return True
 
 
-def page(items: list[Obj], key: Callable[[Obj], str], rv: str, limit: str | None,
+def page(items: Iterator[tuple[str, Obj]], rv: str, limit: str | None,
          token: str | None) -> tuple[list[Obj], str, str | None]:
-    """One page of a sorted list (limit/continue): the items, the list's resourceVersion, the next token."""
+    """One page (limit/continue) of ``items``, (key, object) pairs in key order: copies of the page's
+    objects, the list's resourceVersion, and the token of the next page."""
+    after = ""
     if token:
         try:
             state = json.loads(base64.urlsafe_b64decode(token))
             after, rv = str(state["start"]), str(state["rv"])
         except (ValueError, KeyError, TypeError):
             raise ApiError(400, "BadRequest", "continue key is not valid") from None
-        items = [item for item in items if key(item) > after]
     size = int(limit) if limit else 0
-    if size <= 0 or len(items) <= size:
-        return items, rv, None
-    items = items[:size]
-    state = json.dumps({"rv": rv, "start": key(items[-1])}).encode()
-    return items, rv, base64.urlsafe_b64encode(state).decode()
+    chosen: list[tuple[str, Obj]] = []
+    for key, obj in items:
+        if key > after:
+            chosen.append((key, obj))
+            if size > 0 and len(chosen) > size:
+                break
+    more = size > 0 and len(chosen) > size
+    chosen = chosen[:size] if more else chosen
+    next_token = base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": chosen[-1][0]}).encode()).decode() if more else None
+    return [copy.deepcopy(obj) for _, obj in chosen], rv, next_token
 
 
 class NodeStore:
@@ -277,8 +283,8 @@ class NodeStore:
     def list_nodes(self, match: Match = _everything, limit: str | None = None,
                    token: str | None = None) -> tuple[list[Obj], str, str | None]:
         with self.lock:
-            items = [view for view in (self.view(n) for n in sorted(self.nodes)) if match(view)]
-            return page(items, lambda obj: str(obj["metadata"]["name"]), str(self.resource_version), limit, token)
+            views = ((name, self.view(name)) for name in sorted(self.nodes))
+            return page(((name, view) for name, view in views if match(view)), str(self.resource_version), limit, token)
 
     def events_since(self, rv: int, resource: str, match: Match, deadline: float) -> Iterator[tuple[str, Obj] | None]:
         """Yield ``resource``'s history after ``rv`` as a watch filtered by ``match`` sees it, waiting for
@@ -454,10 +460,9 @@ class ObjectStore:
     def list(self, namespace: str | None, match: Match = _everything, limit: str | None = None,
              token: str | None = None) -> tuple[list[Obj], str, str | None]:
         with self.store.lock:
-            keys = sorted(key for key in self.objects if namespace in (None, key[0]))
-            items = [copy.deepcopy(self.objects[key]) for key in keys if match(self.objects[key])]
-            return page(items, lambda obj: f"{obj['metadata']['namespace']}/{obj['metadata']['name']}",
-                        str(self.store.resource_version), limit, token)
+            keyed = sorted(((f"{ns}/{name}", obj) for (ns, name), obj in self.objects.items() if namespace in (None, ns)),
+                           key=lambda pair: pair[0])
+            return page(((key, obj) for key, obj in keyed if match(obj)), str(self.store.resource_version), limit, token)
 
     def change(self, namespace: str, name: str, edit: Callable[[Obj], None], stale_rv: str | None = None) -> Obj:
         """Run ``edit`` on the object; a new resourceVersion and a MODIFIED event when anything changed."""
@@ -656,6 +661,9 @@ def _merge_labels(labels: dict[str, str], patch: Obj) -> None:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as Go's net/http (the real API server): otherwise the body, written after the
+    # headers, waits for the client's delayed ACK and every request on a kept-alive connection takes 40 ms.
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:

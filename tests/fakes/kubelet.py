@@ -20,7 +20,7 @@ It behaves as ``shared/reference/real-kubernetes-behaviour.md`` records for the 
   Available: M`` like admission; otherwise calls ``GetPreferredAllocation`` (when the plugin said
   so), honours a valid answer, calls ``Allocate`` with one container request per container and
   rejects a response without one container response per request; ``PreStartContainer`` only
-  when ``pre_start_required``.
+  when ``pre_start_required``. ``admit_each`` calls them once per container, as a real kubelet does.
 """
 
 from __future__ import annotations
@@ -239,6 +239,23 @@ class FakeKubelet:
         return True
 
     # --- pods ---------------------------------------------------------------------------------
+
+    def admit_each(self, resource: str, containers: list[int]) -> tuple[list[pb.ContainerAllocateResponse], list[list[str]]]:
+        """Admit a pod as a real kubelet's device manager does (``allocateContainerResources``): one
+        GetPreferredAllocation and one Allocate call per container that asks for ``resource``, in
+        order; the first failure fails the pod (AdmissionError) and frees what it took."""
+        responses: list[pb.ContainerAllocateResponse] = []
+        chosen: list[list[str]] = []
+        try:
+            for count in containers:
+                response, (ids,) = self.admit(resource, [count])
+                responses.append(response.container_responses[0])
+                chosen.append(ids)
+        except AdmissionError:
+            for ids in chosen:
+                self.release(resource, ids)
+            raise
+        return responses, chosen
 
     def admit(self, resource: str, containers: list[int]) -> tuple[pb.AllocateResponse, list[list[str]]]:
         """Admit a pod whose containers ask for these counts of ``resource``; returns the plugin's

@@ -15,14 +15,8 @@ from tests.fakes.apiserver import FakeApiServer
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-def kube(api: FakeApiServer, tmp_path: Path) -> Iterator[Kube]:
-    client = Kube(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+def kube(kubeconfig: Path) -> Iterator[Kube]:
+    client = Kube(str(kubeconfig))
     yield client
     client.close()
 

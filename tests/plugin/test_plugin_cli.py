@@ -40,6 +40,16 @@ def test_bad_profile_is_bad_input(sock_dir: Path) -> None:
     assert result.exit_code == 2 and "no such profile" in result.output
 
 
+def test_memory_sharing_without_a_node_name_is_one_line_and_exit_2(sock_dir: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "labeller.cli", "device-plugin", "--simulate", "t4-x4-gpushare",
+                             "--socket-dir", str(sock_dir), "--metrics-port", "0"], capture_output=True, text=True,
+                            timeout=30, env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: sharing.memory: the plugin reads the pods bound to this Node to serve aliyun.com/gpu-mem; "
+        "give --node-name NAME or set NODE_NAME"]
+
+
 class PluginProcess:
     """A real ``gpu-labeller device-plugin`` process; its JSON log events are collected as they come."""
 

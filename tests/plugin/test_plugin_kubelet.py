@@ -215,7 +215,8 @@ def test_starting_before_the_kubelet(sock_dir: Path) -> None:
         assert not running.plugin.ready
         with FakeKubelet(sock_dir) as kubelet:  # a starting kubelet deletes the plugin socket too
             assert kubelet.wait_for(lambda: kubelet.allocatable(AMD) == 8, 3)
-            assert running.plugin.ready
+            # The kubelet may open ListAndWatch before the plugin has read Register's answer.
+            assert wait_for(lambda: running.plugin.ready, 1)
 
 
 def test_shutdown_removes_sockets(sock_dir: Path, kubelet: FakeKubelet) -> None:

@@ -47,7 +47,7 @@ def whole(gpu: NvidiaGpu, config: Config) -> NvidiaDevice:
         vendor=VENDOR, health_key=gpu.uuid,
         visible_id=gpu.uuid if config.plugin.device_id_strategy == "uuid" else str(gpu.index),
         gpu=gpu.pci_bus_id, numa_node=gpu.numa_node, fabric_peers=gpu.nvlink_peers, nvml_gpu=gpu,
-        names=(gpu.uuid, str(gpu.index)),
+        names=(gpu.uuid, str(gpu.index)), memory_bytes=gpu.memory_bytes, split=gpu.mig_enabled,
     )
 
 

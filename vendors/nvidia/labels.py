@@ -16,17 +16,22 @@ Where GFD is ambiguous we choose, and say so:
 - Sharing a subset of a resource's devices (``devices:``): ``count`` counts every device of the
   resource, ``replicas`` and ``sharing-strategy`` describe the shared ones, and
   ``<prefix>.shared-count`` (ours; GFD has no such key) says how many are shared.
+- Sharing by memory (``sharing.memory``, gpushare's model; GFD has no such strategy):
+  ``sharing-strategy=memory``, ``count`` the GPUs (``aliyun.com/gpu-count``), ``replicas`` the
+  memory units of one GPU, no ``-SHARED``; and ``gpushare=true``, gpushare's node label.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import structlog
 
 from labeller.config import Config
+from labeller.gpushare import RESOURCE_MEM
 from labeller.inventory import Inventory
 from labeller.labels import KeyDoc, Labeler, Labels, derived
 from labeller.offer import Offer, Resource
@@ -37,6 +42,7 @@ from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 log = structlog.get_logger(__name__)
 
 TIMESTAMP = "nvidia.com/gfd.timestamp"
+GPUSHARE_LABEL = "gpushare"  # gpushare's install docs: the node selector of its DaemonSets
 # GFD computes its timestamp once per process start, not per pass; so do we.
 _PROCESS_START = int(time.time())
 
@@ -284,6 +290,23 @@ def _sharing_labels(prefix: str, product: str, product_source: str, resources: S
     return labels
 
 
+def _memory_sharing_labels(product: str, product_source: str, resources: Sequence[Resource],
+                           model: NvidiaGpu) -> Labels:
+    """Memory sharing (``aliyun.com/gpu-mem``, ``aliyun.com/gpu-count``): ``count`` GPUs, ``replicas``
+    the memory units of one GPU of the model described (``count`` x ``replicas`` is what gpu-mem
+    advertises when the GPUs are alike), ``sharing-strategy=memory``, no ``-SHARED`` (renamed)."""
+    units = Counter(d.physical.health_key for r in resources if r.name == RESOURCE_MEM for d in r.devices
+                    if isinstance(d.physical, NvidiaDevice) and d.physical.nvml_gpu.name == model.name)
+    offered = "offer under nvidia.com/gpu: " + ", ".join(f"{r.name} ({len(r.devices)} devices)" for r in resources)
+    return {
+        f"{GPU}.product": derived(product, "nvml", product_source, SANITISE_RULE),
+        f"{GPU}.replicas": derived(str(min(units.values(), default=0)), "offer", f"{offered}; config sharing.memory.unit",
+                                   f"the {RESOURCE_MEM} units of one {model.name} (its memory, floored to whole units)"),
+        f"{GPU}.sharing-strategy": derived("memory", "offer", offered,
+                                           "memory when the GPUs are shared by memory (ours: GFD has no such strategy)"),
+    }
+
+
 def _model_labels(gpu: NvidiaGpu) -> Labels:
     """memory, family and compute capability of one model."""
     labels: Labels = {}
@@ -362,8 +385,20 @@ def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> L
         return (labels | _sharing_labels(GPU, mig_product_name(migs[0].nvml_gpu.name, mig), _mig_source(migs[0]), resources)
                 | _count(GPU, len(migs), "MIG devices") | _mig_attribute_labels(GPU, mig))
     name_source = f"nvmlDeviceGetName({_gpu_ref(model)}) = {model.name!r}"
-    return (labels | _sharing_labels(GPU, product_name(model.name), name_source, resources)
-            | _count(GPU, len(devices), "GPUs"))
+    if any(r.strategy == "memory" for r in resources):
+        sharing = _memory_sharing_labels(product_name(model.name), name_source, resources, model)
+    else:
+        sharing = _sharing_labels(GPU, product_name(model.name), name_source, resources)
+    return labels | sharing | _count(GPU, len(devices), "GPUs")
+
+
+def gpushare_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+    """``gpushare=true`` while GPUs are offered by memory: gpushare-era DaemonSets select on it."""
+    memory = next((r for r in offer.of_vendor(VENDOR) if r.name == RESOURCE_MEM), None)
+    if memory is None:
+        return {}
+    return {GPUSHARE_LABEL: derived("true", "offer", f"offer: {RESOURCE_MEM} ({len(memory.devices)} devices)",
+                                    "true while GPUs are shared by memory (config sharing.memory)")}
 
 
 def _mig_source(device: NvidiaDevice) -> str:
@@ -400,6 +435,7 @@ LABELERS: tuple[Labeler, ...] = (
     mig_strategy_labels,
     mig_mixed_labels,
     vgpu_labels,
+    gpushare_labels,
 )
 
 
@@ -439,6 +475,8 @@ KEY_DOCS: tuple[KeyDoc, ...] = (
     KeyDoc("nvidia.com/vgpu.present", _GFD, f"{_NVML} and its vGPU state is known", "nvidia"),
     *(KeyDoc(f"nvidia.com/vgpu.host-driver-{part}", _GFD, "on a vGPU guest whose PCI config space is readable whole "
              "(labeller.vgpuDetection in the chart)", "nvidia") for part in ("version", "branch")),
+    KeyDoc(GPUSHARE_LABEL, "gpushare (Aliyun): an admin sets it by hand for its DaemonSets",
+           "sharing.memory offers the NVIDIA GPUs as aliyun.com/gpu-mem", "nvidia"),
     KeyDoc(TIMESTAMP, f"{_GFD} (on by default there)", "an NVIDIA GPU is present and labeller.labels.timestamp is on",
            "timestamp"),
 )

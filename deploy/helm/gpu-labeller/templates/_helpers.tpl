@@ -210,3 +210,24 @@ seccompProfile:
 {{- end -}}
 {{- $cdi | toString -}}
 {{- end }}
+
+{{/* "true" when a named config shares GPUs by memory (sharing.memory, gpushare's aliyun.com/gpu-mem), or
+     devicePlugin.memorySharing.enabled (configs in an existing ConfigMap are not known here): the plugin
+     then reads the pods bound to its node and annotates them (ALIYUN_COM_GPU_MEM_ASSIGNED). */}}
+{{- define "gpu-labeller.memorySharing" -}}
+{{- $on := .Values.devicePlugin.memorySharing.enabled | default false -}}
+{{- range (include "gpu-labeller.configDocs" . | fromYaml).docs -}}
+{{- if hasKey (dig "sharing" (dict) .) "memory" }}{{ $on = true }}{{ end -}}
+{{- end -}}
+{{- $on | toString -}}
+{{- end }}
+
+{{/* "true" when the device plugin calls the API server: to follow the config label, or for memory sharing. */}}
+{{- define "gpu-labeller.devicePluginNeedsApi" -}}
+{{- or (eq (include "gpu-labeller.followsLabel" .) "true") (eq (include "gpu-labeller.memorySharing" .) "true") | toString -}}
+{{- end }}
+
+{{/* The user name the API server gives the device plugin's ServiceAccount tokens. */}}
+{{- define "gpu-labeller.devicePluginUsername" -}}
+{{- printf "system:serviceaccount:%s:%s" (include "gpu-labeller.namespace" .) (include "gpu-labeller.devicePluginServiceAccount" .) }}
+{{- end }}
