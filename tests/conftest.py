@@ -1,7 +1,10 @@
-"""Fixtures every test package shares: the fake API server over real HTTP and a kubeconfig for it."""
+"""Fixtures every test package shares: the fake API server over real HTTP, a kubeconfig for it, and a
+short directory for device plugin sockets."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,3 +22,11 @@ def api() -> Iterator[FakeApiServer]:
 @pytest.fixture
 def kubeconfig(api: FakeApiServer, tmp_path: Path) -> Path:
     return api.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    # unix socket paths are limited to 108 bytes: keep the directory short, not pytest's tmp_path
+    path = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

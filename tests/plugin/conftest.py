@@ -1,9 +1,7 @@
-"""Fixtures for the device plugin tests: a short socket directory, the kubelet emulator, the plugin."""
+"""Fixtures for the device plugin tests: the kubelet emulator, the plugin."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,14 +20,6 @@ from labeller.plugin.prober import Prober
 from labeller.runtime import Backoff
 from tests.builders import offer_of
 from tests.fakes.kubelet import FakeKubelet
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    # unix socket paths are limited to 108 bytes: keep the directory short, not pytest's tmp_path
-    path = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
