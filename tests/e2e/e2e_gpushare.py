@@ -41,30 +41,13 @@ from labeller.kube import Kube  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402
-from tests.e2e.e2e_memory_sharing import CONFIGS, PROFILE, UNITS, allocations, envs_of, uuids  # noqa: E402
+from tests.e2e.e2e_memory_sharing import (CONFIGS, PROFILE, SCHEDULER_CONFIG, UNITS, allocations,  # noqa: E402
+                                          envs_of, uuids)
 from tests.e2e.e2e_ownership import check, figure, verdict, wait  # noqa: E402
 from tests.e2e.e2e_sharing import stop  # noqa: E402
 
 NODES = ("e2e-gpushare-a", "e2e-gpushare-b")
 EXTENDER_ACCOUNT = "gpu-labeller-scheduler-extender"
-# The README's KubeSchedulerConfiguration for Kubernetes 1.23-1.24 (v1beta3), with this run's port.
-SCHEDULER_CONFIG = """\
-apiVersion: kubescheduler.config.k8s.io/v1beta3
-kind: KubeSchedulerConfiguration
-extenders:
-  - urlPrefix: http://127.0.0.1:{port}/gpushare-scheduler
-    filterVerb: filter
-    prioritizeVerb: prioritize
-    weight: 1
-    bindVerb: bind
-    enableHTTPS: false
-    nodeCacheCapable: true
-    ignorable: false
-    httpTimeout: 10s
-    managedResources:
-      - name: aliyun.com/gpu-mem
-        ignoredByScheduler: false
-"""
 
 
 def pod_body(name: str, containers: dict[str, dict[str, str]]) -> dict[str, Any]:

@@ -87,19 +87,23 @@ def pod_body(name: str, containers: dict[str, dict[str, str]], annotations: dict
                                                       for c, limits in containers.items()]}}
 
 
-SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1beta3
+# The README's KubeSchedulerConfiguration for Kubernetes 1.23-1.24 (v1beta3), with this run's port.
+SCHEDULER_CONFIG = """\
+apiVersion: kubescheduler.config.k8s.io/v1beta3
 kind: KubeSchedulerConfiguration
 extenders:
-- urlPrefix: http://127.0.0.1:{port}/gpushare-scheduler
-  filterVerb: filter
-  prioritizeVerb: prioritize
-  weight: 1
-  bindVerb: bind
-  enableHTTPS: false
-  nodeCacheCapable: true
-  ignorable: false
-  httpTimeout: 30s
-  managedResources: [{{name: aliyun.com/gpu-mem, ignoredByScheduler: false}}]
+  - urlPrefix: http://127.0.0.1:{port}/gpushare-scheduler
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    weight: 1
+    bindVerb: bind
+    enableHTTPS: false
+    nodeCacheCapable: true
+    ignorable: false
+    httpTimeout: 10s
+    managedResources:
+      - name: aliyun.com/gpu-mem
+        ignoredByScheduler: false
 """
 
 
