@@ -2,7 +2,7 @@
 manager (dpkubelet in node mode). Prints every check and figure; exits 1 if a check failed. Not a
 test (pytest does not collect e2e_*.py): run it by hand.
 
-    python tests/e2e/e2e_config_switch.py [--k8s /work/shared/k8s] [--switches 10] [--keep]
+    python tests/e2e/e2e_config_switch.py [--k8s DIR] [--switches 10] [--keep]
 
 Uses K8S_STATE and the K8S_*_PORT variables of the k8s folder's up.sh. It
 1. starts etcd and the API server (up.sh), and dpkubelet in node mode for one Node;
@@ -42,7 +42,7 @@ from labeller.kube import Kube  # noqa: E402
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
-from tests.e2e.e2e_ownership import check, results, wait  # noqa: E402
+from tests.e2e.e2e_ownership import add_k8s_argument, check, results, wait  # noqa: E402
 from tests.plugin.profile_files import time_slicing  # noqa: E402
 
 NODE = "e2e-config-node"
@@ -118,7 +118,7 @@ def rbac(cluster: Cluster) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k8s", type=Path, default=Path("/work/shared/k8s"))
+    add_k8s_argument(parser)
     parser.add_argument("--switches", type=int, default=10)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()

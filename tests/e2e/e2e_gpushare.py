@@ -4,7 +4,7 @@ dpkubelet (the real kubelet device manager, node mode). Prints every check and f
 check failed. Not a test (pytest does not collect e2e_*.py): run it by hand.
 
     K8S_STATE=/tmp/k8s-x K8S_API_PORT=... K8S_ETCD_PORT=... K8S_ETCD_PEER_PORT=... K8S_SCHED_PORT=... \\
-        python tests/e2e/e2e_gpushare.py [--k8s /work/shared/k8s] [--port 39999] [--keep]
+        python tests/e2e/e2e_gpushare.py [--k8s DIR] [--port 39999] [--keep]
 
 1. up.sh, the chart's RBAC (plugin with a memory-sharing named config, and the extender), two Nodes
    with dpkubelet and the plugin (4 x T4, 14 GiB each: aliyun.com/gpu-mem 56, gpu-count 4), the
@@ -43,7 +43,7 @@ from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402
 from tests.e2e.e2e_memory_sharing import (CONFIGS, PROFILE, SCHEDULER_CONFIG, UNITS, allocations,  # noqa: E402
                                           envs_of, uuids)
-from tests.e2e.e2e_ownership import check, figure, verdict, wait  # noqa: E402
+from tests.e2e.e2e_ownership import add_k8s_argument, check, figure, verdict, wait  # noqa: E402
 from tests.e2e.e2e_sharing import stop  # noqa: E402
 
 NODES = ("e2e-gpushare-a", "e2e-gpushare-b")
@@ -137,7 +137,7 @@ def timed(run: Run, names: list[str], created: dict[str, float], timeout: float 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k8s", type=Path, default=Path("/work/shared/k8s"))
+    add_k8s_argument(parser)
     parser.add_argument("--port", type=int, default=39999, help="the extender's port")
     parser.add_argument("--burst", type=int, default=12, help="pods of 7 GiB created at once (16 fit)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")

@@ -2,7 +2,7 @@
 kubelet device manager (dpkubelet in node mode). Prints every check and figure; exits 1 if a check
 failed. Not a test (pytest does not collect e2e_*.py): run it by hand.
 
-    python tests/e2e/e2e_memory_sharing.py [--k8s /work/shared/k8s] [--keep]
+    python tests/e2e/e2e_memory_sharing.py [--k8s DIR] [--keep]
 
 Uses K8S_STATE and the K8S_*_PORT variables of the k8s folder's up.sh. It
 1. starts etcd and the API server (up.sh), and dpkubelet in node mode for one Node;
@@ -42,7 +42,7 @@ from labeller.node import open_node  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402
-from tests.e2e.e2e_ownership import check, figure, results, wait  # noqa: E402
+from tests.e2e.e2e_ownership import add_k8s_argument, check, figure, results, wait  # noqa: E402
 from tests.e2e.e2e_sharing import stop  # noqa: E402
 
 NODE = "e2e-gpushare-node"
@@ -166,7 +166,7 @@ def through_the_scheduler(cluster: Cluster, admin: Kube, args: argparse.Namespac
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k8s", type=Path, default=Path("/work/shared/k8s"))
+    add_k8s_argument(parser)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     parser.add_argument("--extender-port", type=int, default=int(os.environ.get("K8S_SCHED_PORT", "10259")) + 1)
     parser.add_argument("--burst", type=int, default=12,

@@ -2,7 +2,7 @@
 fast it recovers after faults. Prints every check and figure; exits 1 if a check failed. Not a test
 (pytest does not collect e2e_*.py): run it by hand.
 
-    python tests/e2e/e2e_ownership.py [--k8s /work/shared/k8s] [--state /tmp/k8s-a] [--keep]
+    python tests/e2e/e2e_ownership.py [--k8s DIR] [--state /tmp/k8s-a] [--keep]
 
 It starts etcd and the API server with the k8s folder's up.sh (K8S_STATE, default ports
 6443/2379/2380), creates a Node, sets other managers' labels with kubectl, runs the real
@@ -50,6 +50,12 @@ READ, PATCH = ("get", "list", "watch"), ("patch",)
 
 results: list[tuple[bool, str]] = []
 figures: list[str] = []
+
+
+def add_k8s_argument(parser: argparse.ArgumentParser) -> None:
+    """``--k8s DIR``: the folder with the real Kubernetes components and their up/down scripts."""
+    parser.add_argument("--k8s", type=Path, default=Path(os.environ.get("K8S_DIR", "/work/shared/k8s")),
+                        help="the real Kubernetes components (default: $K8S_DIR, else %(default)s)")
 
 
 def check(ok: bool, what: str) -> bool:
@@ -445,7 +451,7 @@ def step_cleanup(cluster: Cluster) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k8s", type=Path, default=Path(os.environ.get("K8S_DIR", "/work/shared/k8s")))
+    add_k8s_argument(parser)
     parser.add_argument("--state", type=Path, default=Path(os.environ.get("K8S_STATE", "/tmp/k8s-a")))
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     options = parser.parse_args()

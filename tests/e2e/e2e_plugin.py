@@ -3,7 +3,7 @@
 Run by hand (pytest does not collect ``e2e_*.py``); it needs ``dpkubelet`` from the shared
 Kubernetes folder and runs it in fake mode (no API server):
 
-    python tests/e2e/e2e_plugin.py [--k8s /work/shared/k8s] [--restarts 5]
+    python tests/e2e/e2e_plugin.py [--k8s DIR] [--restarts 5]
 
 1. Late driver: the plugin starts on a profile whose NVIDIA section has ``nvml_error:
    library_not_found``; after it has retried a few times the file is rewritten without it. Measured:
@@ -38,6 +38,7 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.e2e.e2e_ownership import add_k8s_argument  # noqa: E402
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml  # noqa: E402
 
 GPU = "nvidia.com/gpu"
@@ -218,7 +219,7 @@ def kubelet_restarts(run: Run, restarts: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k8s", type=Path, default=Path("/work/shared/k8s"), help="the shared Kubernetes folder")
+    add_k8s_argument(parser)
     parser.add_argument("--restarts", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 Prints every check and figure; exits 1 if a check failed. Not a test (pytest does not collect
 e2e_*.py): run it by hand.
 
-    python tests/e2e/e2e_selectors.py [--k8s /work/shared/k8s] [--nodes 50] [--keep]
+    python tests/e2e/e2e_selectors.py [--k8s DIR] [--nodes 50] [--keep]
 
 Uses K8S_STATE and the K8S_*_PORT variables of the k8s folder's up.sh. It starts etcd and the API
 server, creates Nodes labelled as built-in profiles with the capacity their plugin would post, and
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.e2e_config_switch import Cluster  # noqa: E402
-from tests.e2e.e2e_ownership import check, figure, results  # noqa: E402
+from tests.e2e.e2e_ownership import add_k8s_argument, check, figure, results  # noqa: E402
 
 PROFILES = {"dgx-h100": {"nvidia.com/gpu": "8"}, "dgx-h100-4of8-shared": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "16"},
             "mi300x-x8-spx": {"amd.com/gpu": "8"}, "t4-time-slicing": {"nvidia.com/gpu": "4"}}
@@ -67,7 +67,7 @@ def pod(cluster: Cluster, name: str, node_name: str | None, resource: str, amoun
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k8s", type=Path, default=Path("/work/shared/k8s"))
+    add_k8s_argument(parser)
     parser.add_argument("--nodes", type=int, default=50, help="GPU nodes (the profiles in turn)")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()

@@ -3,7 +3,7 @@
 Run by hand (pytest does not collect ``e2e_*.py``); it needs ``dpkubelet`` from the shared
 Kubernetes folder and runs it in fake mode (no API server: it admits fake pods itself):
 
-    python tests/e2e/e2e_sharing.py [--k8s /work/shared/k8s]
+    python tests/e2e/e2e_sharing.py [--k8s DIR]
 
 1. MPS: the real ``gpu-labeller device-plugin`` on the ``l40s-x4-mps`` profile and the real
    ``gpu-labeller mps-control-daemon`` beside it, with the stand-in ``nvidia-cuda-mps-control`` and
@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from labeller.node import open_node  # noqa: E402
+from tests.e2e.e2e_ownership import add_k8s_argument  # noqa: E402
 from tests.e2e.e2e_plugin import JsonLines, named  # noqa: E402
 from vendors.nvidia.model import NvidiaInventory  # noqa: E402
 
@@ -189,7 +190,7 @@ def subset_scenario(k8s: Path, work: Path, check: Checks) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k8s", type=Path, default=Path("/work/shared/k8s"), help="the shared Kubernetes folder")
+    add_k8s_argument(parser)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="e2es", dir="/tmp"))  # short: unix socket paths are limited
