@@ -64,6 +64,12 @@ class Node:
             label_set.sources.update(state.sources)
         return label_set
 
+    def offer_inputs(self) -> object | None:
+        """What the offer reads besides the hardware under this config (NVIDIA's MPS readiness file),
+        as a cheap fingerprint; None when it reads nothing else (then no one needs to look)."""
+        inputs = tuple(vendor.offer_inputs(self.config) for vendor in self.vendors)
+        return inputs if any(i is not None for i in inputs) else None
+
     def select(self, selection: Selection) -> bool:
         """Put a named config in force; True when the config changed."""
         changed = selection.config != self.config

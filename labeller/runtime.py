@@ -4,7 +4,10 @@ handling, validate-then-swap config reloads, backoff with jitter, and the HTTP s
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import select
 import signal
 import threading
 import time
@@ -12,7 +15,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -23,19 +26,66 @@ if TYPE_CHECKING:
     from labeller.node import Node
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 
 # --- signals -------------------------------------------------------------------------------------
 
-def install_signals(stop: Callable[[], None], reload: Callable[[], None]) -> None:
-    """SIGTERM and SIGINT call ``stop``, SIGHUP calls ``reload``; both should just set an event."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RELOAD_SIGNALS = (signal.SIGHUP,)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal received", reason="signal", signal=signal.Signals(signum).name)
-        (reload if signum == signal.SIGHUP else stop)()
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+def _noted(signum: int, frame: FrameType | None) -> None:
+    """The Python-level handler does nothing: the signal's number reaches the wakeup pipe anyway."""
+
+
+def run_until_signalled(body: Callable[[], T], stop: Callable[[], None], reload: Callable[[], None]) -> T:
+    """``body()`` on a thread of its own, its result (or its exception) returned here; meanwhile the
+    main thread takes the signals: SIGTERM and SIGINT call ``stop``, SIGHUP calls ``reload``.
+
+    Python runs a signal handler on the main thread between two bytecodes, whatever that thread is
+    doing, even inside ``Event.set`` or inside another handler: a handler that takes a lock (every
+    ``Event`` has one) can wait forever for its own thread. So the handlers here do nothing; each
+    signal's number reaches a pipe (``signal.set_wakeup_fd``) that the main thread waits on, and the
+    main thread calls ``stop`` and ``reload`` as ordinary code, one signal after the other."""
+    wakeup_r, wakeup_w = os.pipe()
+    for fd in (wakeup_r, wakeup_w):
+        os.set_blocking(fd, False)
+    results: list[T] = []
+    raised: list[BaseException] = []
+    done = threading.Event()  # only read here, with is_set, which takes no lock
+
+    def target() -> None:
+        try:
+            results.append(body())
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread as it is
+            raised.append(exc)
+        finally:
+            done.set()
+            os.write(wakeup_w, b"\0")  # not a signal number: wakes the main thread to see ``done``
+
+    previous_fd = signal.set_wakeup_fd(wakeup_w, warn_on_full_buffer=False)
+    previous = {signum: signal.signal(signum, _noted) for signum in (*STOP_SIGNALS, *RELOAD_SIGNALS)}
+    thread = threading.Thread(target=target, name="process-loop")
+    try:
+        thread.start()
+        while not done.is_set():
+            select.select([wakeup_r], [], [])
+            with contextlib.suppress(BlockingIOError):
+                for signum in os.read(wakeup_r, 512):
+                    if signum:
+                        log.info("signal received", reason="signal", signal=signal.Signals(signum).name)
+                        (reload if signum in RELOAD_SIGNALS else stop)()
+        thread.join()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(wakeup_r)
+        os.close(wakeup_w)
+    if raised:
+        raise raised[0]
+    return results[0]
 
 
 # --- reload --------------------------------------------------------------------------------------

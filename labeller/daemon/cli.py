@@ -11,16 +11,18 @@ from pathlib import Path
 import click
 import structlog
 
-from labeller import configwatch
 from labeller.completion import complete_node_names
 from labeller.configwatch import ConfigMetrics, EventRecorder, follow_configs, followed_label
-from labeller.daemon.loop import Daemon, Options
+from labeller.daemon.service import Daemon, Options
 from labeller.node import Node, named_configs, open_node
 from labeller.options import BadInput, config_label_option, discovery_options
 from labeller.kube import Kube, KubeError, Observer
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.metrics import Metrics
-from labeller.runtime import PortUnavailable, install_signals, start_http_server
+from labeller.process.configsource import ConfigSource
+from labeller.process.loop import ProcessLoop
+from labeller.process.serve import Endpoints, serve
+from labeller.runtime import PortUnavailable
 from labeller.params import Duration
 from labeller.daemon.reconcile import Change, Live, Owned, ProbeResult, managers_text, owned, plan
 from labeller.daemon.sinks import (
@@ -64,13 +66,6 @@ def probe_labels(node: Node) -> ProbeResult:
     if inventory.partial:
         log.warning("inventory is partial", reason="partial-probe", problems=problems)
     return ProbeResult(labels, partial=inventory.partial)
-
-
-def offer_inputs(node: Node) -> object | None:
-    """What the labels read besides the hardware, while the config needs it (the MPS readiness
-    file); None, and the loop does not look, otherwise."""
-    inputs = tuple(vendor.offer_inputs(node.config) for vendor in node.vendors)
-    return inputs if any(i is not None for i in inputs) else None
 
 
 def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | None = None) -> Kube:
@@ -135,18 +130,21 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
                          interval_s=interval, follow=not once, events=events,
                          node_observers=(follower.observe,) if follower is not None and watched_by_sink else ())
         options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run)
-        daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options,
-                        reload=lambda: configwatch.reload(node, config_path, follower), inputs=lambda: offer_inputs(node))
+        daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options)
+        loop = ProcessLoop(daemon, options.loop(), config=ConfigSource(node, config_path, follower),
+                           inputs=node.offer_inputs)
         if follower is not None:
-            follower.on_change = lambda: daemon.request_reload("config-changed")
             follower.apply(node)
         if once:
             sys.exit(_run_once(daemon))
-        if follower is not None:
-            follower.poll(daemon.stopped)
-            if label is not None and kube is not None and not watched_by_sink:
-                follower.watch(kube, node_name, daemon.stopped, daemon.permissions)
-        _serve(daemon, metrics, metrics_port, metrics_bind)
+        if follower is not None and label is not None and kube is not None and not watched_by_sink:
+            follower.watch(kube, node_name, loop.stopped, daemon.permissions)
+        try:
+            serve(loop, Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: daemon.ready),
+                  output=sink.name, interval_s=interval, dry_run=dry_run)
+        except PortUnavailable as exc:
+            raise BadInput(str(exc)) from None
+        log.info("stopped", reason="stop")
 
 
 def _run_once(daemon: Daemon) -> int:
@@ -156,18 +154,6 @@ def _run_once(daemon: Daemon) -> int:
     outcome = daemon.reconcile_once()
     log.info("reconciled once", reason="once", outcome=outcome, probe_ok=daemon.probe_ok)
     return 0 if daemon.probe_ok and outcome in ("unchanged", "applied", "dry-run") else 1
-
-
-def _serve(daemon: Daemon, metrics: Metrics, port: int, bind: str) -> None:
-    install_signals(daemon.stop, daemon.request_reload)
-    try:
-        start_http_server(port, bind, ready=lambda: daemon.ready, healthy=daemon.healthy, registry=metrics.registry)
-    except PortUnavailable as exc:
-        raise BadInput(str(exc)) from None
-    log.info("started", reason="start", output=daemon.sink.name, interval_s=daemon.options.interval_s,
-             dry_run=daemon.options.dry_run)
-    daemon.run()
-    log.info("stopped", reason="sigterm")
 
 
 @click.command()

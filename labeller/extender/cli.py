@@ -25,7 +25,7 @@ from labeller.gpushare import RESOURCE_MEM
 from labeller.kube import Kube, KubeError
 from labeller.options import BadInput
 from labeller.params import Duration
-from labeller.runtime import HealthServer, PortUnavailable, install_signals, start_http_server
+from labeller.runtime import HealthServer, PortUnavailable, run_until_signalled, start_http_server
 
 log = structlog.get_logger("gpu_labeller.extender")
 
@@ -67,9 +67,8 @@ def scheduler_extender(port: int, bind_address: str, kubeconfig: str | None, pol
         running = start(lambda observer: _connect(kubeconfig, observer), port, bind_address, options, int(watch_timeout))
     except PortUnavailable as exc:
         raise BadInput(str(exc)) from None
-    install_signals(running.stop.set, lambda: None)
     log.info("started", reason="start", port=running.http.port, policy=policy)
-    running.stop.wait()
+    run_until_signalled(running.stop.wait, running.stop.set, lambda: None)
     log.info("stopped", reason="sigterm")
 
 

@@ -15,12 +15,15 @@ import structlog
 from labeller.configwatch import ConfigMetrics, follow_own_node
 from labeller.node import open_node
 from labeller.options import BadInput, discovery_options, own_node_options
-from labeller.runtime import PortUnavailable, install_signals, start_http_server
 from labeller.params import Duration
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.cdi import DEFAULT_SPEC_DIR
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.prober import Prober
+from labeller.process.configsource import ConfigSource
+from labeller.process.loop import LoopOptions, ProcessLoop
+from labeller.process.serve import Endpoints, serve
+from labeller.runtime import PortUnavailable
 
 if TYPE_CHECKING:
     from labeller.plugin.memory import PodApi
@@ -84,12 +87,10 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     if "/" in kubelet_socket:
         raise click.BadParameter("a file name in --socket-dir, not a path", param_hint="--kubelet-socket")
-    terminate = threading.Event()
-    reload = threading.Event()
+    stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
     metrics = PluginMetrics()
     follower, selection = follow_own_node(config_path, config_dir, config_name, config_label, node_name, kubeconfig,
-                                          ConfigMetrics(metrics.registry, "gpu_labeller_plugin"), terminate)
-    install_signals(terminate.set, reload.set)
+                                          ConfigMetrics(metrics.registry, "gpu_labeller_plugin"), stop)
     plugin = DevicePlugin(PluginSettings(socket_dir=socket_dir, kubelet_socket=kubelet_socket,
                                          recovery_seconds=health_recovery_seconds, cdi_spec_dir=cdi_spec_dir,
                                          node_name=node_name or "", pod_api=pod_api(kubeconfig)), metrics)
@@ -97,21 +98,19 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
         if node.config.sharing.memory is not None and not node_name:
             raise BadInput("sharing.memory: the plugin reads the pods bound to this Node to serve aliyun.com/gpu-mem; "
                            "give --node-name NAME or set NODE_NAME")
-        try:
-            http = start_http_server(metrics_port, metrics_bind, ready=lambda: plugin.ready,
-                                     healthy=lambda: plugin.healthy(STALL_SECONDS), registry=metrics.registry)
-        except PortUnavailable as exc:
-            raise BadInput(str(exc)) from None
-        log.info("metrics server listening", port=http.port)
+        if follower is not None:
+            follower.apply(node)
+        loop = ProcessLoop(Prober(node, plugin), LoopOptions(), config=ConfigSource(node, config_path, follower),
+                           inputs=node.offer_inputs)
+        endpoints = Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: plugin.ready,
+                              healthy=lambda: plugin.healthy(STALL_SECONDS))
         try:
             with plugin:
-                prober = Prober(node, plugin, config_path, follower=follower)
-                if follower is not None:
-                    follower.apply(node)
-                    follower.poll(terminate)
-                code = prober.run(terminate, reload)
+                code = serve(loop, endpoints, "metrics server listening")
+        except PortUnavailable as exc:
+            raise BadInput(str(exc)) from None
         finally:
-            http.close()
+            stop.set()
     if code:
         sys.exit(code)
     log.info("device plugin stopped")

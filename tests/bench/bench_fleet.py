@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.daemon.loop import Daemon, Options
+from labeller.daemon.service import Daemon, Options
+from labeller.process.loop import ProcessLoop
 from labeller.daemon.reconcile import ProbeResult, owned
 from labeller.daemon.sinks import NodeSink
 from labeller.kube import Kube
@@ -38,13 +39,13 @@ def probe() -> ProbeResult:
     return ProbeResult(owned(LABELS))
 
 
-def start_fleet(api: FakeApiServer, kubeconfig: Path, nodes: int, jitter: float, interval: float) -> list[Daemon]:
+def start_fleet(api: FakeApiServer, kubeconfig: Path, nodes: int, jitter: float, interval: float) -> list[ProcessLoop]:
     daemons = []
     for i in range(nodes):
         name = f"node-{i:04d}"
         kube = Kube(str(kubeconfig), pool_size=1)
-        daemon = Daemon(name, probe, NodeSink(kube, name, watch=True), Metrics(),
-                        Options(interval_s=interval, start_jitter_s=jitter))
+        options = Options(interval_s=interval, start_jitter_s=jitter)
+        daemon = ProcessLoop(Daemon(name, probe, NodeSink(kube, name, watch=True), Metrics(), options), options.loop())
         threading.Thread(target=daemon.run, daemon=True).start()
         daemons.append(daemon)
     return daemons

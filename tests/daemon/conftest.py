@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from labeller.daemon.loop import Daemon, Options
+from labeller.daemon.service import Daemon, Options
+from labeller.process.loop import ProcessLoop
 from labeller.daemon.reconcile import owned, FightGuard, ProbeResult
 from labeller.daemon.sinks import EventSink, NodeSink, Sink
 from labeller.kube import Kube
@@ -53,15 +54,17 @@ class Running:
             made = EventSink(made, self.kube, node, "default")
         options.setdefault("interval_s", 0.2)
         options.setdefault("start_jitter_s", 0.0)
-        self.daemon = Daemon(node, probe, made, self.metrics, Options(**options), fights=fights, inputs=inputs)
-        self.thread = threading.Thread(target=self.daemon.run, daemon=True)
+        daemon_options = Options(**options)
+        self.daemon = Daemon(node, probe, made, self.metrics, daemon_options, fights=fights)
+        self.loop = ProcessLoop(self.daemon, daemon_options.loop(), inputs=inputs)
+        self.thread = threading.Thread(target=self.loop.run, daemon=True)
 
     def start(self) -> Running:
         self.thread.start()
         return self
 
     def stop(self) -> None:
-        self.daemon.stop()
+        self.loop.stop()
         self.thread.join(timeout=3)
         assert not self.thread.is_alive()
 

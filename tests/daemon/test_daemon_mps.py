@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labeller.daemon.cli import offer_inputs, probe_labels
+from labeller.daemon.cli import probe_labels
 from labeller.node import open_node
 from tests.builders import offer_of, wait_for
 from tests.daemon.conftest import NODE, Running
@@ -34,7 +34,7 @@ def test_labels_follow_the_readiness_file_within_a_second(api: FakeApiServer, st
                                   "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}))
     api.create_node(NODE)
     with open_node(Path("/"), "l40s-x4-mps", config) as node:
-        start(lambda: probe_labels(node), inputs=lambda: offer_inputs(node), interval_s=600)
+        start(lambda: probe_labels(node), inputs=node.offer_inputs, interval_s=600)
 
         def labels() -> dict[str, str]:
             return api.labels(NODE)

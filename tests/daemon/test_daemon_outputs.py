@@ -104,7 +104,7 @@ def get(url: str) -> tuple[int, str]:
 
 def test_health_ready_and_metrics_endpoints(api: FakeApiServer, start: Start) -> None:
     daemon = start()
-    server = start_http_server(0, "127.0.0.1", ready=lambda: daemon.daemon.ready, healthy=daemon.daemon.healthy,
+    server = start_http_server(0, "127.0.0.1", ready=lambda: daemon.daemon.ready, healthy=daemon.loop.healthy,
                                registry=daemon.metrics.registry)
     base = f"http://127.0.0.1:{server.port}"
     try:

@@ -180,7 +180,7 @@ def test_watch_resumes_after_410_and_dropped_streams(api: FakeApiServer, start: 
 
 
 def test_once_reports_a_failed_probe_as_a_failure(api: FakeApiServer, kubeconfig: Path) -> None:
-    from labeller.daemon.loop import Daemon
+    from labeller.daemon.service import Daemon
     from labeller.daemon.sinks import NodeSink
     from labeller.daemon.cli import _run_once
     from labeller.kube import Kube

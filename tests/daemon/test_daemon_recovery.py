@@ -46,7 +46,7 @@ def test_an_untrusted_probe_keeps_every_label_is_not_ready_and_is_retried(api: F
         since, calls = time.monotonic(), probe.calls
         with structlog.testing.capture_logs() as logs:
             probe.error = ProbeError("/nonexistent/sys/bus/pci/devices does not exist: is the host's /sys mounted?")
-            daemon.daemon.request_reload()  # probe now, as SIGHUP does
+            daemon.loop.request_reload()  # probe now, as SIGHUP does
             wait_for(lambda: probe.calls >= calls + 3, timeout=10)  # retried within seconds, not after 60 s
             assert readyz(server.port) == 503
         assert ours(api) == GPU_LABELS and api.log.writes(since) == []

@@ -17,6 +17,8 @@ from labeller.node import Node, open_node
 from labeller.inventory import Inventory
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.prober import Prober
+from labeller.process.configsource import ConfigSource
+from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.runtime import Backoff
 from tests.builders import offer_of
 from tests.fakes.kubelet import FakeKubelet
@@ -67,8 +69,17 @@ def running_plugin(sock_dir: Path, profile: str, config: dict[str, Any] | None =
 class Probing:
     plugin: DevicePlugin
     node: Node
-    reload: threading.Event  # set it for what SIGHUP does
+    loop: ProcessLoop
     exit_code: list[int]
+
+    def sighup(self) -> None:
+        """What SIGHUP does."""
+        self.loop.request_reload()
+
+    @property
+    def sighup_pending(self) -> bool:
+        """The loop has not taken the last SIGHUP yet."""
+        return self.loop.reload_pending
 
 
 @contextmanager
@@ -78,13 +89,14 @@ def probing_plugin(sock_dir: Path, node: Node, config_path: Path | None = None, 
     """The plugin as ``gpu-labeller device-plugin`` runs it: the prober loop on a thread, feeding the supervisor."""
     settings = PluginSettings(sock_dir, recovery_seconds=recovery_seconds, health_poll_seconds=0.05, tick_seconds=0.05,
                               health_env={}, cdi_spec_dir=cdi_spec_dir)
-    stop, reload, exit_code = threading.Event(), threading.Event(), []
+    exit_code: list[int] = []
     with DevicePlugin(settings) as plugin:
-        prober = Prober(node, plugin, config_path, backoff or Backoff(0.05, 0.2))
-        thread = threading.Thread(target=lambda: exit_code.append(prober.run(stop, reload)), daemon=True)
+        loop = ProcessLoop(Prober(node, plugin), LoopOptions(), retry=backoff or Backoff(0.05, 0.2),
+                           config=ConfigSource(node, config_path), inputs=node.offer_inputs)
+        thread = threading.Thread(target=lambda: exit_code.append(loop.run()), daemon=True)
         thread.start()
         try:
-            yield Probing(plugin, node, reload, exit_code)
+            yield Probing(plugin, node, loop, exit_code)
         finally:
-            stop.set()
-            thread.join(5)
+            loop.stop()
+            thread.join(30)

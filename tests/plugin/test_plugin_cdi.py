@@ -183,10 +183,10 @@ def test_stale_specs_of_ours_are_removed_and_nobody_elses(sock_dir: Path, kubele
         assert kubelet.wait_for(lambda: (spec_dir / "gpu-labeller-amd.json").exists()
                                 and (spec_dir / "gpu-labeller-nvidia.json").exists())
         write_yaml(profile, l40s_node(1))  # the AMD GPU is gone: its spec goes
-        run.reload.set()
+        run.sighup()
         assert kubelet.wait_for(lambda: not (spec_dir / "gpu-labeller-amd.json").exists())
         write_yaml(config_file, {"version": "v1"})  # envvar again: no CDI names, no spec
-        run.reload.set()
+        run.sighup()
         assert kubelet.wait_for(lambda: not (spec_dir / "gpu-labeller-nvidia.json").exists())
         assert sorted(p.name for p in spec_dir.iterdir()) == ["gpu-labeller-notes.json", "nvidia.yaml"]
 

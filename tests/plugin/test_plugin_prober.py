@@ -88,7 +88,7 @@ def test_waits_for_the_kfd_topology_then_serves(sock_dir: Path, kubelet: FakeKub
             hidden.rename(topology)
             assert kubelet.wait_for(lambda: kubelet.allocatable(AMD) == 2)
             assert kubelet.wait_for(lambda: run.plugin.ready)
-            assert not run.reload.is_set() and any(e["event"] == "driver ready; serving" for e in logs)
+            assert not run.sighup_pending and any(e["event"] == "driver ready; serving" for e in logs)
 
 
 def test_a_probe_that_fails_as_a_whole_serves_nothing_then_changes_nothing(
@@ -100,7 +100,7 @@ def test_a_probe_that_fails_as_a_whole_serves_nothing_then_changes_nothing(
             assert [e["detail"] for e in _waits(logs)] == ["/sys/bus/pci/devices is empty: is the host's /sys mounted?"] * 2
             since = time.monotonic()
             node.failures = 1
-            run.reload.set()  # the SIGHUP's probe fails: keep serving, probe again later
+            run.sighup()  # the SIGHUP's probe fails: keep serving, probe again later
             assert kubelet.wait_for(lambda: len(_waits(logs)) == 3)
             assert kubelet.wait_for(lambda: sum(e["event"] == "driver ready; serving" for e in logs) == 2)
             assert kubelet.seen(GPU, since) == [] and kubelet.registration_count(GPU) == 1
@@ -114,7 +114,7 @@ def test_a_vendor_that_stops_answering_keeps_its_devices(sock_dir: Path, kubelet
             structlog.testing.capture_logs() as logs, probing_plugin(sock_dir, node) as run:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2 and kubelet.allocatable(AMD) == 2)
         write_yaml(profile, l40s_node(2, amd_gpus=2, nvml_error="driver_not_loaded"))  # a driver upgrade
-        run.reload.set()
+        run.sighup()
         assert kubelet.wait_for(lambda: _waits(logs) != [])
         assert "NVIDIA driver not loaded" in _waits(logs)[0]["detail"]
         applied = run.plugin.applied

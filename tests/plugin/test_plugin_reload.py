@@ -38,7 +38,7 @@ def test_more_replicas_under_the_same_name_reach_the_open_stream(sock_dir: Path,
     with two_gpus_two_replicas(sock_dir, kubelet, tmp_path) as (run, _, config):
         endpoint, since = kubelet.endpoint(GPU), time.monotonic()
         write_yaml(config, time_slicing(4))
-        run.reload.set()
+        run.sighup()
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
         assert kubelet.registration_count(GPU) == 1 and kubelet.endpoint(GPU) is endpoint
         assert [(o.event, o.allocatable) for o in kubelet.seen(GPU, since)] == [("devices", 8)]
@@ -55,7 +55,7 @@ def test_a_gpu_appearing_joins_the_open_stream(sock_dir: Path, kubelet: FakeKube
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 1)
         since = time.monotonic()
         write_yaml(profile, l40s_node(2))  # the profile file is read again at the next probe
-        run.reload.set()
+        run.sighup()
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2)
         assert kubelet.registration_count(GPU) == 1
         assert all(o.event == "devices" and o.allocatable > 0 for o in kubelet.seen(GPU, since))
@@ -66,7 +66,7 @@ def test_a_renamed_resource_registers_anew_and_the_old_stream_ends(sock_dir: Pat
     with two_gpus_two_replicas(sock_dir, kubelet, tmp_path) as (run, _, config):
         since = time.monotonic()
         write_yaml(config, time_slicing(2, rename=True))
-        run.reload.set()
+        run.sighup()
         assert kubelet.wait_for(lambda: kubelet.allocatable(SHARED) == 4)
         assert kubelet.registration_count(SHARED) == 1 and kubelet.registration_count(GPU) == 1
         assert kubelet.wait_for(lambda: [o.event for o in kubelet.seen(GPU, since)] == ["stream-ended"])
@@ -81,7 +81,7 @@ def test_an_unhealthy_gpu_stays_unhealthy_across_a_reload(sock_dir: Path, kubele
         run.node.handles["nvidia"].inject_xid(sick, 79)
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2)
         write_yaml(config, time_slicing(4))
-        run.reload.set()
+        run.sighup()
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8)
         health = kubelet.devices(GPU)
         assert {h for i, h in health.items() if i.startswith(sick)} == {"Unhealthy"}
@@ -94,7 +94,7 @@ def test_a_config_that_fails_to_load_keeps_the_served_devices(sock_dir: Path, ku
         since = time.monotonic()
         write_yaml(profile, l40s_node(3))  # a probe would show a third GPU
         config.write_text("version: v1\nsharing: {timeSlicing: {replicas: 3}}\n")
-        run.reload.set()
-        assert kubelet.wait_for(lambda: not run.reload.is_set())  # the prober took the SIGHUP
+        run.sighup()
+        assert kubelet.wait_for(lambda: not run.sighup_pending)  # the prober took the SIGHUP
         time.sleep(0.3)  # nothing to await: the check is that nothing happens
         assert kubelet.seen(GPU, since) == [] and kubelet.allocatable(GPU) == 4

@@ -1,14 +1,16 @@
 """The labelling daemon: keep the owned labels of one Node equal to what the hardware says.
 
-``Daemon`` runs the loop: probe on an interval (and on SIGHUP), compare with the live labels that a
-``Sink`` reports, write through the sink only when they differ. The decisions it takes are pure
-functions in ``labeller.daemon.reconcile``; the I/O is in ``labeller.daemon.sinks``, whose errors are
-the only ones it handles: the loop never sees the Kubernetes client.
+``Daemon`` is the ``run`` command's service on the process loop (``labeller.process.loop``), which
+probes on an interval and on SIGHUP: it compares the probe's labels with the live labels that a
+``Sink`` reports and writes through the sink only when they differ, and again whenever the sink
+says the live labels changed (``kick``). The decisions it takes are pure functions in
+``labeller.daemon.reconcile``; the I/O is in ``labeller.daemon.sinks``, whose errors are the only
+ones it handles: the daemon never sees the Kubernetes client.
 """
 
 from __future__ import annotations
 
-import random
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from labeller.daemon.reconcile import Change, FightGuard, Labels, Live, Owned, P
 from labeller.daemon.sinks import NodeMissing, NotOurs, PermissionDenied, PermissionLog, Sink, SinkError, Unavailable
 from labeller.inventory import ProbeError
 from labeller.runtime import Backoff
+from labeller.process.loop import LoopOptions
 
 if TYPE_CHECKING:
     from labeller.daemon.metrics import Metrics
@@ -28,7 +31,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gpu_labeller.daemon")
 
 SUCCESS = ("unchanged", "applied", "dry-run")
-INPUTS_POLL_S = 1.0
 
 
 @dataclass
@@ -37,34 +39,33 @@ class Options:
     start_jitter_s: float = 2.0
     dry_run: bool = False
 
+    def loop(self) -> LoopOptions:
+        """The process loop's options: probe every interval; a loop stalled for three intervals (at
+        least five minutes: a probe may be slow) is not healthy."""
+        return LoopOptions(interval_s=self.interval_s, start_jitter_s=self.start_jitter_s,
+                           stall_s=max(3 * self.interval_s, 300.0))
+
 
 class Daemon:
-    """One node's reconcile loop. ``run()`` until ``stop()``; ``reconcile_once()`` for ``--once``."""
+    """One node's labels: a ``Service`` of the process loop; ``probe()`` and ``reconcile_once()`` for ``--once``."""
 
     def __init__(self, node: str, probe: Callable[[], ProbeResult], sink: Sink, metrics: Metrics,
-                 options: Options | None = None, reload: Callable[[], object] | None = None,
-                 fights: FightGuard | None = None, inputs: Callable[[], object] | None = None) -> None:
+                 options: Options | None = None, fights: FightGuard | None = None) -> None:
         self.node, self.probe_fn, self.sink, self.metrics = node, probe, sink, metrics
-        # What the labels read besides the hardware (the MPS readiness file): probe again when it changes.
-        self.inputs_fn = inputs
-        self._inputs: object = inputs() if inputs is not None else None
         self.options = options or Options()
-        self.reload_fn = reload
         self.log = log.bind(node=node)
-        self.wake, self.stopped = threading.Event(), threading.Event()
+        self._wake: Callable[[], None] = lambda: None
         self.desired = Owned({})
         self.probe_ok = False
         self.probe_error: str | None = None
         self.last_good: Owned | None = None
         self.last_applied: Labels | None = None
         self.ready = False
-        self.heartbeat = time.monotonic()
         # Failed API calls: retried at most 1 s apart for the first minute, then up to 30 s apart.
         self.backoff = Backoff(base_s=0.2, cap_s=30.0, quick_cap_s=1.0, quick_for_s=60.0)
-        self.probe_backoff = Backoff(base_s=1.0, cap_s=max(1.0, self.options.interval_s))
         self.fights = fights or FightGuard()
         self.permissions = PermissionLog()
-        self._reload_requested: str | None = None  # why: "sighup", "config-changed"
+        self._probed = False  # a probe since the last reconcile
         self._not_before = 0.0
         self._api_failing = False
         self._kicks = self._kicks_seen = 0
@@ -73,26 +74,38 @@ class Daemon:
         self._reported_not_ours: str | None = None
         self._last_dry_run: Change | None = None
 
-    # -- control, safe from signal handlers and other threads
-    def stop(self) -> None:
-        self.stopped.set()
-        self.wake.set()
-
-    def request_reload(self, reason: str = "sighup") -> None:
-        """Re-read the config (``reload``), probe again and reconcile, at once."""
-        self._reload_requested = reason
-        self.wake.set()
+    # -- the service
+    def begin(self, wake: Callable[[], None], stop: threading.Event) -> None:
+        self._wake = wake
+        # after the loop's start jitter: a restarting fleet must not list-and-watch at once
+        self.sink.start(self.kick, stop, self.permissions)
 
     def kick(self) -> None:
-        """The live labels changed (or the API answers again): reconcile now, whatever the backoff says."""
+        """The live labels changed (or the API answers again): reconcile now, whatever the backoff says.
+        Safe from any thread."""
         self._kicks += 1
-        self.wake.set()
+        self._wake()
 
-    def healthy(self) -> bool:
-        return time.monotonic() - self.heartbeat < max(3 * self.options.interval_s, 300.0)
+    def work(self, now: float) -> float:
+        """Reconcile when a probe, a kick or the end of a backoff asks for it; when to look again."""
+        kicks = self._kicks
+        due = self._probed or kicks != self._kicks_seen or (self._not_before > 0 and now >= self._not_before)
+        self._kicks_seen, self._probed = kicks, False
+        if due:
+            self._after(self.reconcile_once(), now)
+        return self._not_before if self._not_before > now else math.inf
+
+    def retrying(self, reason: str, attempt: int, delay_s: float) -> None:
+        return None  # _report_probe said it once; the retries are quiet
+
+    def recovered(self, attempts: int, waited_s: float) -> None:
+        return None  # _report_probe says "probe works again"
 
     # -- probing
-    def probe(self) -> None:
+    def probe(self) -> str | None:
+        """Probe and derive the desired labels; the error when the probe failed as a whole (a
+        partial probe is not one: it keeps the last good labels)."""
+        self._probed = True
         start = time.monotonic()
         try:
             result = self.probe_fn()
@@ -107,6 +120,7 @@ class Daemon:
         if result.ok:
             self.last_good = Owned(dict(self.desired))
         self._report_probe(result)
+        return result.error
 
     def _report_probe(self, result: ProbeResult) -> None:
         """A failed probe: one error line (again only if the error changes), not ready until one works."""
@@ -123,13 +137,6 @@ class Daemon:
         if result.partial:
             self.log.warning("probe incomplete, keeping the last good labels", reason="partial-probe",
                              kept=len(self.desired))
-
-    def _next_probe_in(self) -> float:
-        """The interval; sooner (1 s, doubling) after a failed probe."""
-        if self.probe_error is None:
-            self.probe_backoff.reset()
-            return self.options.interval_s
-        return min(self.options.interval_s, self.probe_backoff.next())
 
     # -- reconciling
     def reconcile_once(self) -> str:
@@ -237,57 +244,8 @@ class Daemon:
             self._reported_not_ours = message
             self.log.error(message, reason="not-ours", output=self.sink.name)
 
-    # -- the loop
-    def run(self) -> None:
-        if self.options.start_jitter_s > 0 and self.stopped.wait(random.uniform(0, self.options.start_jitter_s)):
-            return
-        # after the jitter: a restarting fleet must not list-and-watch at once
-        self.sink.start(self.kick, self.stopped, self.permissions)
-        next_probe = time.monotonic()
-        while not self.stopped.is_set():
-            self.wake.clear()
-            now = self.heartbeat = time.monotonic()
-            kicks = self._kicks
-            # a wake for nothing but a look at the inputs is not due
-            due = kicks != self._kicks_seen or (self._not_before > 0 and now >= self._not_before)
-            self._kicks_seen = kicks
-            if self._reload_requested:
-                self._reload()
-                next_probe = now
-            if self._inputs_changed():
-                next_probe = now
-            if now >= next_probe:
-                self.probe()
-                next_probe = now + self._next_probe_in()
-                due = True
-            if due:
-                self._after(self.reconcile_once(), now)
-            wake_at = min(next_probe, self._not_before) if self._not_before > now else next_probe
-            if self._inputs is not None:  # only while the config makes the labels read such inputs
-                wake_at = min(wake_at, now + INPUTS_POLL_S)
-            self.wake.wait(max(0.0, wake_at - time.monotonic()))
-
-    def _inputs_changed(self) -> bool:
-        if self.inputs_fn is None:
-            return False
-        try:
-            inputs = self.inputs_fn()
-        except Exception:  # noqa: BLE001 - a failing look is no change; the probe reports the real problem
-            return False
-        changed, self._inputs = inputs != self._inputs, inputs
-        return changed
-
     def _after(self, outcome: str, now: float) -> None:
         if outcome in ("failed", "node-missing"):
             self._not_before = now + self.backoff.next(now)
         elif outcome != "held":  # a hold set its own time
             self._not_before = 0.0
-
-    def _reload(self) -> None:
-        reason, self._reload_requested = self._reload_requested, None
-        self.log.info("reloading config and re-probing", reason=reason)
-        if self.reload_fn is not None:
-            try:
-                self.reload_fn()
-            except Exception as exc:  # noqa: BLE001 - a bad config file keeps the old config
-                self.log.error("config reload failed, keeping the old config", reason="bad-config", error=str(exc))
