@@ -20,6 +20,7 @@ from labeller.plugin.prober import Prober
 from labeller.runtime import Backoff
 from tests.builders import offer_of
 from tests.fakes.kubelet import FakeKubelet
+from vendors import RESOURCE_NAMES
 
 
 @pytest.fixture
@@ -47,7 +48,8 @@ class Running:
 @contextmanager
 def simulated(profile: str, config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, dict[str, Any]]]:
     with open_node(Path("/"), profile, None) as node:
-        yield node.probe(), parse_config(config) if config is not None else node.config, node.host_root, node.handles
+        parsed = parse_config(config, RESOURCE_NAMES) if config is not None else node.config
+        yield node.probe(), parsed, node.host_root, node.handles
 
 
 @contextmanager
