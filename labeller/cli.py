@@ -233,7 +233,7 @@ def probe(host_root: Path, simulate: str | None, config_path: Path | None, confi
 
 def offer_document(offer: Offer, node: Node) -> dict[str, Any]:
     """The offer as ``resources --format json`` prints it."""
-    health = {vendor.name: vendor.health_source for vendor in node.vendors}
+    health = {vendor.name: vendor.devices.health_source for vendor in node.vendors}
     return {
         "resources": [{
             "name": r.name, "base": r.base, "vendor": r.vendor, "socket": r.socket_name,

@@ -34,6 +34,23 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class ResourceNames:
+    """What parsing must know of the registered vendors' resource names: the vendors' facts
+    (``labeller.vendor.resource_names``), handed in by the commands as ``vendors.RESOURCE_NAMES``."""
+
+    default_domain: str  # a short name in the sharing config: "gpu" is "<default_domain>/gpu"
+    own: tuple[re.Pattern[str], ...]  # names a vendor registers itself: a rename must not take one
+    mps_shareable: tuple[re.Pattern[str], ...]  # the resource names MPS can share
+    mps_shares: str  # the same, for people: "whole NVIDIA GPUs (nvidia.com/gpu)"
+
+    def advertised_by_a_vendor(self, name: str) -> bool:
+        return any(pattern.fullmatch(name) for pattern in self.own)
+
+    def mps_can_share(self, name: str) -> bool:
+        return any(pattern.fullmatch(name) for pattern in self.mps_shareable)
+
+
+@dataclass(frozen=True)
 class DeviceSelector:
     """Which devices of a resource a sharing entry replicates (``devices:``): all of them, the first
     ``count`` in the resource's order, or the ones ``refs`` names (GPU index "0", MIG index "0:1",
@@ -220,10 +237,10 @@ def _check(value: Any, spec: Spec, path: str) -> None:
             raise ConfigError(f"{path}: must be a string, got {value!r}")
 
 
-def _qualified(name: str, path: str) -> str:
+def _qualified(name: str, path: str, names: ResourceNames) -> str:
     if not name:
         raise ConfigError(f"{path}: must not be empty")
-    full = name if "/" in name else f"nvidia.com/{name}"
+    full = name if "/" in name else f"{names.default_domain}/{name}"
     if len(full) > MAX_RESOURCE_NAME_LENGTH:
         raise ConfigError(f"{path}: resource name {full!r} is longer than {MAX_RESOURCE_NAME_LENGTH} characters")
     if full.count("/") != 1:
@@ -236,8 +253,6 @@ _INDEX = re.compile(r"\d+")
 _MIG_INDEX = re.compile(r"\d+:\d+")
 _UUID = re.compile(r"(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/-]*")
 _PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
-# Names a vendor advertises itself: a rename to one of them would register one resource twice.
-_VENDOR_NAMES = re.compile(r"nvidia\.com/(gpu|mig-(\d+c\.)?\d+g\.\d+gb(\.[a-z]+)*)|amd\.com/(gpu|[a-z]px_nps\d+)")
 
 
 def _device_ref(value: Any, path: str) -> str:
@@ -264,20 +279,20 @@ def _device_selector(value: Any, path: str) -> DeviceSelector:
     raise ConfigError(f"{path}: must be 'all', a positive count, or a list of GPU indices or UUIDs, got {value!r}")
 
 
-def _rename(value: Any, name: str, path: str) -> str:
+def _rename(value: Any, name: str, path: str, names: ResourceNames) -> str:
     """``rename``, qualified with the domain of ``name`` when it has none."""
     if not isinstance(value, str):
         raise ConfigError(f"{path}: must be a string, got {value!r}")
     full = value if "/" in value else f"{name.partition('/')[0]}/{value}"
-    full = _qualified(full, path)
+    full = _qualified(full, path, names)
     if full == name:
         raise ConfigError(f"{path}: {full} is the resource's own name; leave rename out instead")
-    if _VENDOR_NAMES.fullmatch(full):
+    if names.advertised_by_a_vendor(full):
         raise ConfigError(f"{path}: {full} is a name the plugin advertises itself; choose another")
     return full
 
 
-def _shared_entry(entry: Any, where: str, rename_by_default: bool) -> SharedResource:
+def _shared_entry(entry: Any, where: str, rename_by_default: bool, names: ResourceNames) -> SharedResource:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: must be a mapping with name and replicas")
     unknown = set(entry) - {"name", "replicas", "rename", "devices"}
@@ -291,8 +306,8 @@ def _shared_entry(entry: Any, where: str, rename_by_default: bool) -> SharedReso
         raise ConfigError(f"{where}.replicas: required integer, got {replicas!r}")
     if replicas < 2:
         raise ConfigError(f"{where}.replicas: must be at least 2, got {replicas}")
-    qualified = _qualified(name, f"{where}.name")
-    rename = _rename(entry["rename"], qualified, f"{where}.rename") if "rename" in entry else None
+    qualified = _qualified(name, f"{where}.name", names)
+    rename = _rename(entry["rename"], qualified, f"{where}.rename", names) if "rename" in entry else None
     devices = _device_selector(entry.get("devices", "all"), f"{where}.devices")
     if not devices.all and rename is None and not rename_by_default:
         # One resource holding whole GPUs and replicas: a pod asking for one gets either, and no
@@ -302,35 +317,35 @@ def _shared_entry(entry: Any, where: str, rename_by_default: bool) -> SharedReso
     return SharedResource(qualified, replicas, rename, devices, where)
 
 
-def _shared_resources(block: Mapping[str, Any], path: str) -> tuple[SharedResource, ...]:
+def _shared_resources(block: Mapping[str, Any], path: str, names: ResourceNames) -> tuple[SharedResource, ...]:
     resources = block.get("resources")
     if not isinstance(resources, list) or not resources:
         raise ConfigError(f"{path}.resources: must be a non-empty list")
     rename_by_default = bool(block.get("renameByDefault", False))
     out: list[SharedResource] = []
-    names: set[str] = set()  # every name registered so far: the resources' own and the replicas'
+    registered: set[str] = set()  # every name registered so far: the resources' own and the replicas'
     for i, entry in enumerate(resources):
         where = f"{path}.resources[{i}]"
-        shared = _shared_entry(entry, where, rename_by_default)
+        shared = _shared_entry(entry, where, rename_by_default, names)
         if shared.name in {r.name for r in out}:
             raise ConfigError(f"{where}.name: {shared.name} is listed twice")
         advertised = shared.rename or (f"{shared.name}.shared" if rename_by_default else shared.name)
-        if advertised != shared.name and advertised in names | {r.name for r in out}:
+        if advertised != shared.name and advertised in registered | {r.name for r in out}:
             raise ConfigError(f"{where}.rename: {advertised} is already the name of another resource")
-        names |= {shared.name, advertised}
+        registered |= {shared.name, advertised}
         out.append(shared)
     return tuple(out)
 
 
-def _mps_resources(resources: tuple[SharedResource, ...], mig_strategy: str) -> None:
+def _mps_resources(resources: tuple[SharedResource, ...], mig_strategy: str, names: ResourceNames) -> None:
     """What NVIDIA's plugin refuses for MPS, checked where the config alone decides it."""
     if mig_strategy == "mixed":
         raise ConfigError("sharing.mps: MPS cannot be combined with flags.migStrategy: mixed (NVIDIA's plugin "
                           "refuses it too); use migStrategy none, or sharing.timeSlicing")
     for shared in resources:
-        if not shared.name.startswith("nvidia.com/") or shared.name.startswith("nvidia.com/mig-"):
+        if not names.mps_can_share(shared.name):
             raise ConfigError(f"{shared.where}.name: {shared.name} cannot be shared by MPS: MPS shares "
-                              "whole NVIDIA GPUs (nvidia.com/gpu)")
+                              f"{names.mps_shares}")
         if shared.replicas > MPS_MAX_CLIENTS:
             raise ConfigError(f"{shared.where}.replicas: {shared.replicas} is more than the {MPS_MAX_CLIENTS} "
                               "clients an MPS server accepts")
@@ -348,7 +363,7 @@ def _memory_sharing(raw: Mapping[str, Any], mig_strategy: str) -> Sharing:
     return Sharing(strategy="memory", memory=MemorySharing(unit=raw["memory"].get("unit", "GiB")))
 
 
-def _sharing(raw: Mapping[str, Any], mig_strategy: str) -> Sharing:
+def _sharing(raw: Mapping[str, Any], mig_strategy: str, names: ResourceNames) -> Sharing:
     if "memory" in raw:
         return _memory_sharing(raw, mig_strategy)
     mps, time_slicing = raw.get("mps"), raw.get("timeSlicing")
@@ -360,9 +375,9 @@ def _sharing(raw: Mapping[str, Any], mig_strategy: str) -> Sharing:
                              else (time_slicing, "sharing.timeSlicing", "time-slicing"))
     if block is None:
         return Sharing()
-    resources = _shared_resources(block, path)
+    resources = _shared_resources(block, path, names)
     if strategy == "mps":
-        _mps_resources(resources, mig_strategy)
+        _mps_resources(resources, mig_strategy, names)
     # NVIDIA's plugin defaults failRequestsGreaterThanOne to true under MPS: a container's MPS
     # client gets one share of one GPU.
     fail_greater = block.get("failRequestsGreaterThanOne", strategy == "mps")
@@ -413,10 +428,11 @@ def _label_groups(raw: Mapping[str, Any]) -> LabelGroups:
     )
 
 
-def parse_config(raw: Any) -> Config:
+def parse_config(raw: Any, names: ResourceNames) -> Config:
     """Build a Config from the parsed settings; raise ConfigError naming the first bad key.
 
-    ``raw`` may be a fragment (no ``version``): parse_document checks a whole document."""
+    ``raw`` may be a fragment (no ``version``): parse_document checks a whole document. ``names``:
+    the registered vendors' resource names (``vendors.RESOURCE_NAMES``)."""
     if raw is None:
         return Config()
     _check(raw, _TOP_SPEC, "")
@@ -424,24 +440,24 @@ def parse_config(raw: Any) -> Config:
     mig_strategy = flags.get("migStrategy", "none")
     return Config(
         mig_strategy=mig_strategy,
-        sharing=_sharing(raw.get("sharing", {}), mig_strategy),
+        sharing=_sharing(raw.get("sharing", {}), mig_strategy, names),
         plugin=_plugin_flags(flags),
         labels=_label_groups(raw.get("labeller", {})),
         amd_resource_naming=raw.get("labeller", {}).get("amd", {}).get("resourceNamingStrategy", "single"),
     )
 
 
-def parse_document(raw: Any) -> Config:
+def parse_document(raw: Any, names: ResourceNames) -> Config:
     """A whole config document (a file, a profile's ``config`` section): ``version: v1`` is required."""
     if not isinstance(raw, Mapping):
         got = "an empty document" if raw is None else f"a {type(raw).__name__}"
         raise ConfigError(f"must be a mapping that starts with 'version: v1', got {got}")
     if "version" not in raw:
         raise ConfigError("version: required; add 'version: v1' (the only version)")
-    return parse_config(raw)
+    return parse_config(raw, names)
 
 
-def load_config(path: Path | None) -> Config:
+def load_config(path: Path | None, names: ResourceNames) -> Config:
     """Read a config file; None gives the defaults."""
     if path is None:
         return Config()
@@ -450,6 +466,6 @@ def load_config(path: Path | None) -> Config:
     except DocumentError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        return parse_document(raw)
+        return parse_document(raw, names)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

@@ -27,11 +27,11 @@ def discover(host_root: Path, config: Config, vendors: Sequence[Vendor],
     becomes a BackendReport, so one vendor's trouble cannot hide another vendor's GPUs.
     """
     handles = handles or {}
-    pci_gpus, pci_report = pci.scan(host_root, {v.pci_vendor_id: v.pci_classes for v in vendors})
+    pci_gpus, pci_report = pci.scan(host_root, {v.discovery.pci_vendor_id: v.discovery.pci_classes for v in vendors})
     parts: list[VendorPart] = []
     reports: list[BackendReport] = [pci_report]
     for vendor in vendors:
-        part, report = vendor.probe(host_root, pci_gpus, config, handles.get(vendor.name))
+        part, report = vendor.discovery.probe(host_root, pci_gpus, config, handles.get(vendor.name))
         reports.append(report)
         if part is not None:
             parts.append(part)

@@ -50,15 +50,14 @@ class Entry:
 
 
 def presence_doc(vendor: Vendor) -> KeyDoc:
-    upstream = ("the NVIDIA GPU Operator (from NFD's feature.node.kubernetes.io/pci-10de.present)"
-                if vendor.name == "nvidia" else "none: gpu-labeller's own key (AMD's labeller has no presence label)")
-    return KeyDoc(vendor.presence_label, upstream, f"a {vendor.name} GPU is on the PCI bus or its backend describes one")
+    return KeyDoc(vendor.labelling.presence_label, vendor.labelling.presence_upstream,
+                  f"a {vendor.name} GPU is on the PCI bus or its backend describes one")
 
 
 def catalog(vendors: Sequence[Vendor]) -> list[Entry]:
     """Every key family gpu-labeller knows, ours first: literal keys before templates."""
     entries = [Entry(presence_doc(v), v) for v in vendors]
-    entries += [Entry(doc, v) for v in vendors for doc in v.key_docs]
+    entries += [Entry(doc, v) for v in vendors for doc in v.labelling.key_docs]
     entries += [Entry(doc, None) for doc in (*STATE_DOCS, *FOREIGN_DOCS)]
     return sorted(entries, key=lambda e: (e.doc.template, e.doc.writer != "gpu-labeller"))
 
@@ -134,7 +133,7 @@ def why_not(key: str, entry: Entry, label_set: LabelSet, inventory: Inventory, c
         return f"owned by {doc.writer}; gpu-labeller never writes or removes it"
     if key in label_set.dropped:
         return f"computed but dropped, Kubernetes would reject it: {label_set.dropped[key]}"
-    if vendor is not None and not vendor.labels_enabled(config):
+    if vendor is not None and not vendor.labelling.enabled(config):
         return f"the {vendor.name} label groups are off in the config (labeller.labels)"
     if doc.group and not _group_on(config, doc.group):
         return f"the label group labeller.labels.{doc.group} is off"

@@ -23,7 +23,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from labeller.config import Config, ConfigError, load_config
+from labeller.config import Config, ConfigError, ResourceNames, load_config
 from labeller.labels import Labels, LabelSet, derived, validated
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"  # set by people or the GPU Operator, read only
@@ -39,10 +39,12 @@ class NoConfig(ConfigError):
 
 class ConfigDir:
     """A directory with one config file per name: every regular file whose name does not start with a
-    dot (a ConfigMap volume's ``..data`` and timestamped directories are hidden)."""
+    dot (a ConfigMap volume's ``..data`` and timestamped directories are hidden). ``resource_names``:
+    the registered vendors' (``vendors.RESOURCE_NAMES``), for parsing the files."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, resource_names: ResourceNames) -> None:
         self.path = path
+        self.resource_names = resource_names
 
     def names(self) -> list[str]:
         try:
@@ -57,7 +59,7 @@ class ConfigDir:
         if name not in names:
             there = ", ".join(names) if names else "none"
             raise ConfigError(f"no config named {name!r} in {self.path} (there: {there})")
-        return load_config(self.path / name)
+        return load_config(self.path / name, self.resource_names)
 
     def signature(self) -> Hashable:
         """Changes whenever a config file may have: the target of a ConfigMap volume's ``..data`` link

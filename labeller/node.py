@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from labeller import offer as offers
+from labeller import sharing
 from labeller.config import Config, ConfigError, load_config, parse_document
 from labeller.discovery import discover
 from labeller.inventory import Inventory
@@ -21,7 +21,7 @@ from labeller.offer import Offer
 from labeller.options import BadInput
 from labeller.rules import node_labels
 from labeller.vendor import Vendor
-from vendors import VENDORS
+from vendors import RESOURCE_NAMES, VENDORS
 
 if TYPE_CHECKING:
     from vendors.simulate import SimulatedNode, SimulatedProfile
@@ -52,7 +52,7 @@ class Node:
 
     def offer(self, inventory: Inventory) -> Offer:
         """What the node offers (labeller.offer): what the plugin serves and the labels count."""
-        return offers.derive(inventory, self.config, self.vendors)
+        return sharing.derive(inventory, self.config, self.vendors)
 
     def labels(self, inventory: Inventory, offer: Offer) -> LabelSet:
         """The node's labels; with a named config, also its state labels (on a node that has others)."""
@@ -106,7 +106,7 @@ def _profile_config(node: SimulatedNode, where: str) -> Config:
     if node.config is None:
         return Config()
     try:
-        return parse_document(node.config)
+        return parse_document(node.config, RESOURCE_NAMES)
     except ConfigError as exc:
         raise ProfileError(f"{where}: config: {exc}") from None
 
@@ -117,7 +117,7 @@ def open_node(host_root: Path, simulate: str | None, config_path: Path | None,
     """Resolve the discovery options into a Node; bad input becomes a BadInput (exit code 2).
     ``selection``: a named config from a config directory, instead of ``config_path``."""
     try:
-        config = selection.config if selection is not None else load_config(config_path)
+        config = selection.config if selection is not None else load_config(config_path, RESOURCE_NAMES)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
     if simulate is None:
@@ -148,7 +148,7 @@ def named_configs(config_path: Path | None, config_dir: Path | None, config_name
         raise BadInput(f"give --config FILE or --config-dir DIR, not both (got {config_path} and {config_dir})")
     if not config_dir.is_dir():
         raise BadInput(f"{config_dir}: --config-dir: not a directory")
-    return Chooser(ConfigDir(config_dir), config_name)
+    return Chooser(ConfigDir(config_dir, RESOURCE_NAMES), config_name)
 
 
 def chosen(config_path: Path | None, config_dir: Path | None, config_name: str | None) -> Selection | None:

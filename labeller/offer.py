@@ -1,60 +1,18 @@
-"""What this node offers: the one derivation that the labels and the device plugin both read.
+"""What this node offers: the resources the device plugin serves and the labels count.
 
-``derive(inventory, config, vendors)`` asks each vendor for its device groups (a base resource
-name and the physical devices under it, e.g. ``nvidia.com/gpu`` with the whole GPUs, or
-``nvidia.com/mig-1g.5gb`` with those MIG devices) and applies the sharing config to each. The
-device plugin serves ``Offer.resources`` as they are; the label rules read the same objects for
-``gpu.count``, ``gpu.replicas``, ``gpu.sharing-strategy``, ``-SHARED`` and ``mig-<profile>.*``.
-Pure: no I/O.
-
-Sharing (NVIDIA's config format, applied to any vendor's resource; one case per kind below):
-- a resource listed under ``sharing.timeSlicing`` or ``sharing.mps`` with ``replicas: N`` offers
-  each selected device as ``<id>::<n>`` for n in 0..N-1, under ``rename``, ``<name>.shared`` with
-  ``renameByDefault``, or the name itself; replicas keep their physical device.
-- ``devices`` selects which devices are replicated (NVIDIA's ``updateDeviceMapWithReplicas``):
-  ``all``, the first ``count`` in the group's order (NVML index; KFD node order), or the listed
-  indices, UUIDs or PCI addresses. The rest stay whole under the plain name. A selector that does
-  not fit the node is a ``ConfigError`` naming the entry and the device.
-- MPS replicas are advertised only while the vendor says its MPS control daemon serves exactly
-  that resource (``Vendor.mps``); until then the resource is ``held`` (``waiting``), and devices
-  MPS cannot share (MIG) are held for good. Held resources are neither advertised nor labelled.
-- ``sharing.memory`` (gpushare's model) offers the whole GPUs of ``nvidia.com/gpu`` by their memory
-  instead: ``aliyun.com/gpu-mem`` with one device ``<id>::<n>`` per unit (GiB or MiB, floored) of
-  each GPU's memory, and ``aliyun.com/gpu-count`` with one device per GPU; nothing under
-  ``nvidia.com/gpu``. A GPU that cannot be shared so (MIG enabled, memory unknown or under one unit)
-  is held for good, with the reason. Which GPU a container gets is decided at bind by the scheduler
-  extender (``ALIYUN_COM_GPU_MEM_IDX``: the GPU's position in ``aliyun.com/gpu-count``).
-
-Where GFD's labels contradict what NVIDIA's plugin advertises, gpu-labeller labels what is
-advertised (README, "Deviations"). The cases, all decided by the groups NVIDIA's package returns:
-- ``migStrategy: none`` advertises MIG-enabled GPUs whole, so they are shared as configured and
-  counted; GFD labels them ``replicas=0`` and ``sharing-strategy=none``.
-- ``migStrategy: mixed``: ``gpu.count`` counts the whole GPUs advertised as ``nvidia.com/gpu``;
-  GFD counts the MIG-enabled GPUs too.
-- several NVIDIA models on one node: ``gpu.count`` counts every GPU ``nvidia.com/gpu`` advertises;
-  GFD counts only the model it names.
-- ``migStrategy: single`` on a node that is not uniformly MIG-enabled with one profile offers
-  nothing under ``nvidia.com/gpu`` (the group is withheld, and the labels say ``-MIG-INVALID``).
+Plain, immutable data and no I/O. A vendor's device groups (``labeller.vendor.devices``) name its
+physical devices under base resources; ``labeller.sharing.derive`` applies the sharing config to
+them and returns the ``Offer``. The label rules and the device plugin read the same objects.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
-from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource, SharingStrategy
-from labeller.gpushare import RESOURCE_COUNT, RESOURCE_MEM
-
-if TYPE_CHECKING:
-    from labeller.inventory import Inventory
-    from labeller.vendor import Vendor
+from labeller.config import SharingStrategy
 
 REPLICA_SEPARATOR = "::"
-# What sharing.memory shares (under gpushare's RESOURCE_MEM and RESOURCE_COUNT).
-MEMORY_SHARED_BASE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,129 +127,3 @@ class Offer:
 
 def replica_id(device_id: str, replica: int) -> str:
     return f"{device_id}{REPLICA_SEPARATOR}{replica}"
-
-
-# (a resource with MPS replicas) -> why it cannot be served by MPS now and whether that may change, or None
-MpsCheck = Callable[[Resource], "tuple[str, bool] | None"]
-
-
-def whole(base: str, vendor: str, devices: Iterable[PhysicalDevice]) -> Resource:
-    return Resource(base, base, vendor, tuple(AdvertisedDevice(p.visible_id, p) for p in devices))
-
-
-def select(group: DeviceGroup, entry: SharedResource) -> tuple[list[PhysicalDevice], list[PhysicalDevice]]:
-    """(the devices ``entry`` replicates, the rest), both in the group's order."""
-    chosen = _selected(group, entry.devices, entry.where)
-    return ([p for i, p in enumerate(group.devices) if i in chosen],
-            [p for i, p in enumerate(group.devices) if i not in chosen])
-
-
-def _selected(group: DeviceGroup, selector: DeviceSelector, where: str) -> set[int]:
-    """The positions in ``group.devices`` of the devices ``selector`` picks."""
-    if selector.all:
-        return set(range(len(group.devices)))
-    if selector.count is not None:
-        if selector.count > len(group.devices):
-            raise ConfigError(f"{where}.devices: {selector.count} devices to share, but {group.base} has "
-                              f"{len(group.devices)} on this node")
-        return set(range(selector.count))
-    by_name = {name: i for i, p in enumerate(group.devices) for name in (p.visible_id, p.health_key, *p.names)}
-    unknown = [ref for ref in selector.refs if ref not in by_name]
-    if unknown:
-        raise ConfigError(f"{where}.devices: no device {unknown[0]} in {group.base} on this node "
-                          f"({len(group.devices)} there: {', '.join(p.visible_id for p in group.devices[:4])}"
-                          f"{', ...' if len(group.devices) > 4 else ''})")
-    return {by_name[ref] for ref in selector.refs}
-
-
-def replicated(group: DeviceGroup, devices: Iterable[PhysicalDevice], config: Config) -> Resource:
-    sharing = config.sharing
-    replicas = sharing.replicas_for(group.base)
-    advertised = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in devices for n in range(replicas))
-    return Resource(sharing.advertised_name(group.base), group.base, group.vendor, advertised, replicas,
-                    sharing.strategy)
-
-
-def time_sliced(whole_part: list[Resource], shared: Resource) -> tuple[list[Resource], list[Held]]:
-    return [*whole_part, shared], []
-
-
-def mps_shared(whole_part: list[Resource], shared: Resource, check: MpsCheck) -> tuple[list[Resource], list[Held]]:
-    """MPS replicas only while the vendor's control daemon serves them; the whole part regardless."""
-    blocked = check(shared)
-    if blocked is None:
-        return [*whole_part, shared], []
-    reason, waiting = blocked
-    return whole_part, [Held(shared, reason, waiting)]
-
-
-def memory_problem(device: PhysicalDevice, memory: MemorySharing) -> str | None:
-    """Why ``device`` cannot be offered by memory, or None."""
-    if device.partition is not None or device.split:
-        return "MIG is enabled (memory sharing offers whole GPUs only)"
-    if device.memory_bytes < memory.unit_bytes:
-        return f"its memory is unknown or less than one {memory.unit}"
-    return None
-
-
-def memory_units(device: PhysicalDevice, memory: MemorySharing) -> int:
-    """How many units of ``aliyun.com/gpu-mem`` the device offers: its memory, floored."""
-    return device.memory_bytes // memory.unit_bytes
-
-
-def memory_shared(group: DeviceGroup, memory: MemorySharing) -> tuple[list[Resource], list[Held]]:
-    """``aliyun.com/gpu-mem`` and ``aliyun.com/gpu-count`` over the group's whole GPUs; the others held."""
-    problems = {p.health_key: problem for p in group.devices if (problem := memory_problem(p, memory)) is not None}
-    held = []
-    if problems:
-        unusable = [p for p in group.devices if p.health_key in problems]
-        reason = "; ".join(f"{p.visible_id}: {problems[p.health_key]}" for p in unusable)
-        held.append(Held(whole(group.base, group.vendor, unusable), f"not shared by memory: {reason}", waiting=False))
-    gpus = [p for p in group.devices if p.health_key not in problems]
-    if not gpus:
-        return [], held
-    units = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in gpus
-                  for n in range(memory_units(p, memory)))
-    per_gpu = min(memory_units(p, memory) for p in gpus)
-    return [Resource(RESOURCE_MEM, group.base, group.vendor, units, per_gpu, "memory"),
-            Resource(RESOURCE_COUNT, group.base, group.vendor, tuple(AdvertisedDevice(p.visible_id, p) for p in gpus),
-                     1, "memory")], held
-
-
-def share(group: DeviceGroup, config: Config, mps: MpsCheck) -> tuple[list[Resource], list[Held]]:
-    """The resources ``group`` becomes under the sharing config, and those held back."""
-    memory = config.sharing.memory
-    if memory is not None and group.base == MEMORY_SHARED_BASE:
-        return memory_shared(group, memory)
-    entry = config.sharing.entry(group.base)
-    if entry is None:
-        return [whole(group.base, group.vendor, group.devices)], []
-    picked, rest = select(group, entry)
-    whole_part = [whole(group.base, group.vendor, rest)] if rest else []
-    shared = replicated(group, picked, config)
-    if config.sharing.strategy == "mps":
-        return mps_shared(whole_part, shared, mps)
-    return time_sliced(whole_part, shared)
-
-
-def derive(inventory: Inventory, config: Config, vendors: Iterable[Vendor]) -> Offer:
-    """The node's offer, vendor by vendor in registry order; groups without devices are not advertised.
-
-    Raises ConfigError when the sharing config names devices this node does not have."""
-    resources: list[Resource] = []
-    held: list[Held] = []
-    withheld: dict[str, str] = {}
-    for vendor in vendors:
-        for group in vendor.device_groups(inventory, config):
-            if group.withheld is not None:
-                withheld[group.base] = group.withheld
-            if not group.devices:
-                continue
-            offered, kept = share(group, config, functools.partial(vendor.mps, inventory))
-            resources.extend(offered)
-            held.extend(kept)
-    names = [r.name for r in resources] + [h.resource.name for h in held]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"sharing: {twice[0]} would be registered twice; rename one of the shared resources")
-    return Offer(resources=tuple(resources), withheld=withheld, held=tuple(held))

@@ -19,11 +19,11 @@ from labeller.vendor import Vendor
 def present(vendor: Vendor, inventory: Inventory) -> bool:
     """The vendor has a GPU on the PCI bus, or its backend described one (driver or not)."""
     part = next((p for p in inventory.parts if p.vendor == vendor.name), None)
-    return bool(inventory.pci_gpus_of(vendor.pci_vendor_id)) or part is not None
+    return bool(inventory.pci_gpus_of(vendor.discovery.pci_vendor_id)) or part is not None
 
 
 def _presence_source(vendor: Vendor, inventory: Inventory) -> tuple[str, str, str]:
-    gpus = inventory.pci_gpus_of(vendor.pci_vendor_id)
+    gpus = inventory.pci_gpus_of(vendor.discovery.pci_vendor_id)
     rule = "true when the vendor has a GPU on the PCI bus or its backend described one"
     if not gpus:
         return vendor.name, f"the {vendor.name} backend described GPUs", rule
@@ -36,8 +36,8 @@ def presence_labeler(vendors: Sequence[Vendor]) -> Labeler:
     """``<vendor presence label>=true`` for each vendor with a GPU whose label groups are on."""
 
     def presence_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
-        return {v.presence_label: derived("true", *_presence_source(v, inventory))
-                for v in vendors if v.labels_enabled(config) and present(v, inventory)}
+        return {v.labelling.presence_label: derived("true", *_presence_source(v, inventory))
+                for v in vendors if v.labelling.enabled(config) and present(v, inventory)}
 
     return presence_labels
 
@@ -46,8 +46,8 @@ def labelers(vendors: Sequence[Vendor], config: Config) -> list[Labeler]:
     """Presence first, then the labelers of each vendor whose label groups are on."""
     chosen = [presence_labeler(vendors)]
     for vendor in vendors:
-        if vendor.labels_enabled(config):
-            chosen.extend(vendor.labelers)
+        if vendor.labelling.enabled(config):
+            chosen.extend(vendor.labelling.labelers)
     return chosen
 
 

@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from labeller.config import ConfigError, load_config
+from vendors import RESOURCE_NAMES
 
 if TYPE_CHECKING:
     from labeller.node import Node
@@ -96,7 +97,7 @@ def reload_config(node: Node, config_path: Path | None) -> bool:
     if config_path is None:
         return True  # the defaults, or a simulated profile's own config (re-read with the profile)
     try:
-        config = load_config(config_path)
+        config = load_config(config_path, RESOURCE_NAMES)
     except ConfigError as exc:
         log.error("config reload failed, keeping the old config", reason="bad-config", error=str(exc))
         return False

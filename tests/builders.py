@@ -12,14 +12,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from labeller import offer as offers
+from labeller import sharing
 from labeller.config import Config, LabelGroups, parse_config
 from labeller.discovery import discover
 from labeller.inventory import BackendReport, Inventory, PciGpu
 from labeller.labels import LabelSet
 from labeller.offer import Offer
 from labeller.rules import node_labels
-from vendors import VENDORS, pci
+from vendors import RESOURCE_NAMES, VENDORS, pci
 from vendors.amd import probe as amd_probe
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 from vendors.amd.simulate import no_enrichment
@@ -34,19 +34,19 @@ T = TypeVar("T")
 # --- deriving what a command derives ------------------------------------------------------------
 
 def offer_of(inventory: Inventory, config: Config | dict[str, Any] | None = None) -> Offer:
-    return offers.derive(inventory, _config(config), VENDORS)
+    return sharing.derive(inventory, _config(config), VENDORS)
 
 
 def label_set_of(inventory: Inventory, config: Config | dict[str, Any] | None = None) -> LabelSet:
     parsed = _config(config)
-    return node_labels(inventory, parsed, offers.derive(inventory, parsed, VENDORS), VENDORS)
+    return node_labels(inventory, parsed, sharing.derive(inventory, parsed, VENDORS), VENDORS)
 
 
 def _config(config: Config | dict[str, Any] | None) -> Config:
-    return config if isinstance(config, Config) else parse_config(config)
+    return config if isinstance(config, Config) else parse_config(config, RESOURCE_NAMES)
 
 
-GPU_CLASSES = {vendor.pci_vendor_id: vendor.pci_classes for vendor in VENDORS}
+GPU_CLASSES = {vendor.discovery.pci_vendor_id: vendor.discovery.pci_classes for vendor in VENDORS}
 
 
 def pci_scan(root: Path) -> tuple[tuple[PciGpu, ...], BackendReport]:

@@ -7,8 +7,12 @@ one entry below. Order matters only for output order (NVIDIA's resources first).
 
 from __future__ import annotations
 
-from labeller.vendor import Vendor
+from labeller.config import ResourceNames
+from labeller.vendor import Vendor, resource_names
 from vendors.amd import VENDOR as AMD
 from vendors.nvidia import VENDOR as NVIDIA
 
 VENDORS: tuple[Vendor, ...] = (NVIDIA, AMD)
+# What config parsing must know of their resource names. The config is NVIDIA's device-plugin
+# format, so a short name there ("gpu") is NVIDIA's.
+RESOURCE_NAMES: ResourceNames = resource_names(VENDORS, short_names=NVIDIA)

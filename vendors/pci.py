@@ -1,6 +1,6 @@
 """PCI bus scan: which GPUs are physically present, driver or not.
 
-Which devices are GPUs is each vendor's fact (``Vendor.pci_vendor_id`` and ``pci_classes``): the
+Which devices are GPUs is each vendor's fact (``Discovery.pci_vendor_id`` and ``pci_classes``): the
 scan is handed a map of PCI vendor id -> base classes.
 
 A readable ``sys/bus/pci/devices`` is what makes the whole probe trustworthy: without it (a wrong

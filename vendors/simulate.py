@@ -4,7 +4,7 @@ A profile describes a node as the vendor libraries and sysfs would report it (sc
 README). ``SimulatedProfile`` turns it into a host root (PCI, DMI and each vendor's files) plus
 each vendor's stand-in (a fake ``pynvml`` module for NVIDIA), so discovery runs the same code as
 on real hardware, and builds it again when the profile file changes under a running process. A
-vendor's section is handed to its simulator (``Vendor.simulator``: ``build(section, root,
+vendor's section is handed to its simulator (``Discovery.simulator``: ``build(section, root,
 base_dir)`` and ``absent()``), imported only here, so nothing of it runs on a real node.
 
 Host roots live in /dev/shm (or TMPDIR) as ``gpu-labeller-sim-<pid>-<random>``: the owner removes
@@ -14,7 +14,6 @@ SIGKILL leaves its root behind until then).
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import shutil
@@ -139,7 +138,7 @@ def _build(path: Path, data: Mapping[str, Any], root: Path) -> SimulatedNode:
     handles: dict[str, Any] = {}
     try:
         for vendor in VENDORS:
-            simulator = importlib.import_module(vendor.simulator)
+            simulator = vendor.discovery.simulator()
             section = data.get(vendor.name)
             handles[vendor.name] = simulator.build(section, root, path.parent) if section is not None else simulator.absent()
     except ValueError as exc:

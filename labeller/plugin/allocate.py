@@ -11,7 +11,7 @@ from labeller.config import Sharing
 from labeller.offer import PhysicalDevice, Resource
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.preferred import preferred
-from labeller.vendor import Allocate, ContainerEdits
+from labeller.vendor.plugin import Allocate, ContainerEdits
 
 
 class RequestError(ValueError):

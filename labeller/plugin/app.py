@@ -34,7 +34,8 @@ from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonito
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.server import DevicePluginService, SocketServer
-from labeller.vendor import Checker, Vendor
+from labeller.vendor import Vendor
+from labeller.vendor.plugin import Allocate, Checker
 from vendors import VENDORS
 
 if TYPE_CHECKING:
@@ -146,14 +147,16 @@ class DevicePlugin:
     def _allocator(self, resource: Resource, batch: _Batch) -> ResourceAllocator:
         memory = batch.config.sharing.memory
         if resource.strategy != "memory" or memory is None:
-            allocate = self._vendors[resource.vendor].allocator(batch.config, batch.host_root, resource)
-            return Allocator(resource, batch.config.sharing, allocate)
+            return Allocator(resource, batch.config.sharing, self._vendor_allocate(resource, batch))
         from labeller.plugin import memory as by_memory  # loaded only where GPUs are shared by memory
 
         if resource.name == RESOURCE_COUNT:
             return by_memory.CountAllocator(resource)
-        allocate = self._vendors[resource.vendor].allocator(batch.config, batch.host_root, resource)
-        return by_memory.MemoryAllocator(resource, allocate, self._pod_matcher(), memory.unit)
+        return by_memory.MemoryAllocator(resource, self._vendor_allocate(resource, batch), self._pod_matcher(), memory.unit)
+
+    def _vendor_allocate(self, resource: Resource, batch: _Batch) -> Allocate:
+        parts = self._vendors[resource.vendor].devices.plugin_parts()  # its first call imports the allocation module
+        return parts.allocator(batch.config, batch.host_root, resource)
 
     def _pod_matcher(self) -> PodMatcher:
         """The one matcher of pods to Allocate calls, made when memory sharing is first served."""
@@ -199,7 +202,9 @@ class DevicePlugin:
         checkers = []
         for name, vendor in self._vendors.items():
             devices = [p for p in physical if p.vendor == name]
-            checker = vendor.health(devices, self.board, host_root, handles.get(name), env) if devices else None
+            if not devices:
+                continue
+            checker = vendor.devices.plugin_parts().checker(devices, self.board, host_root, handles.get(name), env)
             if checker is not None:
                 checkers.append(checker)
         return checkers

@@ -1,6 +1,6 @@
 """CDI spec files for what the plugin serves, when a CDI ``deviceListStrategy`` (cdi-annotations,
 cdi-cri) names devices in Allocate: one file per vendor, ``<dir>/gpu-labeller-<vendor>.json``
-(``--cdi-spec-dir``, /var/run/cdi by default), built by the vendor (``Vendor.cdi``).
+(``--cdi-spec-dir``, /var/run/cdi by default), built by the vendor (``PluginParts.cdi_spec``).
 
 Each file is replaced atomically (a dot-file in the same directory, then a rename: container
 runtimes read only ``*.json``/``*.yaml``), and only when its content changes. A vendor that serves
@@ -20,7 +20,8 @@ import structlog
 from labeller.config import Config
 from labeller.offer import PhysicalDevice, Resource
 from labeller.outputs import write_atomic
-from labeller.vendor import CDI_STRATEGIES, Vendor
+from labeller.vendor import Vendor
+from labeller.vendor.plugin import CDI_STRATEGIES
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +44,9 @@ def specs(resources: Sequence[Resource], config: Config, host_root: Path,
         for resource in resources:
             if resource.vendor == vendor.name:
                 physical.update((p.health_key, p) for p in resource.physical_devices)
-        spec = vendor.cdi(list(physical.values()), config, host_root) if physical else None
+        if not physical:
+            continue
+        spec = vendor.devices.plugin_parts().cdi_spec(list(physical.values()), config, host_root)
         if spec is not None:
             out[vendor.name] = json.dumps(spec, indent=2) + "\n"
     return out

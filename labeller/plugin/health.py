@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 
-from labeller.vendor import Checker
+from labeller.vendor.plugin import Checker
 
 log = structlog.get_logger(__name__)
 

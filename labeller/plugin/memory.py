@@ -39,7 +39,7 @@ from labeller.offer import PhysicalDevice, Resource
 from labeller.plugin.allocate import RequestError, Unmatched, response
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.preferred import preferred
-from labeller.vendor import Allocate
+from labeller.vendor.plugin import Allocate
 
 log = structlog.get_logger(__name__)
 

@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from labeller import offer
+from labeller import sharing
 from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.rules import node_labels
@@ -23,7 +23,7 @@ from vendors import VENDORS, pci
 from vendors.amd import probe as amd
 from vendors.simulate import simulated_node
 
-GPU_CLASSES = {vendor.pci_vendor_id: vendor.pci_classes for vendor in VENDORS}
+GPU_CLASSES = {vendor.discovery.pci_vendor_id: vendor.discovery.pci_classes for vendor in VENDORS}
 
 PROFILE = "mi300x-x8-cpx"  # vendors/profiles/sysfs/mi300x-x8-cpx, the real capture
 BUDGET_MS = 50.0
@@ -34,7 +34,7 @@ def one_run(root: Path, config: Config) -> float:
     pci_gpus, _ = pci.scan(root, GPU_CLASSES)
     part, report = amd.probe(root, pci_gpus, config)
     inventory = Inventory(pci_gpus=pci_gpus, parts=(part,) if part else (), reports=(report,))
-    labels = node_labels(inventory, config, offer.derive(inventory, config, VENDORS), VENDORS)
+    labels = node_labels(inventory, config, sharing.derive(inventory, config, VENDORS), VENDORS)
     elapsed = (time.perf_counter() - start) * 1000
     if part is None or len(labels.labels) < 10:
         raise SystemExit(f"unexpected result: {report}")

@@ -40,6 +40,7 @@ from tests.builders import config_map_volume  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 from tests.fakes.kubelet import FakeKubelet  # noqa: E402
 from tests.plugin.profile_files import time_slicing  # noqa: E402
+from vendors import RESOURCE_NAMES  # noqa: E402
 
 NODE = "gpu-node-1"
 PROFILE = "dgx-h100"  # 8 GPUs
@@ -194,13 +195,13 @@ def bench_plugin_without_label() -> None:
 def bench_poll(files: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="cfgb", dir="/tmp"))
     try:
-        mounted = ConfigDir(config_map_volume(work / "mounted", {f"c{i}": WHOLE for i in range(files)}))
+        mounted = ConfigDir(config_map_volume(work / "mounted", {f"c{i}": WHOLE for i in range(files)}), RESOURCE_NAMES)
         plain = work / "plain"
         plain.mkdir()
         for i in range(files):
             (plain / f"c{i}").write_text("version: v1\n")
         for name, directory in (("ConfigMap volume (readlink ..data)", mounted), ("plain directory (stat each file)",
-                                                                                  ConfigDir(plain))):
+                                                                                  ConfigDir(plain, RESOURCE_NAMES))):
             runs = 20000
             seconds = timeit.timeit(directory.signature, number=runs) / runs
             print(f"poll of a {name}, {files} configs: {seconds * 1e6:.1f} us per check, "

@@ -14,29 +14,53 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
-         "labeller.vendor", "labeller.rules", "labeller.gpushare"}
+         "labeller.sharing", "labeller.vendor", "labeller.vendor.discovery", "labeller.vendor.devices",
+         "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.rules", "labeller.gpushare", "labeller.namedconfigs"}
 
 
 def module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
+def imported_names(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    return set()
+
+
+def sources() -> list[Path]:
+    return [path for path in sorted([*ROOT.glob("labeller/**/*.py"), *ROOT.glob("vendors/**/*.py")])
+            if "plugin/api/" not in str(path.relative_to(ROOT))]  # generated gRPC code
+
+
 @cache
 def modules() -> dict[str, set[str]]:
     """Every module of the product -> the project and third-party modules it imports."""
-    found: dict[str, set[str]] = {}
-    for path in sorted([*ROOT.glob("labeller/**/*.py"), *ROOT.glob("vendors/**/*.py")]):
-        if "plugin/api/" in str(path.relative_to(ROOT)):
-            continue  # generated gRPC code
-        imports: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                imports.add(node.module)
-                imports.update(f"{node.module}.{alias.name}" for alias in node.names)
-            elif isinstance(node, ast.Import):
-                imports.update(alias.name for alias in node.names)
-        found[module_name(path)] = imports
+    return {module_name(path): {name for node in ast.walk(ast.parse(path.read_text())) for name in imported_names(node)}
+            for path in sources()}
+
+
+def _run_on_import(statements: list[ast.stmt]) -> set[str]:
+    """The imports among ``statements`` that run with them: not in a function, nor under TYPE_CHECKING."""
+    found: set[str] = set()
+    for statement in statements:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(statement, ast.If) and ast.unparse(statement.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            found |= _run_on_import(statement.orelse)
+            continue
+        found |= imported_names(statement)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            found |= _run_on_import(getattr(statement, field, []))
     return found
+
+
+@cache
+def eager_modules() -> dict[str, set[str]]:
+    """Every module of the product -> the modules importing it imports (its module-level imports)."""
+    return {module_name(path): _run_on_import(ast.parse(path.read_text()).body) for path in sources()}
 
 
 def ours(imports: set[str]) -> set[str]:
@@ -56,6 +80,37 @@ def test_the_inventory_sits_at_the_bottom() -> None:
 @pytest.mark.parametrize("module", sorted(MODEL))
 def test_the_model_imports_only_the_model(module: str) -> None:
     assert ours(modules()[module]) - MODEL == set()
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle in ``graph`` (module -> the modules it imports), as the path that closes it; [] when none."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        if module in path:
+            return [*path[path.index(module):], module]
+        if module in done:
+            return []
+        for imported in sorted(graph[module]):
+            found = visit(imported, [*path, module])
+            if found:
+                return found
+        done.add(module)
+        return []
+
+    return next((found for module in sorted(graph) if (found := visit(module, []))), [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_the_model_has_no_import_cycle() -> None:
+    """TYPE_CHECKING and function-level imports count: a cycle hidden behind them is still one
+    module that cannot be read, or changed, without the other."""
+    graph = {module: ours(modules()[module]) & MODEL for module in MODEL}
+    assert cycle(graph) == []
 
 
 def test_vendors_import_only_the_model_and_vendors() -> None:
@@ -86,12 +141,31 @@ def test_only_the_plugin_speaks_grpc() -> None:
     assert users and all(module.startswith("labeller.plugin.") for module in users)
 
 
+def vendor_packages() -> set[str]:
+    return {m for m in modules() if m.count(".") == 1 and m.startswith("vendors.") and
+            (ROOT / "vendors" / m.split(".")[1] / "__init__.py").exists()}
+
+
 def test_nothing_on_a_real_node_imports_a_simulation() -> None:
     simulations = {m for m in modules() if m.endswith(".simulate") or m == "vendors.sim_pci"}
     importers = {module for module, imports in modules().items() if ours(imports) & simulations}
-    # the profile replayer imports each vendor's simulator by name; labeller.node imports it only for --simulate;
-    # match (its default targets) and completion (--simulate names) list the built-in profiles
-    assert importers <= simulations | {"labeller.node", "labeller.cli", "labeller.authoring", "labeller.completion"}
+    # each vendor package hands its simulator to the profile replayer (Discovery.simulator);
+    # labeller.node imports the replayer only for --simulate; match (its default targets) and
+    # completion (--simulate names) list the built-in profiles
+    assert importers <= simulations | vendor_packages() | {"labeller.node", "labeller.cli", "labeller.authoring",
+                                                           "labeller.completion"}
+    assert {p for p in vendor_packages() if ours(eager_modules()[p]) & simulations} == set()
+
+
+def test_the_vendors_plugin_parts_load_on_first_use() -> None:
+    """Allocate, health checks and CDI specs are the device plugin's alone: a vendor package imports
+    them in the function it hands over (Devices.plugin_parts), so importing it never loads them."""
+    parts = {f"{p}.{name}" for p in vendor_packages() for name in ("allocate", "health", "cdi")}
+    assert parts <= set(modules())
+    eager = {module for module, imports in eager_modules().items() if ours(imports) & parts}
+    assert eager <= parts  # nvidia.cdi builds on nvidia.allocate: both are loaded together anyway
+    lazy = {module for module, imports in modules().items() if ours(imports) & parts} - parts
+    assert lazy == vendor_packages()
 
 
 def test_named_configs_read_files_with_the_model_only() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from labeller.config import ConfigError, load_config, parse_config, parse_document
+from vendors import RESOURCE_NAMES
 
 NVIDIA_EXAMPLE = """
 version: v1
@@ -34,7 +35,7 @@ sharing:
 def test_nvidia_device_plugin_config_is_read_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(NVIDIA_EXAMPLE)
-    config = load_config(path)
+    config = load_config(path, RESOURCE_NAMES)
     assert config.mig_strategy == "mixed"
     assert config.plugin.device_id_strategy == "index"
     assert config.plugin.device_list_strategy == ("envvar", "cdi-cri")
@@ -47,19 +48,19 @@ def test_nvidia_device_plugin_config_is_read_unchanged(tmp_path: Path) -> None:
 
 def test_short_resource_names_get_the_nvidia_prefix_and_amd_is_allowed() -> None:
     config = parse_config({"sharing": {"timeSlicing": {"resources": [
-        {"name": "gpu", "replicas": 2}, {"name": "amd.com/gpu", "replicas": 4}]}}})
+        {"name": "gpu", "replicas": 2}, {"name": "amd.com/gpu", "replicas": 4}]}}}, RESOURCE_NAMES)
     assert config.sharing.replicas_for("nvidia.com/gpu") == 2
     assert config.sharing.replicas_for("amd.com/gpu") == 4
 
 
 def test_mps_is_read_as_nvidia_reads_it() -> None:
     config = parse_config({"flags": {"mpsRoot": "/run/nvidia/mps/"},
-                           "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 4}]}}})
+                           "sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 4}]}}}, RESOURCE_NAMES)
     assert config.sharing.strategy == "mps"
     assert config.sharing.fail_requests_greater_than_one is True  # NVIDIA's default under MPS
     assert config.plugin.mps_root == "/run/nvidia/mps"
     relaxed = parse_config({"sharing": {"mps": {"failRequestsGreaterThanOne": False,
-                                                "resources": [{"name": "gpu", "replicas": 4}]}}})
+                                                "resources": [{"name": "gpu", "replicas": 4}]}}}, RESOURCE_NAMES)
     assert relaxed.sharing.fail_requests_greater_than_one is False
     assert relaxed.plugin.mps_root == "/run/nvidia/mps"  # the GPU Operator's and NVIDIA's chart's default
 
@@ -67,34 +68,35 @@ def test_mps_is_read_as_nvidia_reads_it() -> None:
 def test_devices_and_rename_are_read() -> None:
     config = parse_config({"sharing": {"timeSlicing": {"resources": [
         {"name": "gpu", "replicas": 2, "devices": [0, "1:0", "GPU-8f3a9c1e-6b2d-4e7f-a5c8-1d2e3f4a5b6c"], "rename": "gpu-ts"},
-        {"name": "amd.com/gpu", "replicas": 3, "devices": 2, "rename": "gpu-ts"}]}}})
+        {"name": "amd.com/gpu", "replicas": 3, "devices": 2, "rename": "gpu-ts"}]}}}, RESOURCE_NAMES)
     nvidia, amd = config.sharing.resources
     assert nvidia.devices.refs == ("0", "1:0", "GPU-8f3a9c1e-6b2d-4e7f-a5c8-1d2e3f4a5b6c")
     assert config.sharing.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu-ts"
     assert amd.devices.count == 2
     assert config.sharing.advertised_name("amd.com/gpu") == "amd.com/gpu-ts"  # the name's own domain
     by_default = parse_config({"sharing": {"timeSlicing": {"renameByDefault": True, "resources": [
-        {"name": "gpu", "replicas": 2, "devices": ["0000:05:00.1"]}]}}})
+        {"name": "gpu", "replicas": 2, "devices": ["0000:05:00.1"]}]}}}, RESOURCE_NAMES)
     assert by_default.sharing.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu.shared"
 
 
 def test_memory_sharing_is_read_with_gib_by_default() -> None:
-    config = parse_config({"sharing": {"memory": {}}})
+    config = parse_config({"sharing": {"memory": {}}}, RESOURCE_NAMES)
     assert config.sharing.strategy == "memory" and config.sharing.resources == ()
     assert config.sharing.memory is not None and config.sharing.memory.unit == "GiB"
     assert config.sharing.memory.unit_bytes == 1 << 30
-    mib = parse_config({"sharing": {"memory": {"unit": "MiB"}}}).sharing.memory
+    mib = parse_config({"sharing": {"memory": {"unit": "MiB"}}}, RESOURCE_NAMES).sharing.memory
     assert mib is not None and mib.unit_bytes == 1 << 20
-    assert parse_config({}).sharing.memory is None
+    assert parse_config({}, RESOURCE_NAMES).sharing.memory is None
 
 
 def test_amd_resource_naming_strategy() -> None:
-    assert parse_config(None).amd_resource_naming == "single"
-    assert parse_config({"labeller": {"amd": {"resourceNamingStrategy": "mixed"}}}).amd_resource_naming == "mixed"
+    assert parse_config(None, RESOURCE_NAMES).amd_resource_naming == "single"
+    mixed = parse_config({"labeller": {"amd": {"resourceNamingStrategy": "mixed"}}}, RESOURCE_NAMES)
+    assert mixed.amd_resource_naming == "mixed"
 
 
 def test_label_groups() -> None:
-    config = parse_config({"labeller": {"labels": {"amdBeta": False, "timestamp": True}}})
+    config = parse_config({"labeller": {"labels": {"amdBeta": False, "timestamp": True}}}, RESOURCE_NAMES)
     assert config.labels.amd_beta is False and config.labels.timestamp is True and config.labels.nvidia is True
 
 
@@ -162,18 +164,18 @@ def test_label_groups() -> None:
 )
 def test_bad_config_gives_one_line_naming_the_key(raw: object, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        parse_config(raw)
+        parse_config(raw, RESOURCE_NAMES)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
-        load_config(tmp_path / "missing.yaml")
+        load_config(tmp_path / "missing.yaml", RESOURCE_NAMES)
     broken = tmp_path / "broken.yaml"
     broken.write_text("flags: [unclosed\n")
     with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML at line"):
-        load_config(broken)
+        load_config(broken, RESOURCE_NAMES)
 
 
 @pytest.mark.parametrize(("raw", "message"), [
@@ -184,22 +186,22 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
 ])
 def test_a_whole_document_needs_version_v1(raw: object, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        parse_document(raw)
-    assert parse_document({"version": "v1"}) == parse_config(None)
+        parse_document(raw, RESOURCE_NAMES)
+    assert parse_document({"version": "v1"}, RESOURCE_NAMES) == parse_config(None, RESOURCE_NAMES)
 
 
 def test_a_file_without_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("flags:\n  migStrategy: mixed\n")
     with pytest.raises(ConfigError, match=r"config.yaml: version: required"):
-        load_config(path)
+        load_config(path, RESOURCE_NAMES)
 
 
 def test_a_key_given_twice_is_an_error_naming_key_and_line(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("version: v1\nflags:\n  migStrategy: mixed\n  failOnInitError: false\n  migStrategy: none\n")
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, RESOURCE_NAMES)
     assert str(info.value) == f"{path}: not valid YAML at line 5: duplicate key 'migStrategy'"
 
 
@@ -208,7 +210,7 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
     # the anchor sits under `imex`, a key that is accepted and ignored
     path.write_text("version: v1\nimex: &groups {nvidia: false, amd: false}\n"
                     "labeller:\n  labels:\n    <<: *groups\n    amd: true\n")
-    config = load_config(path)
+    config = load_config(path, RESOURCE_NAMES)
     assert config.labels.nvidia is False and config.labels.amd is True
 
 
@@ -216,5 +218,5 @@ def test_a_binary_file_is_named_not_decoded(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_bytes(b"version: v1\n\xff\xfe\x00garbage")
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, RESOURCE_NAMES)
     assert str(info.value) == f"{path}: not a config file: not UTF-8 text (byte 0xff at offset 12)"

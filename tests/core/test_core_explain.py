@@ -16,11 +16,11 @@ from labeller.inventory import Inventory
 from labeller.labels import LabelSet
 from labeller.namedconfigs import Selection
 from labeller.node import open_node
-from labeller.offer import derive
 from labeller.rules import node_labels
+from labeller.sharing import derive
 from tests.builders import label_set_of, mps_ready, nvidia, nvidia_gpu
 from tests.core.cli import gpu_labeller
-from vendors import VENDORS
+from vendors import RESOURCE_NAMES, VENDORS
 from vendors.simulate import builtin_profiles
 
 PROFILES = sorted(builtin_profiles())
@@ -126,16 +126,16 @@ def test_keys_not_produced_say_why() -> None:
     assert "owned by people or the GPU Operator" in why("nvidia.com/device-plugin.config", labels, inventory, config)
     assert "mig-<profile>" not in why("nvidia.com/mig-1g.10gb.count", labels, inventory, config)
     assert "flags.migStrategy is mixed" in why("nvidia.com/mig-1g.10gb.count", labels, inventory, config)
-    off = parse_config({"version": "v1", "labeller": {"labels": {"nvidia": False}}})
+    off = parse_config({"version": "v1", "labeller": {"labels": {"nvidia": False}}}, RESOURCE_NAMES)
     assert "nvidia label groups are off" in why("nvidia.com/gpu.product", label_set_of(inventory, off), inventory, off)
-    no_machine = parse_config({"version": "v1", "labeller": {"labels": {"machine": False}}})
+    no_machine = parse_config({"version": "v1", "labeller": {"labels": {"machine": False}}}, RESOURCE_NAMES)
     assert why("nvidia.com/gpu.machine", label_set_of(inventory, no_machine), inventory,
                no_machine) == "the label group labeller.labels.machine is off"
 
 
 def test_an_invalid_value_dropped_is_explained_with_its_source() -> None:
     inventory = nvidia(nvidia_gpu(0, name="NVIDIA " + "X" * 70))
-    config = parse_config(None)
+    config = parse_config(None, RESOURCE_NAMES)
     labels = node_labels(inventory, config, derive(inventory, config, VENDORS), VENDORS)
     [item] = explain(["nvidia.com/gpu.product"], labels, inventory, config, VENDORS)
     assert item.value is None and item.why_not.startswith("computed but dropped, Kubernetes would reject it")
@@ -182,7 +182,8 @@ def test_a_labeler_without_sources_still_gets_provenance_from_itself() -> None:
         """example.com/extra: what a new rule writes before it names its sources."""
         return {"example.com/extra": "1"}
 
-    label_set = merge([extra_labels], Inventory(), parse_config(None), derive(Inventory(), parse_config(None), VENDORS))
+    defaults = parse_config(None, RESOURCE_NAMES)
+    label_set = merge([extra_labels], Inventory(), defaults, derive(Inventory(), defaults, VENDORS))
     assert label_set.labels == {"example.com/extra": "1"} and type(label_set.labels["example.com/extra"]) is str
     source = label_set.sources["example.com/extra"]
     assert source.labeler.endswith("extra_labels") and source.backend == "rules"

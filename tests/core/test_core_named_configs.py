@@ -21,6 +21,7 @@ from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Choo
 from labeller.node import open_node
 from tests.builders import config_map_volume, label_set_of, promptly
 from tests.core.cli import gpu_labeller
+from vendors import RESOURCE_NAMES
 
 WHOLE = {"version": "v1"}
 TS4 = {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
@@ -29,14 +30,14 @@ BROKEN = "version: v1\nflags:\n  migStrategy: sometimes\n"
 
 
 def volume(tmp_path: Path, **configs: Any) -> ConfigDir:
-    return ConfigDir(config_map_volume(tmp_path / "configs", configs))
+    return ConfigDir(config_map_volume(tmp_path / "configs", configs), RESOURCE_NAMES)
 
 
 def test_a_config_map_volume_lists_its_keys_and_nothing_the_kubelet_adds(tmp_path: Path) -> None:
     directory = volume(tmp_path, default=WHOLE, ts4=TS4)
     assert len(list(directory.path.iterdir())) == 4  # ..data, the version directory, and the two keys
     assert directory.names() == ["default", "ts4"]
-    assert directory.load("ts4") == parse_document(TS4)
+    assert directory.load("ts4") == parse_document(TS4, RESOURCE_NAMES)
 
 
 @pytest.mark.parametrize("name", ["..data", "../configs/ts4", "ts4/", "", "nope"])
@@ -61,7 +62,7 @@ def test_the_signature_changes_when_the_kubelet_swaps_the_files(tmp_path: Path) 
 
 def test_a_plain_directory_changes_its_signature_when_a_file_is_replaced(tmp_path: Path) -> None:
     (tmp_path / "default").write_text("version: v1\n")
-    directory = ConfigDir(tmp_path)
+    directory = ConfigDir(tmp_path, RESOURCE_NAMES)
     before = directory.signature()
     (tmp_path / ".default.tmp").write_text("version: v1\nflags: {migStrategy: mixed}\n")
     (tmp_path / ".default.tmp").replace(tmp_path / "default")
@@ -77,7 +78,7 @@ def test_a_node_without_the_label_gets_the_default(tmp_path: Path, configs: dict
                                                     chosen: str) -> None:
     selection = Chooser(volume(tmp_path, **configs), default).choose(None)
     assert (selection.name, selection.ok) == (chosen, True)
-    assert selection.config == parse_document(configs[chosen])
+    assert selection.config == parse_document(configs[chosen], RESOURCE_NAMES)
 
 
 def test_no_default_among_several_configs_is_an_error_that_says_what_to_do(tmp_path: Path) -> None:
@@ -87,7 +88,7 @@ def test_no_default_among_several_configs_is_an_error_that_says_what_to_do(tmp_p
 
 def test_the_label_picks_the_config(tmp_path: Path) -> None:
     chooser = Chooser(volume(tmp_path, default=WHOLE, ts4=TS4, mixed=MIXED))
-    assert chooser.choose("mixed") == Selection("mixed", parse_document(MIXED), "mixed")
+    assert chooser.choose("mixed") == Selection("mixed", parse_document(MIXED, RESOURCE_NAMES), "mixed")
     assert chooser.choose("") == chooser.choose(None) == Selection("default", Config(), None)
 
 
@@ -133,7 +134,7 @@ def test_a_node_labelled_with_any_config_gets_exactly_what_that_file_gives(tmp_p
         with open_node(Path("/"), "dgx-a100-mig-mixed", None, selection) as node:
             inventory = node.probe()
             labels = node.labels(inventory, node.offer(inventory)).labels
-        assert labels == {**label_set_of(inventory, parse_document(document)).labels,
+        assert labels == {**label_set_of(inventory, parse_document(document, RESOURCE_NAMES)).labels,
                           STATE_LABEL: "success", APPLIED_LABEL: f"c{i}"}
 
 
@@ -172,7 +173,7 @@ def test_a_label_change_is_news_once_and_apply_puts_it_in_force(tmp_path: Path) 
     run.follower.observe({CONFIG_LABEL: "ts4", "team": "other"})  # another label: no news
     assert run.changes == 1 and run.node.config == Config()  # nothing changes until the consumer applies it
     assert run.follower.apply(run.node) is True
-    assert run.node.config == parse_document(TS4) and run.node.selection is not None
+    assert run.node.config == parse_document(TS4, RESOURCE_NAMES) and run.node.selection is not None
     assert run.metric("t_config_changes_total", outcome="applied") == 1 and run.metric("t_config_failed") == 0
     assert run.events == [("Normal", "GPUConfigApplied", "gpu-labeller: config 'ts4' in force (was 'default')")]
     run.follower.observe({})  # label removed: back to the default
@@ -187,7 +188,7 @@ def test_an_unknown_name_is_reported_once_and_changes_nothing(tmp_path: Path) ->
         run.follower.observe({CONFIG_LABEL: "ts8"})
         assert run.follower.apply(run.node) is False
         run.follower.apply(run.node)
-    assert run.node.config == parse_document(TS4)
+    assert run.node.config == parse_document(TS4, RESOURCE_NAMES)
     failures = [entry for entry in logs if entry.get("reason") == "config-failed"]
     assert len(failures) == 1 and failures[0]["config"] == "ts4" and failures[0]["asked"] == "ts8"
     assert failures[0]["error"].startswith(f"node label {CONFIG_LABEL}=ts8: no config named 'ts8'")
@@ -207,10 +208,10 @@ def test_a_file_edit_is_seen_by_the_poll_and_a_broken_edit_keeps_the_config(tmp_
         run.news.clear()
         config_map_volume(run.directory.path, {"default": WHOLE, "ts4": ts2})
         run.await_news()
-        assert run.follower.apply(run.node) is True and run.node.config == parse_document(ts2)
+        assert run.follower.apply(run.node) is True and run.node.config == parse_document(ts2, RESOURCE_NAMES)
         config_map_volume(run.directory.path, {"default": WHOLE, "ts4": BROKEN})
         run.await_news()
-        assert run.follower.apply(run.node) is False and run.node.config == parse_document(ts2)
+        assert run.follower.apply(run.node) is False and run.node.config == parse_document(ts2, RESOURCE_NAMES)
         assert run.metric("t_config_failed") == 1
     finally:
         stop.set()

@@ -19,6 +19,7 @@ from labeller.inventory import Inventory
 from labeller.node import open_node
 from labeller.offer import Offer, Resource
 from tests.builders import label_set_of, mps_ready, offer_of
+from vendors import RESOURCE_NAMES
 from vendors.nvidia.model import NvidiaInventory
 from vendors.simulate import builtin_profiles
 
@@ -38,10 +39,10 @@ def config_for(inventory: Inventory, mig: str, replicas: int | None, rename: boo
     """The matrix config; time-slicing shares every base resource the node could offer."""
     raw: dict[str, Any] = {"version": "v1", "flags": {"migStrategy": mig}}
     if replicas is not None:
-        bases = {r.base for r in offer_of(inventory, parse_config(raw)).resources} or {"nvidia.com/gpu"}
+        bases = {r.base for r in offer_of(inventory, parse_config(raw, RESOURCE_NAMES)).resources} or {"nvidia.com/gpu"}
         raw["sharing"] = {"timeSlicing": {"renameByDefault": rename,
                                           "resources": [{"name": b, "replicas": replicas} for b in sorted(bases)]}}
-    return parse_config(raw)
+    return parse_config(raw, RESOURCE_NAMES)
 
 
 def check_base(labels: dict[str, str], offer: Offer, base: str) -> None:
@@ -144,7 +145,7 @@ def sharing_config(inventory: Inventory, kind: str) -> Config:
     base_config = {"version": "v1", "flags": {"migStrategy": "single" if kind.startswith("mps") else "mixed"}}
     if kind == "amd-mixed-shared":
         base_config["labeller"] = {"amd": {"resourceNamingStrategy": "mixed"}}
-    offer = offer_of(inventory, parse_config(base_config))
+    offer = offer_of(inventory, parse_config(base_config, RESOURCE_NAMES))
     groups = {r.base: [d.id for d in r.devices] for r in offer.resources}
     raw: dict[str, Any] = dict(base_config)
     if kind.startswith("mps"):
@@ -163,7 +164,7 @@ def sharing_config(inventory: Inventory, kind: str) -> Config:
             entries = [e | {"rename": f"{e['name'].partition('/')[2]}-ts"} for e in entries]
         raw["sharing"] = {"timeSlicing": {"renameByDefault": kind.endswith("by-default"),
                                           "resources": entries or [{"name": "nvidia.com/gpu", "replicas": 3}]}}
-    return parse_config(raw)
+    return parse_config(raw, RESOURCE_NAMES)
 
 
 SHARING_MATRIX = list(itertools.product(PROFILES, SHARING_KINDS))
@@ -190,8 +191,9 @@ def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str,
         assert all("MIG" in h.reason for h in offer.held), offer.held  # only what MPS can never share
     check_amd_nodes(labels, offer, config)
     # every device the node offers unshared is offered, once, whatever the sharing config
-    plain = offer_of(inventory, parse_config({"flags": {"migStrategy": config.mig_strategy},
-                                              "labeller": {"amd": {"resourceNamingStrategy": config.amd_resource_naming}}}))
+    unshared = {"flags": {"migStrategy": config.mig_strategy},
+                "labeller": {"amd": {"resourceNamingStrategy": config.amd_resource_naming}}}
+    plain = offer_of(inventory, parse_config(unshared, RESOURCE_NAMES))
     held = {d.physical.health_key for h in offer.held for d in h.resource.devices}
     assert {d.physical.health_key for r in offer.resources for d in r.devices} | held == \
            {d.physical.health_key for r in plain.resources for d in r.devices}

@@ -98,20 +98,22 @@ def config_map(values: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def test_config_map_holds_the_default_config_and_the_labeller_accepts_it() -> None:
     from labeller.config import parse_document
+    from vendors import RESOURCE_NAMES
 
     assert config_map() == {"default": {"version": "v1", "flags": {"migStrategy": "none"}}}
-    parse_document(config_map()["default"])
+    parse_document(config_map()["default"], RESOURCE_NAMES)
 
 
 def test_named_configs_reach_the_config_map_as_mappings_or_as_nvidias_yaml_text() -> None:
     from labeller.config import parse_document
+    from vendors import RESOURCE_NAMES
 
     text = "version: v1\nflags:\n  migStrategy: mixed  # a comment stays\n"
     values = {"config": {"data": {"whole": {"version": "v1"}, "mig-mixed": text}}}
     cm = one(render(values), "ConfigMap", "gpu-labeller-config")
     assert cm["data"] == {"whole": "version: v1\n", "mig-mixed": text}  # text verbatim, comments and all
     for document in config_map(values).values():
-        parse_document(document)
+        parse_document(document, RESOURCE_NAMES)
     # NVIDIA's device plugin chart calls it `map`
     assert config_map({"config": {"map": {"x": text, "y": text}}}) == {"x": yaml.safe_load(text), "y": yaml.safe_load(text)}
 

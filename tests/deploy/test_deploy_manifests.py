@@ -62,10 +62,11 @@ def test_check_mode_reports_stale_files(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_plain_manifests_show_two_named_configs_that_the_labeller_accepts() -> None:
     from labeller.config import parse_document
+    from vendors import RESOURCE_NAMES
 
     objects = [o for o in yaml.safe_load_all((MANIFESTS / "gpu-labeller.yaml").read_text()) if o]
     (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
-    configs = {name: parse_document(yaml.safe_load(text)) for name, text in config_map["data"].items()}
+    configs = {name: parse_document(yaml.safe_load(text), RESOURCE_NAMES) for name, text in config_map["data"].items()}
     assert sorted(configs) == ["default", "time-sliced-4"]
     assert configs["time-sliced-4"].sharing.replicas_for("nvidia.com/gpu") == 4
     for ds in (o for o in objects if o["kind"] == "DaemonSet"):

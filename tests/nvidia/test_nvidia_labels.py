@@ -11,6 +11,7 @@ import structlog
 from labeller.config import Config, SharedResource, Sharing, parse_config
 from labeller.inventory import Inventory, PciGpu
 from tests.builders import A100_40GB_BYTES, H100_BYTES, T4_BYTES, label_set_of, mps_ready
+from vendors import RESOURCE_NAMES
 from vendors.nvidia.facts import PCI_VENDOR_ID
 from vendors.nvidia.labels import family, sanitise
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
@@ -39,7 +40,7 @@ def labels(*members: NvidiaGpu, config: dict[str, Any] | Config | None = None, d
            ) -> dict[str, str]:
     """The labels; ``mps_served``: as while the MPS control daemon serves what the config shares."""
     inventory = Inventory(parts=(NvidiaInventory(driver, cuda, tuple(members), vgpu_present=vgpu),), machine=machine)
-    parsed = parse_config(config) if isinstance(config, dict) else config or Config()
+    parsed = parse_config(config, RESOURCE_NAMES) if isinstance(config, dict) else config or Config()
     if mps_served:
         inventory = mps_ready(inventory, parsed)
     result = label_set_of(inventory, parsed)

@@ -21,6 +21,7 @@ from labeller.mps.control import Tools
 from labeller.mps.supervisor import Plan, Supervisor, plans
 from tests.builders import config_map_volume, mps_ready, nvidia, nvidia_gpu, offer_of, promptly, wait_for
 from tests.core.cli import gpu_labeller
+from vendors import RESOURCE_NAMES
 from vendors.nvidia import mps
 from vendors.nvidia.model import MpsServed
 
@@ -81,12 +82,12 @@ def test_a_bad_or_stale_readiness_file_serves_nothing(text: str, problem: str) -
 
 def test_replicas_are_advertised_only_for_exactly_what_the_daemon_serves(root: Path) -> None:
     inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1))
-    config = parse_config(mps_config(root))
+    config = parse_config(mps_config(root), RESOURCE_NAMES)
     ready = mps_ready(inventory, config)
     (resource,) = offer_of(ready, config).resources
     assert resource.strategy == "mps" and len(resource.devices) == 8
     # a daemon serving other replicas (an older config) does not count
-    other = parse_config(mps_config(root, replicas=2))
+    other = parse_config(mps_config(root, replicas=2), RESOURCE_NAMES)
     (held,) = offer_of(mps_ready(inventory, other), config).held
     assert held.waiting and "with other devices or replicas" in held.reason
 

@@ -22,6 +22,7 @@ from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.runtime import Backoff
 from tests.builders import offer_of
 from tests.fakes.kubelet import FakeKubelet
+from vendors import RESOURCE_NAMES
 
 
 @pytest.fixture
@@ -49,7 +50,8 @@ class Running:
 @contextmanager
 def simulated(profile: str, config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, dict[str, Any]]]:
     with open_node(Path("/"), profile, None) as node:
-        yield node.probe(), parse_config(config) if config is not None else node.config, node.host_root, node.handles
+        parsed = parse_config(config, RESOURCE_NAMES) if config is not None else node.config
+        yield node.probe(), parsed, node.host_root, node.handles
 
 
 @contextmanager

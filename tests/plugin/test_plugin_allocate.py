@@ -12,16 +12,16 @@ from labeller.inventory import Inventory
 from labeller.plugin.allocate import Allocator, RequestError
 from labeller.plugin.api import api_pb2 as pb
 from tests.builders import amd, amd_gpu, amd_node, nvidia, nvidia_gpu, offer_of
-from vendors import VENDORS
+from vendors import RESOURCE_NAMES, VENDORS
 
 
 def allocator(inventory: Inventory, raw: dict[str, Any] | None = None, host_root: Path = Path("/nonexistent"),
               index: int = 0) -> Allocator:
     """The Allocator the plugin builds for the ``index``-th resource the node offers."""
-    config = parse_config(raw)
+    config = parse_config(raw, RESOURCE_NAMES)
     resource = offer_of(inventory, config).resources[index]
     vendor = next(v for v in VENDORS if v.name == resource.vendor)
-    return Allocator(resource, config.sharing, vendor.allocator(config, host_root, resource))
+    return Allocator(resource, config.sharing, vendor.devices.plugin_parts().allocator(config, host_root, resource))
 
 
 def specs(response: pb.ContainerAllocateResponse) -> list[tuple[str, str, str]]:

@@ -21,6 +21,7 @@ from tests.builders import nvidia, nvidia_gpu, offer_of
 from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.conftest import probing_plugin, running_plugin
 from tests.plugin.profile_files import l40s_node, write_yaml
+from vendors import RESOURCE_NAMES
 from vendors.nvidia import cdi as nvidia_cdi
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "cdi"
@@ -145,7 +146,7 @@ def test_driver_files_on_the_host_root_are_mounted(tmp_path: Path) -> None:
     (tmp_path / "usr/bin").mkdir(parents=True)
     (tmp_path / "usr/bin/nvidia-ctk").write_text("ELF")
     config = parse_config({"flags": {"nvidiaDriverRoot": "/run/nvidia/driver",
-                                     "plugin": {"deviceListStrategy": "cdi-cri"}}})
+                                     "plugin": {"deviceListStrategy": "cdi-cri"}}}, RESOURCE_NAMES)
     (resource,) = offer_of(nvidia(nvidia_gpu(0), nvidia_gpu(1)), config).resources
     spec = nvidia_cdi.spec(resource.physical_devices, config, tmp_path)
     assert spec is not None

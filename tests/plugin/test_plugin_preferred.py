@@ -12,6 +12,7 @@ from labeller.plugin.preferred import preferred
 from labeller.offer import Resource
 from tests.builders import nvidia, nvidia_gpu, offer_of
 from tests.plugin.conftest import simulated
+from vendors import RESOURCE_NAMES
 
 
 def islands() -> Resource:
@@ -20,7 +21,7 @@ def islands() -> Resource:
     for i in range(8):
         island = [j for j in range(i % 2, 8, 2) if j != i]
         gpus.append(nvidia_gpu(i, numa=0 if i < 4 else 1, peers=tuple(island)))
-    return list(offer_of(nvidia(*gpus), parse_config(None)).resources)[0]
+    return list(offer_of(nvidia(*gpus), parse_config(None, RESOURCE_NAMES)).resources)[0]
 
 
 ALL8 = [f"GPU-{i}" for i in range(8)]
@@ -37,7 +38,8 @@ def test_nvlink_pair_prefers_same_numa() -> None:
 
 
 def test_without_links_numa_decides() -> None:
-    resource = offer_of(nvidia(*(nvidia_gpu(i, numa=i % 2) for i in range(4))), parse_config(None)).resources[0]
+    gpus = nvidia(*(nvidia_gpu(i, numa=i % 2) for i in range(4)))
+    resource = offer_of(gpus, parse_config(None, RESOURCE_NAMES)).resources[0]
     assert sorted(preferred(resource, ["GPU-0", "GPU-1", "GPU-2", "GPU-3"], ["GPU-1"], 2)) == ["GPU-1", "GPU-3"]
 
 
@@ -81,7 +83,8 @@ def test_partitions_of_one_gpu_together() -> None:
 
 def shared(policy: str = "distributed") -> tuple[Resource, str]:
     raw: dict[str, Any] = {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
-    return offer_of(nvidia(nvidia_gpu(0), nvidia_gpu(1), nvidia_gpu(2)), parse_config(raw)).resources[0], policy
+    gpus = nvidia(nvidia_gpu(0), nvidia_gpu(1), nvidia_gpu(2))
+    return offer_of(gpus, parse_config(raw, RESOURCE_NAMES)).resources[0], policy
 
 
 def test_replicas_distributed_spread_over_gpus() -> None:

@@ -10,17 +10,19 @@ from labeller.config import parse_config
 from vendors.amd.devices import AmdDevice
 from vendors.nvidia.devices import NvidiaDevice
 from tests.builders import amd, amd_gpu, amd_node, bus, nvidia, nvidia_gpu, offer_of
+from vendors import RESOURCE_NAMES
 
 
 def names(inventory: Any, raw: dict[str, Any] | None = None) -> dict[str, list[str]]:
-    return {r.name: [d.id for d in r.devices] for r in list(offer_of(inventory, parse_config(raw)).resources)}
+    offer = offer_of(inventory, parse_config(raw, RESOURCE_NAMES))
+    return {r.name: [d.id for d in r.devices] for r in offer.resources}
 
 
 def test_full_gpus_by_uuid_or_index() -> None:
     inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1, numa=1))
     assert names(inventory) == {"nvidia.com/gpu": ["GPU-0", "GPU-1"]}
     assert names(inventory, {"flags": {"plugin": {"deviceIDStrategy": "index"}}}) == {"nvidia.com/gpu": ["0", "1"]}
-    (resource,) = list(offer_of(inventory, parse_config(None)).resources)
+    (resource,) = list(offer_of(inventory, parse_config(None, RESOURCE_NAMES)).resources)
     assert resource.socket_name == "nvidia-gpu.sock"
     assert [d.physical.numa_node for d in resource.devices] == [0, 1]
 
@@ -30,7 +32,7 @@ def test_time_slicing_replicas_and_rename() -> None:
     sharing: dict[str, Any] = {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 3}]}}}
     assert names(inventory, sharing)["nvidia.com/gpu"] == [f"GPU-{g}::{n}" for g in range(2) for n in range(3)]
     sharing["sharing"]["timeSlicing"]["renameByDefault"] = True
-    (resource,) = list(offer_of(inventory, parse_config(sharing)).resources)
+    (resource,) = list(offer_of(inventory, parse_config(sharing, RESOURCE_NAMES)).resources)
     assert resource.name == "nvidia.com/gpu.shared" and resource.socket_name == "nvidia-gpu.shared.sock"
     assert resource.replicas == 3 and len(resource.devices) == 6
     assert {d.physical.health_key for d in resource.devices} == {"GPU-0", "GPU-1"}
@@ -60,7 +62,7 @@ def test_mig_single_without_mig_is_none() -> None:
 
 def test_mig_mixed_one_resource_per_profile() -> None:
     inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1, mig=("1g.5gb", "1g.5gb", "2g.10gb+me")), nvidia_gpu(2, mig=()))
-    resources = list(offer_of(inventory, parse_config({"flags": {"migStrategy": "mixed"}})).resources)
+    resources = list(offer_of(inventory, parse_config({"flags": {"migStrategy": "mixed"}}, RESOURCE_NAMES)).resources)
     assert {r.name: [d.id for d in r.devices] for r in resources} == {
         "nvidia.com/gpu": ["GPU-0"],
         "nvidia.com/mig-1g.5gb": ["MIG-1-0", "MIG-1-1"],
@@ -79,7 +81,7 @@ def test_amd_whole_gpus_and_partitions() -> None:
         amd_gpu("0000:03:00.0", amd_node(2, 0x300, render=128, card=1, links=((3, 11), (0, 2)))),
         amd_gpu("0000:05:00.0", amd_node(3, 0x500, render=129, card=2), amd_node(4, 0x501, render=130, card=3), numa=1),
     )
-    (resource,) = list(offer_of(inventory, parse_config(None)).resources)
+    (resource,) = list(offer_of(inventory, parse_config(None, RESOURCE_NAMES)).resources)
     assert resource.name == "amd.com/gpu" and resource.socket_name == "amd-gpu.sock"
     assert [d.id for d in resource.devices] == ["0000:03:00.0", "0000:05:00.0", "0000:05:00.1"]
     first = resource.devices[0].physical
@@ -95,5 +97,5 @@ def test_amd_time_slicing_uses_the_same_config_format() -> None:
 
 
 def test_no_devices_no_resources() -> None:
-    assert list(offer_of(nvidia(), parse_config(None)).resources) == []
-    assert list(offer_of(amd(), parse_config(None)).resources) == []
+    assert list(offer_of(nvidia(), parse_config(None, RESOURCE_NAMES)).resources) == []
+    assert list(offer_of(amd(), parse_config(None, RESOURCE_NAMES)).resources) == []

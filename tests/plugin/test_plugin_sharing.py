@@ -19,6 +19,7 @@ from tests.builders import nvidia_part, offer_of
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import probing_plugin, running_plugin
 from tests.plugin.profile_files import l40s_node, write_yaml
+from vendors import RESOURCE_NAMES
 from vendors.nvidia import mps
 
 GPU = "nvidia.com/gpu"
@@ -39,7 +40,7 @@ def mps_config(root: Path, **entry: object) -> dict[str, object]:
 def declare_ready(root: Path, config: dict[str, object], profile: Path, heartbeat: float | None = None) -> None:
     """Write the readiness file as gpu-labeller mps-control-daemon does once every daemon answers."""
     with open_node(Path("/"), str(profile), None) as node:
-        offer = offer_of(node.probe(), parse_config(config))
+        offer = offer_of(node.probe(), parse_config(config, RESOURCE_NAMES))
     served = [mps.served(h.resource) for h in offer.held if h.waiting]
     heartbeat = time.time() if heartbeat is None else heartbeat
     mps.ready_file(str(root)).write_text(mps.ready_document(served, heartbeat, 30))

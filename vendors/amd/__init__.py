@@ -1,15 +1,20 @@
 """AMD GPUs: sysfs probe (probe: KFD topology, DRM cards, amdgpu module; ids: family and names),
-AMD's labeller's labels (labels), one device per KFD compute node (devices), Allocate (allocate),
-KFD health (health), a simulated sysfs tree (simulate)."""
+AMD's labeller's labels (labels), one device per KFD compute node (devices); for the device plugin
+alone, Allocate (allocate), KFD health (health) and the CDI spec (cdi); a simulated sysfs tree
+(simulate)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from labeller.config import Config
 from labeller.inventory import BackendReport, PciGpu
-from labeller.vendor import Vendor, allocator_in, cdi_in, checker_in
+from labeller.vendor import Vendor
+from labeller.vendor.devices import Devices
+from labeller.vendor.discovery import Discovery, Labelling, Simulator
+from labeller.vendor.plugin import PluginParts
 from vendors.amd import devices, labels, probe
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID
 from vendors.amd.model import AmdInventory
@@ -21,19 +26,38 @@ def _probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], config: Config, handle
     return probe.probe(host_root, pci_gpus, config, handle if handle is not None else probe.pyamdgpuinfo_enricher)
 
 
+def plugin_parts() -> PluginParts:
+    """Allocate, health checks and the CDI spec: the device plugin's alone, so imported here, on its
+    first call, and never on the dry run."""
+    from vendors.amd import allocate, cdi, health
+
+    return PluginParts(allocator=allocate.allocator, checker=health.checker, cdi_spec=cdi.spec)
+
+
+def simulator() -> Simulator:
+    """The stand-in of a simulated node: imported here, when a profile is replayed, never on a real node."""
+    from vendors.amd import simulate
+
+    return simulate
+
+
 VENDOR = Vendor(
     name="amd",
-    pci_vendor_id=PCI_VENDOR_ID,
-    pci_classes=PCI_CLASSES,
-    presence_label="amd.com/gpu.present",  # ours: AMD's labeller has no presence label to select on
-    labels_enabled=lambda config: config.labels.amd or config.labels.amd_beta,
-    probe=_probe,
-    labelers=labels.LABELERS,
-    device_groups=devices.groups,
-    allocator=allocator_in("vendors.amd.allocate"),
-    health=checker_in("vendors.amd.health"),
-    cdi=cdi_in("vendors.amd.cdi"),
-    health_source="KFD topology: a compute node whose topology node disappears",
-    simulator="vendors.amd.simulate",
-    key_docs=labels.KEY_DOCS,
+    discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=_probe, simulator=simulator),
+    labelling=Labelling(
+        presence_label="amd.com/gpu.present",  # ours: AMD's labeller has no presence label to select on
+        presence_upstream="none: gpu-labeller's own key (AMD's labeller has no presence label)",
+        enabled=lambda config: config.labels.amd or config.labels.amd_beta,
+        labelers=labels.LABELERS,
+        key_docs=labels.KEY_DOCS,
+    ),
+    devices=Devices(
+        groups=devices.groups,
+        domain="amd.com",
+        own_names=re.compile(r"amd\.com/(gpu|[a-z]px_nps\d+)"),
+        memory_shared=None,
+        health_source="KFD topology: a compute node whose topology node disappears",
+        plugin_parts=plugin_parts,
+    ),
+    mps=None,
 )

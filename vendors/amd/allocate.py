@@ -13,7 +13,7 @@ from pathlib import Path
 
 from labeller.config import Config
 from labeller.offer import PhysicalDevice, Resource
-from labeller.vendor import CDI_STRATEGIES, Allocate, ContainerEdits, DeviceNode, name_cdi_devices
+from labeller.vendor.plugin import CDI_STRATEGIES, Allocate, ContainerEdits, DeviceNode, name_cdi_devices
 from vendors.amd.devices import AmdDevice
 
 CDI_KIND = "amd.com/gpu"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from labeller.offer import PhysicalDevice
-from labeller.vendor import HealthReporter
+from labeller.vendor.plugin import HealthReporter
 from vendors.amd.devices import AmdDevice
 from vendors.amd.facts import KFD_TOPOLOGY_DIRS
 

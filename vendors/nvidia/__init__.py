@@ -1,27 +1,57 @@
 """NVIDIA GPUs: NVML probe (nvml), GFD's labels (labels), device groups by MIG strategy (devices),
-Allocate (allocate), XID and lost-GPU health (health), a simulated NVML (simulate)."""
+MPS (mps); for the device plugin alone, Allocate (allocate), XID and lost-GPU health (health) and
+the CDI spec (cdi); a simulated NVML (simulate)."""
 
 from __future__ import annotations
 
-from labeller.vendor import Vendor, allocator_in, cdi_in, checker_in
+import re
+
+from labeller.vendor import Vendor
+from labeller.vendor.devices import Devices
+from labeller.vendor.discovery import Discovery, Labelling, Simulator
+from labeller.vendor.mps import Mps
+from labeller.vendor.plugin import PluginParts
 from vendors.nvidia import devices, labels, mps, nvml
 from vendors.nvidia.facts import PCI_CLASSES, PCI_VENDOR_ID
 
+
+def plugin_parts() -> PluginParts:
+    """Allocate, health checks and the CDI spec: the device plugin's alone, so imported here, on its
+    first call, and never on the dry run."""
+    from vendors.nvidia import allocate, cdi, health
+
+    return PluginParts(allocator=allocate.allocator, checker=health.checker, cdi_spec=cdi.spec)
+
+
+def simulator() -> Simulator:
+    """The stand-in of a simulated node: imported here, when a profile is replayed, never on a real node."""
+    from vendors.nvidia import simulate
+
+    return simulate
+
+
 VENDOR = Vendor(
     name="nvidia",
-    pci_vendor_id=PCI_VENDOR_ID,
-    pci_classes=PCI_CLASSES,
-    presence_label="nvidia.com/gpu.present",
-    labels_enabled=lambda config: config.labels.nvidia,
-    probe=nvml.probe,
-    labelers=labels.LABELERS,
-    device_groups=devices.groups,
-    allocator=allocator_in("vendors.nvidia.allocate"),
-    health=checker_in("vendors.nvidia.health"),
-    cdi=cdi_in("vendors.nvidia.cdi"),
-    health_source="NVML: XID critical-error events, and a poll for GPUs that stop answering",
-    simulator="vendors.nvidia.simulate",
-    mps=mps.check,
-    offer_inputs=mps.offer_inputs,
-    key_docs=labels.KEY_DOCS,
+    discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=nvml.probe, simulator=simulator),
+    labelling=Labelling(
+        presence_label="nvidia.com/gpu.present",
+        presence_upstream="the NVIDIA GPU Operator (from NFD's feature.node.kubernetes.io/pci-10de.present)",
+        enabled=lambda config: config.labels.nvidia,
+        labelers=labels.LABELERS,
+        key_docs=labels.KEY_DOCS,
+    ),
+    devices=Devices(
+        groups=devices.groups,
+        domain="nvidia.com",
+        own_names=re.compile(r"nvidia\.com/(gpu|mig-(\d+c\.)?\d+g\.\d+gb(\.[a-z]+)*)"),
+        memory_shared=devices.GPU,  # gpushare's aliyun.com/gpu-mem divides whole NVIDIA GPUs
+        health_source="NVML: XID critical-error events, and a poll for GPUs that stop answering",
+        plugin_parts=plugin_parts,
+    ),
+    mps=Mps(
+        shareable=re.compile(r"nvidia\.com/(?!mig-).*", re.DOTALL),  # whole GPUs, under any name but a MIG profile's
+        shares="whole NVIDIA GPUs (nvidia.com/gpu)",
+        check=mps.check,
+        offer_inputs=mps.offer_inputs,
+    ),
 )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from labeller.config import Config
 from labeller.offer import PhysicalDevice, Resource
-from labeller.vendor import Allocate, ContainerEdits, DeviceNode, Mount, name_cdi_devices
+from labeller.vendor.plugin import Allocate, ContainerEdits, DeviceNode, Mount, name_cdi_devices
 from vendors.nvidia import mps
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.sysfs import Untrusted, read_text

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from labeller.offer import PhysicalDevice
-from labeller.vendor import HealthReporter
+from labeller.vendor.plugin import HealthReporter
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.facts import WHOLE_GPU
 from vendors.nvidia.nvml import load

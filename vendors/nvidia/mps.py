@@ -10,7 +10,7 @@ that was killed outright (and cannot remove the file) stops counting within that
 daemon writes ``<mpsRoot>/.ready`` once and never refreshes it; a file of our own also never
 touches NVIDIA's during a migration.
 
-``check`` is the NVIDIA vendor's ``Vendor.mps``: MPS replicas are advertised, and labelled
+``check`` is the NVIDIA vendor's ``Mps.check``: MPS replicas are advertised, and labelled
 ``sharing-strategy=mps``, only while the readiness file says exactly that resource is served.
 """
 
@@ -138,7 +138,7 @@ def probe_readiness(config: Config) -> MpsReadiness | None:
 
 
 def offer_inputs(config: Config) -> object:
-    """The plugin's fingerprint of the readiness file (``Vendor.offer_inputs``): what it serves, or
+    """The plugin's fingerprint of the readiness file (``Mps.offer_inputs``): what it serves, or
     that it serves nothing; the heartbeat itself is left out."""
     readiness = probe_readiness(config)
     return None if readiness is None else (readiness.served, readiness.problem is None)

@@ -1,0 +1,105 @@
+"""A vendor's device-plugin parts (role 2, second half): Allocate, health checks and the CDI spec.
+
+Only the device plugin runs them, and their modules import device-only code (NVML's event API,
+sysfs device nodes), so a vendor hands them over through ``Devices.plugin_parts``: a function
+that imports those modules when the plugin first calls it. The dry run never does.
+
+Everything here is plain data, so the plugin turns a vendor's answer into gRPC messages without
+knowing the vendor, and no vendor needs grpc.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from labeller.config import Config
+from labeller.offer import PhysicalDevice, Resource
+
+DEVICE_PERMISSIONS = "rwm"  # "rw" without "m" breaks some frameworks (PyTorch on AMD), see the README
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    host_path: str
+    container_path: str
+    permissions: str = DEVICE_PERMISSIONS
+
+
+@dataclass
+class ContainerEdits:
+    """What the container runtime must give one container: the Allocate answer, vendor-neutral."""
+
+    envs: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    devices: list[DeviceNode] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi_devices: list[str] = field(default_factory=list)  # fully qualified CDI names
+
+
+CDI_STRATEGIES = ("cdi-annotations", "cdi-cri")
+
+
+def name_cdi_devices(edits: ContainerEdits, names: Sequence[str], strategies: Sequence[str], prefix: str,
+                     owner: str) -> None:
+    """The CDI device-list strategies: ``cdi-annotations`` adds one ``<prefix><owner>_<digest>``
+    annotation naming the devices (NVIDIA uses a random suffix; a digest of the names is as unique
+    per container and reproducible), ``cdi-cri`` fills ``cdi_devices``."""
+    if "cdi-annotations" in strategies:
+        suffix = hashlib.sha256(",".join(names).encode()).hexdigest()[:16]
+        edits.annotations[f"{prefix}{owner}_{suffix}"] = ",".join(names)
+    if "cdi-cri" in strategies:
+        edits.cdi_devices.extend(names)
+
+
+class HealthReporter(Protocol):
+    """Where health checks report (the plugin's health board)."""
+
+    def mark_unhealthy(self, keys: Iterable[str], reason: str) -> None: ...
+
+    def answering(self, keys: Iterable[str]) -> None: ...
+
+
+class Checker(Protocol):
+    """A vendor's health check of the devices it was given. ``poll`` runs every few hundred ms;
+    ``wait_for_event`` (when ``watches_events``) blocks for the next driver event."""
+
+    def start(self) -> bool: ...  # False: the driver cannot be asked at all; checks stay off
+
+    def poll(self) -> None: ...
+
+    @property
+    def watches_events(self) -> bool: ...
+
+    def wait_for_event(self, timeout_ms: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+# One container's devices -> what the container gets; built once per served resource.
+Allocate = Callable[[Sequence[PhysicalDevice]], ContainerEdits]
+AllocatorFactory = Callable[[Config, Path, Resource], Allocate]
+# (devices, reporter, host root, simulation handle, environment) -> a checker, or None when off.
+HealthFactory = Callable[[Sequence[PhysicalDevice], HealthReporter, Path, Any, Mapping[str, str]], Checker | None]
+# (the devices the plugin serves, config, host root) -> the vendor's CDI spec (a JSON-ready dict), or
+# None when it writes none for them (labeller/plugin/cdi.py writes it).
+CdiSpec = Callable[[Sequence[PhysicalDevice], Config, Path], "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class PluginParts:
+    """What the device plugin asks a vendor for, besides its device groups."""
+
+    allocator: AllocatorFactory  # per served resource: the function that answers Allocate
+    checker: HealthFactory
+    cdi_spec: CdiSpec
