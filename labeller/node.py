@@ -64,6 +64,10 @@ class Node:
             label_set.sources.update(state.sources)
         return label_set
 
+    def read_config(self, path: Path) -> Config:
+        """The config file at ``path`` (ConfigError naming it when it does not load)."""
+        return load_config(path, RESOURCE_NAMES)
+
     def offer_inputs(self) -> object | None:
         """What the offer reads besides the hardware under this config (NVIDIA's MPS readiness file),
         as a cheap fingerprint; None when it reads nothing else (then no one needs to look)."""

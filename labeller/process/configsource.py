@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from labeller.config import ConfigError, load_config
+from labeller.config import ConfigError
 
 if TYPE_CHECKING:
     from labeller.configwatch import ConfigFollower
@@ -35,7 +35,7 @@ class ConfigSource:
         if self.config_path is None:
             return True  # the defaults, or a simulated profile's own config (read again with the profile)
         try:
-            config = load_config(self.config_path)
+            config = self.host.read_config(self.config_path)
         except ConfigError as exc:
             log.error("config reload failed, keeping the old config", reason="bad-config", error=str(exc))
             return False
