@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from labeller.daemon.loop import Daemon, Options
 from labeller.daemon.reconcile import ProbeResult, owned
 from labeller.daemon.sinks import NodeSink
-from labeller.kube import Kube
+from labeller.cluster.kube import Kube
 from labeller.log import configure
 from labeller.daemon.metrics import Metrics
 from tests.fakes.apiserver import FakeApiServer, Fault

@@ -13,7 +13,7 @@ import pytest
 from labeller.daemon.loop import Daemon, Options
 from labeller.daemon.reconcile import owned, FightGuard, ProbeResult
 from labeller.daemon.sinks import EventSink, NodeSink, Sink
-from labeller.kube import Kube
+from labeller.cluster.kube import Kube
 from labeller.daemon.metrics import Metrics
 from tests.fakes.apiserver import FakeApiServer
 
