@@ -1,7 +1,7 @@
 """Commands for the people who write nodeSelectors: ``explain`` (where each label comes from),
 ``match`` (which nodes a selector or an affinity would land on) and ``nodes`` (the fleet at a
 glance). Loaded only when invoked; only ``nodes`` and ``match --kubeconfig`` load the Kubernetes
-client (through labeller.kube), and only then."""
+client (through labeller.cluster.kube), and only then."""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def profile_targets(profiles: Sequence[str], profiles_dir: Path | None, config_p
 
 def node_targets(kubeconfig: str | None) -> list[Target]:
     """Every Node of the cluster, with its labels: one list call."""
-    from labeller.daemon.cli import connect
-    from labeller.kube import KubeError
+    from labeller.cluster.connect import connect
+    from labeller.cluster.kube import KubeError
 
     kube = connect(kubeconfig)
     try:
@@ -182,9 +182,9 @@ def nodes(kubeconfig: str | None, fmt: str, names: tuple[str, ...]) -> None:
     """The GPU nodes at a glance, one line each: vendor, model, count, memory, sharing, MIG, each GPU
     resource's capacity/allocatable/in use by pods, labeller and plugin readiness. One list of Nodes
     and one of Pods (bound, not finished), however many nodes."""
-    from labeller.daemon.cli import connect
+    from labeller.cluster.connect import connect
     from labeller.fleet import POD_FIELD_SELECTOR, fleet, fleet_text
-    from labeller.kube import KubeError
+    from labeller.cluster.kube import KubeError
 
     kube = connect(kubeconfig)
     try:

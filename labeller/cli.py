@@ -19,6 +19,7 @@ import click
 import structlog
 
 from labeller.config import ConfigError
+from labeller.errors import InputError
 from labeller.inventory import Inventory, ProbeError
 from labeller.log import LEVELS, configure
 from labeller.node import Node, chosen, open_node
@@ -84,6 +85,9 @@ KUBECTL_PLUGINS = {"kubectl-inspect-gpushare": ("inspect", "kubectl inspect gpus
 
 
 class LazyGroup(click.Group):
+    """The root command: loads the commands that need the cluster or grpc on first use, and is the
+    one place where the domain's InputError becomes click's one line (``Error: ...``, exit code 2)."""
+
     def main(self, args: Any = None, prog_name: str | None = None, *rest: Any, **extra: Any) -> Any:
         plugin = KUBECTL_PLUGINS.get(os.path.basename(sys.argv[0]))
         if args is None and plugin is not None:
@@ -91,8 +95,19 @@ class LazyGroup(click.Group):
             command = self.get_command(click.Context(self), name)
             assert command is not None
             configure("warning", json_output=False)
-            return command.main(sys.argv[1:], prog, *rest, **extra)
+            try:
+                return command.main(sys.argv[1:], prog, *rest, **extra)
+            except InputError as exc:  # the command ran outside this group's invoke
+                error = BadInput(str(exc))
+                error.show()
+                sys.exit(error.exit_code)
         return super().main(args, prog_name, *rest, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except InputError as exc:
+            raise BadInput(str(exc)) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])

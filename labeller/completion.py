@@ -68,7 +68,7 @@ def complete_node_names(ctx: click.Context, param: click.Parameter, incomplete: 
     """Node names of the cluster ``--kubeconfig`` (or KUBECONFIG) reaches; nothing when none answers."""
     _quiet()
     try:
-        from labeller.kube import Kube
+        from labeller.cluster.kube import Kube
 
         kubeconfig = ctx.params.get("kubeconfig") or os.environ.get("KUBECONFIG")
         kube = Kube(kubeconfig, request_timeout=(1.0, 2.0))

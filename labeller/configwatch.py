@@ -10,8 +10,8 @@ and calls ``on_change`` when what is in force, or why the config asked for is no
 consumer (the daemon's loop, the plugin's prober) then calls ``apply(node)``: the selection goes
 into force and is reported once: one log line, the metrics, and (the labeller) an Event on the Node.
 
-The Kubernetes client is reached only through ``labeller.kube`` and the daemon's Node watcher,
-imported when a watch starts, so a process that follows no label never loads it.
+The Kubernetes client is reached only through the cluster layer (``labeller.cluster``), which
+loads it when a process connects, so a process that follows no label never loads it.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from labeller.cluster.nodes import NodeCache, NodeWatch, node_labels, node_labels_reader
+from labeller.cluster.permissions import PermissionLog
 from labeller.labels import key_problem, owns
 from labeller.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
 from labeller.options import BadInput
-from labeller.runtime import Backoff, reload_config
+from labeller.runtime import Backoff
 
 if TYPE_CHECKING:
-    from labeller.daemon.sinks import PermissionLog
-    from labeller.kube import Kube
+    from labeller.cluster.kube import Kube
     from labeller.node import Node
 
 log = structlog.get_logger(__name__)
@@ -143,10 +144,7 @@ class ConfigFollower:
 
     def watch(self, kube: Kube, node: str, stop: threading.Event, permissions: PermissionLog) -> None:
         """Follow the own Node's labels with a watch of its own (when no Node sink watches it already)."""
-        from labeller.daemon.sinks import NodeCache, NodeWatcher
-
-        cache = NodeCache(observers=(self.observe,))
-        NodeWatcher(kube, node, cache, lambda: None, stop, permissions).thread.start()
+        NodeWatch(kube, node, NodeCache(node_labels, observers=(self.observe,)), stop, permissions).start()
 
     def bootstrap(self, read: Callable[[], Labels], stop: threading.Event, timeout_s: float = BOOTSTRAP_SECONDS) -> bool:
         """Before the first probe: read the own Node's labels once (``read``, retried for ``timeout_s``),
@@ -181,11 +179,6 @@ class ConfigFollower:
         changed = node.select(selection)
         self._report(selection)
         return changed
-
-    def reload(self, node: Node) -> bool:
-        """SIGHUP: look at the files again now, then ``apply``."""
-        self.check_files(notify=False)
-        return self.apply(node)
 
     def _report(self, selection: Selection) -> None:
         """Once per change: a log line, the metrics and an Event (when ``events`` is given)."""
@@ -230,19 +223,6 @@ def followed_label(chooser: Chooser | None, config_label: str) -> str | None:
     return config_label
 
 
-def node_labels_reader(kube: Kube, node: str) -> Callable[[], Labels]:
-    """Reads the own Node's labels (none when the Node does not exist yet)."""
-    from labeller.kube import NotFound
-
-    def read() -> Labels:
-        try:
-            return dict(kube.get_node(node).get("metadata", {}).get("labels") or {})
-        except NotFound:
-            return {}
-
-    return read
-
-
 def follow_configs(chooser: Chooser, label: str | None, kube: Kube | None, node: str, metrics: ConfigMetrics,
                    events: EventRecorder | None = None) -> tuple[ConfigFollower, Selection]:
     """A follower of the named configs and, with ``label``, of the node label (read once now, so the
@@ -273,19 +253,11 @@ def follow_own_node(config_path: Path | None, config_dir: Path | None, config_na
         if not node_name:
             raise BadInput("--config-label needs this Node's name to read its label: give --node-name NAME or set "
                            "NODE_NAME, or --config-label '' to follow no label")
-        from labeller.daemon.cli import connect
-        from labeller.daemon.sinks import PermissionLog
+        from labeller.cluster.connect import connect  # loads the Kubernetes client
 
         structlog.contextvars.bind_contextvars(node=node_name)
-        kube = connect(kubeconfig, "--config-label '' to follow no node label")  # loads the Kubernetes client
+        kube = connect(kubeconfig, alternative="--config-label '' to follow no node label")
     follower, selection = follow_configs(chooser, label, kube, node_name or "", metrics)
     if kube is not None and node_name:
         follower.watch(kube, node_name, stop, PermissionLog())
     return follower, selection
-
-
-def reload(node: Node, config_path: Path | None, follower: ConfigFollower | None) -> bool:
-    """SIGHUP: the named config again (with a follower), else ``--config`` again; True when it changed."""
-    if follower is not None:
-        return follower.reload(node)
-    return reload_config(node, config_path)

@@ -1,6 +1,6 @@
-"""What the long-running commands (``run``, ``device-plugin``, and later ones) share: signal
-handling, validate-then-swap config reloads, backoff with jitter, and the HTTP server for
-``/healthz``, ``/readyz`` and ``/metrics``."""
+"""Plumbing the long-running commands share, below every layer that knows GPUs or clusters:
+signals taken on the main thread while the work runs on another, backoff with jitter, and the
+HTTP server for ``/healthz``, ``/readyz``, ``/metrics`` (and the extender's API)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from labeller.config import ConfigError, load_config
-from vendors import RESOURCE_NAMES
-
-if TYPE_CHECKING:
-    from labeller.node import Node
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -87,23 +81,6 @@ def run_until_signalled(body: Callable[[], T], stop: Callable[[], None], reload:
     if raised:
         raise raised[0]
     return results[0]
-
-
-# --- reload --------------------------------------------------------------------------------------
-
-def reload_config(node: Node, config_path: Path | None) -> bool:
-    """Validate, then swap: ``node.config`` becomes the file's only when it loads; a bad file is
-    logged once and the config in force stays. True when the node has its (new) config."""
-    if config_path is None:
-        return True  # the defaults, or a simulated profile's own config (re-read with the profile)
-    try:
-        config = load_config(config_path, RESOURCE_NAMES)
-    except ConfigError as exc:
-        log.error("config reload failed, keeping the old config", reason="bad-config", error=str(exc))
-        return False
-    node.config = config
-    log.info("config reloaded", reason="sighup", config=str(config_path))
-    return True
 
 
 # --- backoff -------------------------------------------------------------------------------------

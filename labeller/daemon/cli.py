@@ -16,7 +16,10 @@ from labeller.configwatch import ConfigMetrics, EventRecorder, follow_configs, f
 from labeller.daemon.service import Daemon, Options
 from labeller.node import Node, named_configs, open_node
 from labeller.options import BadInput, config_label_option, discovery_options
-from labeller.kube import Kube, KubeError, Observer
+from labeller.cluster.connect import connect
+from labeller.cluster.kube import Kube, KubeError
+from labeller.cluster.nodes import record_node_event
+from labeller.cluster.permissions import PermissionLog
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.metrics import Metrics
 from labeller.process.configsource import ConfigSource
@@ -30,11 +33,9 @@ from labeller.daemon.sinks import (
     NodeMissing,
     NodeSink,
     PermissionDenied,
-    PermissionLog,
     SinkError,
     Stale,
     make_sink,
-    record_node_event,
 )
 
 log = structlog.get_logger("gpu_labeller.daemon")
@@ -66,18 +67,6 @@ def probe_labels(node: Node) -> ProbeResult:
     if inventory.partial:
         log.warning("inventory is partial", reason="partial-probe", problems=problems)
     return ProbeResult(labels, partial=inventory.partial)
-
-
-def connect(kubeconfig: str | None, alternative: str = "", observer: Observer | None = None) -> Kube:
-    """A client with the kubeconfig's credentials, else the pod's; BadInput (exit 2) when there are none."""
-    try:
-        return Kube(kubeconfig, observer=observer)
-    except KubeError as exc:
-        if kubeconfig:
-            raise BadInput(exc.message) from None  # names the file and what is wrong with it
-        suggestion = "give --kubeconfig FILE (env KUBECONFIG)" + (f", or {alternative}" if alternative else "")
-        raise BadInput(f"no Kubernetes credentials: no kubeconfig given and no in-cluster service account "
-                       f"({exc.message.rstrip('.')}); {suggestion}") from None
 
 
 @click.command()
@@ -117,7 +106,7 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
     kube = None
     if output != "features-file" or events or label:  # NFD's features.d file is written with no credentials at all
         alternative = "use --output features-file without --events" + (" and with --config-label ''" if label else "")
-        kube = connect(kubeconfig, alternative + ", which needs none", observer=metrics.observe_request)
+        kube = connect(kubeconfig, alternative=alternative + ", which needs none", observer=metrics.observe_request)
     follower, selection = None, None
     if chooser is not None:
         writes_events = kube is not None and (events or label is not None) and not dry_run

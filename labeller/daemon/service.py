@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from labeller.daemon.reconcile import Change, FightGuard, Labels, Live, Owned, ProbeResult, desired_after, managers_text, plan
-from labeller.daemon.sinks import NodeMissing, NotOurs, PermissionDenied, PermissionLog, Sink, SinkError, Unavailable
+from labeller.cluster.permissions import PermissionLog
+from labeller.daemon.sinks import NodeMissing, NotOurs, PermissionDenied, Sink, SinkError, Unavailable
 from labeller.inventory import ProbeError
 from labeller.runtime import Backoff
 from labeller.process.loop import LoopOptions

@@ -1,35 +1,30 @@
-"""Where the daemon's labels go: the Node (server-side apply, with a watch-fed cache of the live
-labels), NFD's features.d file, or an NFD ``NodeFeature`` object; ``EventSink`` wraps any of them
-to record a Kubernetes Event per change. ``make_sink`` builds what ``run`` asks for.
+"""Where the daemon's labels go: the Node (server-side apply, with the cluster layer's watch-fed
+cache of the live labels), NFD's features.d file, or an NFD ``NodeFeature`` object; ``EventSink``
+wraps any of them to record a Kubernetes Event per change. ``make_sink`` builds what ``run`` asks for.
 
 A sink reads what is there now (``live``, the ownership boundary on the way in: only keys under
 gpu-labeller's prefixes, with who set each) and carries out a ``Change`` (``write``). It raises only
 the ``SinkError`` kinds below, whatever API or file lies behind it, so the loop never sees the
-client's errors. The Kubernetes client is reached only through ``labeller.kube``, imported
+client's errors. The Kubernetes client is reached only through ``labeller.cluster.kube``, imported
 lazily, so the features.d output and the dry-run path never import it.
 """
 
 from __future__ import annotations
 
-import random
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import structlog
-
+from labeller.cluster.nodes import NodeCache, NodeWatch, record_node_event
+from labeller.cluster.permissions import PermissionLog
 from labeller.daemon.reconcile import Change, Live
 from labeller.outputs import render, write_atomic
-from labeller.runtime import Backoff
 
 if TYPE_CHECKING:
-    from labeller.kube import Forbidden, Kube, Obj
-
-log = structlog.get_logger("gpu_labeller.daemon")
+    from labeller.cluster.kube import Forbidden, Kube, Obj
 
 WRITTEN_BY = "# Written by gpu-labeller"  # first line of every features.d file gpu-labeller writes
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-labeller")  # label on every NodeFeature it creates
@@ -78,7 +73,7 @@ class NotOurs(SinkError):
 @contextmanager
 def _api_errors() -> Iterator[None]:
     """The Kubernetes adapter's errors, as sink errors."""
-    from labeller.kube import Conflict, Forbidden, KubeError
+    from labeller.cluster.kube import Conflict, Forbidden, KubeError
 
     try:
         yield
@@ -105,156 +100,6 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-class PermissionLog:
-    """One error line per 403 (per missing permission, or per refusal of another kind), then quiet
-    until the request works again."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reported: set[tuple[str, str]] = set()
-
-    def report(self, exc: PermissionDenied, **context: Any) -> None:
-        key = (exc.verb, exc.resource if exc.identity else exc.message)
-        with self._lock:
-            if key in self._reported:
-                return
-            self._reported.add(key)
-        if exc.identity is None:  # not RBAC: an admission policy, say; its message is the news
-            log.error(f"the API server refused to {exc.verb} {exc.resource}", reason="forbidden", verb=exc.verb,
-                      resource=exc.resource, detail=exc.message, **context)
-            return
-        log.error(f"permission missing: grant verb '{exc.verb}' on resource '{exc.resource}' to {exc.identity}",
-                  reason="forbidden", verb=exc.verb, resource=exc.resource, detail=exc.message, **context)
-
-    def granted(self, *verbs: str) -> None:
-        """Requests with these verbs worked: a later 403 on them is news again."""
-        with self._lock:
-            self._reported = {key for key in self._reported if key[0] not in verbs}
-
-
-def _rv(obj: Mapping[str, Any]) -> int:
-    text = str(obj.get("metadata", {}).get("resourceVersion") or "0")
-    return int(text) if text.isdigit() else 0
-
-
-class NodeCache:
-    """The live Node as the watch (or the last write's answer) saw it. Thread-safe. ``observers`` get
-    every newer view's labels (all of them, None when the Node is gone), outside the lock."""
-
-    def __init__(self, observers: Sequence[Callable[[Mapping[str, str] | None], None]] = ()) -> None:
-        self._lock = threading.Lock()
-        self.synced = False
-        self.exists = False
-        self.live = Live()
-        self.resource_version = 0
-        self._synced = threading.Event()
-        self.observers = tuple(observers)
-
-    def put(self, obj: Mapping[str, Any] | None) -> bool:
-        """Store a newer view of the node (None: it does not exist). True if our labels or their
-        managers changed (other labels, status and the like do not concern gpu-labeller)."""
-        changed = self._put(obj)
-        if changed is None:
-            return False
-        labels = None if obj is None else dict(obj.get("metadata", {}).get("labels") or {})
-        for observer in self.observers:
-            observer(labels)
-        return changed
-
-    def _put(self, obj: Mapping[str, Any] | None) -> bool | None:
-        """``put`` with the lock held; None when ``obj`` is older than what is stored."""
-        with self._lock:
-            self._synced.set()
-            if obj is None:
-                changed = self.exists or not self.synced
-                self.synced, self.exists, self.live = True, False, Live()
-                return changed
-            rv = _rv(obj)
-            if self.synced and self.exists and rv and rv < self.resource_version:
-                return None
-            live = Live.of_node(obj)
-            changed = not (self.synced and self.exists and live == self.live)
-            self.synced, self.exists, self.live, self.resource_version = True, True, live, rv
-            return changed
-
-    def forget(self) -> None:
-        with self._lock:
-            self.synced = False
-            self._synced.clear()
-
-    def wait_synced(self, timeout_s: float) -> bool:
-        return self._synced.wait(timeout_s)
-
-    def snapshot(self) -> tuple[bool, bool, Live]:
-        with self._lock:
-            return self.synced, self.exists, self.live
-
-
-class NodeWatcher:
-    """Keeps a NodeCache current: list this node, watch it from there, re-list on 410, retry on errors.
-
-    Retries come at most 1 s apart during the first minute of an outage (so labels are repaired
-    within about a second of the API answering again), then back off up to 10 s.
-    """
-
-    def __init__(self, kube: Kube, node: str, cache: NodeCache, notify: Callable[[], None], stop: threading.Event,
-                 permissions: PermissionLog, watch_timeout_s: int = 300) -> None:
-        self.kube, self.node, self.cache = kube, node, cache
-        self.notify, self.stop, self.permissions = notify, stop, permissions
-        self.watch_timeout_s = watch_timeout_s
-        self.backoff = Backoff(base_s=0.2, cap_s=10.0, quick_cap_s=1.0, quick_for_s=60.0)
-        self._failing_since: float | None = None
-        self.thread = threading.Thread(target=self._run, name=f"watch-{node}", daemon=True)
-
-    def _run(self) -> None:
-        from labeller.kube import Forbidden, Gone, KubeError
-
-        while not self.stop.is_set():
-            try:
-                self._list_then_watch()
-                continue
-            except Gone:
-                log.info("watch expired, listing again", node=self.node, reason="gone")
-            except Forbidden as exc:
-                self.cache.forget()
-                self.permissions.report(PermissionDenied.of(exc), node=self.node)
-                self._failing_since = self._failing_since or time.monotonic()
-            except KubeError as exc:
-                self.cache.forget()
-                self._report_failure(exc)
-            self.stop.wait(self.backoff.next())  # never a tight list-watch loop, even if 410 repeats
-
-    def _report_failure(self, exc: Exception) -> None:
-        """A warning when an outage begins; quiet (debug) while it lasts."""
-        if self._failing_since is None:
-            self._failing_since = time.monotonic()
-            log.warning("watch failed, retrying", node=self.node, reason="api-error", error=str(exc))
-        else:
-            log.debug("watch failed again", node=self.node, reason="api-error", error=str(exc))
-
-    def _list_then_watch(self) -> None:
-        obj, rv = self.kube.list_node(self.node)
-        self.permissions.granted("list")
-        if self._failing_since is not None:
-            log.info("watch works again", node=self.node, reason="api-recovered",
-                     down_s=round(time.monotonic() - self._failing_since, 1))
-            self._failing_since = None
-        if self.cache.put(obj):
-            self.notify()
-        self.backoff.reset()
-        while not self.stop.is_set():
-            timeout = int(self.watch_timeout_s * random.uniform(1.0, 1.2))
-            for kind, obj in self.kube.watch_node(self.node, rv, timeout):
-                self.permissions.granted("watch")
-                rv = str(obj.get("metadata", {}).get("resourceVersion") or rv)
-                if kind == "BOOKMARK":
-                    continue
-                if self.cache.put(None if kind == "DELETED" else obj):
-                    self.notify()
-                if self.stop.is_set():
-                    return
-
-
 class NodeSink:
     """Server-side apply to the Node. With ``watch`` (the daemon) it lists and watches its Node from
     ``start`` on and reads the live labels from that cache, falling back to a GET when the watch has
@@ -266,16 +111,16 @@ class NodeSink:
                  watch_timeout_s: int = 300,
                  observers: Sequence[Callable[[Mapping[str, str] | None], None]] = ()) -> None:
         self.kube, self.node = kube, node
-        self.cache = NodeCache(observers)
+        self.cache = NodeCache(Live.of_node, observers)
         self.watch, self.watch_timeout_s = watch, watch_timeout_s
         self.sync_wait_s = sync_wait_s if watch else 0.0
-        self.watcher: NodeWatcher | None = None
+        self.watcher: NodeWatch[Live] | None = None
 
     def start(self, on_change: Callable[[], None], stop: threading.Event, permissions: PermissionLog) -> None:
         if self.watch and self.watcher is None:
-            self.watcher = NodeWatcher(self.kube, self.node, self.cache, on_change, stop, permissions,
-                                       self.watch_timeout_s)
-            self.watcher.thread.start()
+            self.watcher = NodeWatch(self.kube, self.node, self.cache, stop, permissions, notify=on_change,
+                                     watch_timeout_s=self.watch_timeout_s)
+            self.watcher.start()
 
     def live(self) -> Live:
         synced, exists, live = self.cache.snapshot()
@@ -288,7 +133,7 @@ class NodeSink:
         return live
 
     def _refresh(self) -> None:
-        from labeller.kube import NotFound
+        from labeller.cluster.kube import NotFound
 
         with _api_errors():
             try:
@@ -298,7 +143,7 @@ class NodeSink:
 
     def write(self, change: Change) -> None:
         """Apply ``change.labels`` when needed, then merge-patch out the keys an apply cannot drop."""
-        from labeller.kube import NotFound
+        from labeller.cluster.kube import NotFound
 
         answer = None
         with _api_errors():
@@ -458,23 +303,6 @@ class EventSink:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def record_node_event(kube: Kube, node: str, namespace: str, kind: str, reason: str, message: str) -> None:
-    """A Kubernetes Event on the Node; a failure is only logged (what it reports has happened anyway)."""
-    from labeller.kube import KubeError
-
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = {"apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{node}.{time.time_ns():x}", "namespace": namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
-            "reason": reason, "message": message, "type": kind,
-            "source": {"component": "gpu-labeller", "host": node},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-    try:
-        kube.create_event(namespace, body)
-    except KubeError as exc:
-        log.warning("could not record an event", node=node, reason="event-failed", event=reason, error=exc.message)
 
 
 def make_sink(output: str, node: str, kube: Kube | None, *, features_file: Path, namespace: str, interval_s: float,

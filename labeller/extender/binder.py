@@ -21,7 +21,7 @@ import structlog
 
 from labeller import gpushare
 from labeller.extender.cache import ShareCache
-from labeller.kube import Conflict, Kube, KubeError
+from labeller.cluster.kube import Conflict, Kube, KubeError
 
 log = structlog.get_logger("gpu_labeller.extender")
 

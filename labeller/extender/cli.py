@@ -22,7 +22,8 @@ from labeller.extender.metrics import Metrics
 from labeller.extender.placement import POLICIES
 from labeller.extender.server import Extender
 from labeller.gpushare import RESOURCE_MEM
-from labeller.kube import Kube, KubeError
+from labeller.cluster.connect import connect
+from labeller.cluster.kube import Kube, KubeError
 from labeller.options import BadInput
 from labeller.params import Duration
 from labeller.runtime import HealthServer, PortUnavailable, run_until_signalled, start_http_server
@@ -31,17 +32,7 @@ log = structlog.get_logger("gpu_labeller.extender")
 
 DEFAULT_PORT = 39999  # gpushare's
 KUBECTL_CONFIG = os.path.join("~", ".kube", "config")
-
-
-def _connect(kubeconfig: str | None, observer: Metrics | None = None) -> Kube:
-    """A client for ``kubeconfig`` (else the service account); BadInput (exit 2) when there are no credentials."""
-    try:
-        return Kube(kubeconfig, observer=observer.observe_request if observer else None, pool_size=16)
-    except KubeError as exc:
-        if kubeconfig:
-            raise BadInput(exc.message) from None
-        raise BadInput(f"no Kubernetes credentials: no kubeconfig given and no in-cluster service account "
-                       f"({exc.message.rstrip('.')}); give --kubeconfig FILE (env KUBECONFIG)") from None
+POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP handlers' reads
 
 
 @click.command("scheduler-extender")
@@ -64,7 +55,8 @@ def scheduler_extender(port: int, bind_address: str, kubeconfig: str | None, pol
     """Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible: filter, prioritize, bind."""
     options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout)
     try:
-        running = start(lambda observer: _connect(kubeconfig, observer), port, bind_address, options, int(watch_timeout))
+        running = start(lambda metrics: connect(kubeconfig, observer=metrics.observe_request, pool_size=POOL_SIZE),
+                        port, bind_address, options, int(watch_timeout))
     except PortUnavailable as exc:
         raise BadInput(str(exc)) from None
     log.info("started", reason="start", port=running.http.port, policy=policy)
@@ -90,12 +82,12 @@ class Running:
         self.kube.close()
 
 
-def start(connect: Callable[[Metrics], Kube], port: int, bind_address: str = "0.0.0.0",
+def start(make_kube: Callable[[Metrics], Kube], port: int, bind_address: str = "0.0.0.0",
           options: BindOptions = BindOptions(), watch_timeout_s: int = 300) -> Running:
     """Serve the extender on ``port`` and follow the cluster; ready once every first list is in."""
     cache = ShareCache()
     metrics = Metrics(cache)
-    kube = connect(metrics)
+    kube = make_kube(metrics)
     binder = Binder(kube, cache, options, observe_wait=metrics.bind_wait.observe)
     stop = threading.Event()
     feed = Feed(kube, cache, stop, watch_timeout_s=watch_timeout_s)
@@ -115,7 +107,7 @@ def inspect(node: str | None, kubeconfig: str | None, fmt: str) -> None:
     """Per node and GPU: total, used and free GPU memory (aliyun.com/gpu-mem units) and the pods on it."""
     if not kubeconfig and os.path.exists(os.path.expanduser(KUBECTL_CONFIG)):
         kubeconfig = os.path.expanduser(KUBECTL_CONFIG)
-    kube = _connect(kubeconfig)
+    kube = connect(kubeconfig, pool_size=POOL_SIZE)
     cache = ShareCache()
     try:
         load_once(kube, cache)

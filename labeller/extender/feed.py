@@ -1,23 +1,21 @@
-"""Keeps the cache true: for pods, nodes and kube-system ConfigMaps, list, then watch from the list's
-resourceVersion; a watch that ends is resumed, one whose resourceVersion is too old (410 Gone) lists
-again, and API errors retry with backoff. A restart loses nothing: the first list rebuilds it all."""
+"""Keeps the cache true: one cluster-layer Reflector each for pods (not finished), nodes and
+kube-system ConfigMaps. A restart loses nothing: the first list rebuilds it all."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
+from labeller.cluster.kube import Kube
+from labeller.cluster.permissions import PermissionLog
+from labeller.cluster.reflector import Lister, Obj, Reflector, Watcher
 from labeller.extender.cache import ShareCache
-from labeller.kube import Gone, Kube, KubeError
-from labeller.runtime import Backoff
 
 log = structlog.get_logger("gpu_labeller.extender")
 
-Obj = dict[str, Any]
 UNHEALTHY_NAMESPACE = "kube-system"
 # Finished pods hold no GPU memory: leave them out of the list, and a pod that finishes leaves the
 # watch as DELETED.
@@ -26,23 +24,32 @@ UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 
 @dataclass(frozen=True)
 class Source:
+    """One kind of object the cache follows: how to list and watch it, and where it goes."""
+
     resource: str
-    lister: Callable[[], tuple[list[Obj], str]]
-    watcher: Callable[[str], Iterator[tuple[str, Obj]]]
+    lister: Lister
+    watcher: Watcher
     replace: Callable[[list[Obj], str], None]
     changed: Callable[[Obj], None]
     deleted: Callable[[Obj], None]
 
+    def listed(self, items: list[Obj], resource_version: str) -> None:
+        self.replace(items, resource_version)
+        log.info("listed", reason="list", resource=self.resource, count=len(items))
 
-def sources(kube: Kube, cache: ShareCache, watch_timeout_s: int = 300) -> list[Source]:
+    def event(self, kind: str, obj: Obj) -> None:
+        (self.deleted if kind == "DELETED" else self.changed)(obj)
+
+
+def sources(kube: Kube, cache: ShareCache) -> list[Source]:
     return [
         Source("pods", lambda: kube.list_pods(field_selector=UNFINISHED),
-               lambda rv: kube.watch_pods(rv, field_selector=UNFINISHED, timeout_s=watch_timeout_s),
+               lambda rv, timeout_s: kube.watch_pods(rv, field_selector=UNFINISHED, timeout_s=timeout_s),
                cache.replace_pods, cache.pod_changed, cache.pod_deleted),
-        Source("nodes", kube.list_nodes, lambda rv: kube.watch_nodes(rv, timeout_s=watch_timeout_s),
+        Source("nodes", kube.list_nodes, lambda rv, timeout_s: kube.watch_nodes(rv, timeout_s=timeout_s),
                lambda items, rv: cache.replace_nodes(items), cache.node_changed, cache.node_deleted),
         Source("configmaps", lambda: kube.list_config_maps(UNHEALTHY_NAMESPACE),
-               lambda rv: kube.watch_config_maps(UNHEALTHY_NAMESPACE, rv, timeout_s=watch_timeout_s),
+               lambda rv, timeout_s: kube.watch_config_maps(UNHEALTHY_NAMESPACE, rv, timeout_s=timeout_s),
                lambda items, rv: cache.replace_config_maps(items), cache.config_map_changed,
                lambda cm: cache.config_map_changed(cm, deleted=True)),
     ]
@@ -56,44 +63,20 @@ def load_once(kube: Kube, cache: ShareCache) -> None:
 
 
 class Feed:
-    """One thread per source, following it until ``stop`` is set."""
+    """One Reflector per source, each on its own thread, following it until ``stop`` is set."""
 
     def __init__(self, kube: Kube, cache: ShareCache, stop: threading.Event, watch_timeout_s: int = 300) -> None:
-        self.sources = sources(kube, cache, watch_timeout_s)
-        self.stop = stop
-        self.relists = 0
+        self.sources = sources(kube, cache)
+        permissions = PermissionLog()
+        self.reflectors = [Reflector(source.resource, source.lister, source.watcher, replace=source.listed,
+                                     changed=source.event, stop=stop, permissions=permissions,
+                                     watch_timeout_s=watch_timeout_s)
+                           for source in self.sources]
+
+    @property
+    def relists(self) -> int:
+        """Lists so far, of every source, the first ones included."""
+        return sum(reflector.lists for reflector in self.reflectors)
 
     def start(self) -> list[threading.Thread]:
-        threads = [threading.Thread(target=self.follow, args=(source,), name=f"feed-{source.resource}", daemon=True)
-                   for source in self.sources]
-        for thread in threads:
-            thread.start()
-        return threads
-
-    def follow(self, source: Source) -> None:
-        backoff = Backoff(base_s=0.2, cap_s=30.0)
-        rv: str | None = None
-        while not self.stop.is_set():
-            try:
-                if rv is None:
-                    items, rv = source.lister()
-                    source.replace(items, rv)
-                    self.relists += 1
-                    log.info("listed", reason="list", resource=source.resource, count=len(items))
-                for kind, obj in source.watcher(rv):
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    if kind in ("ADDED", "MODIFIED"):
-                        source.changed(obj)
-                    elif kind == "DELETED":
-                        source.deleted(obj)
-                    if self.stop.is_set():
-                        return
-                backoff.reset()
-            except Gone:
-                log.info("watch expired, listing again", reason="gone", resource=source.resource)
-                rv = None
-            except KubeError as exc:
-                delay = backoff.next()
-                log.warning("cannot follow the cluster, retrying", reason="api-error", resource=source.resource,
-                            error=str(exc), retry_in_s=round(delay, 2))
-                self.stop.wait(delay)
+        return [reflector.start(f"feed-{reflector.resource}") for reflector in self.reflectors]

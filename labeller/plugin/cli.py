@@ -38,12 +38,9 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
     """The API client memory sharing reads and annotates pods with, made on first use."""
 
     def connect() -> PodApi:
-        from labeller.daemon.cli import connect as connect_api
+        from labeller.cluster.connect import connect as connect_api
 
-        try:
-            return connect_api(kubeconfig)
-        except click.ClickException as exc:
-            raise RuntimeError(exc.message) from None
+        return connect_api(kubeconfig)  # NoCredentials says why there is no access
 
     return connect
 

@@ -48,7 +48,7 @@ PATCH_ATTEMPTS = 5
 
 
 class PodApi(Protocol):
-    """What the matcher needs of the API server (``labeller.kube.Kube`` has it)."""
+    """What the matcher needs of the API server (``labeller.cluster.kube.Kube`` has it)."""
 
     def list_pods(self, field_selector: str | None = None,
                   label_selector: str | None = None) -> tuple[list[Pod], str]: ...
@@ -154,7 +154,7 @@ class PodMatcher:
                 self._api.patch_pod_annotations(namespace, name, annotations, resource_version=version)
                 return True
             except Exception as exc:  # noqa: BLE001 - conflicts retry; anything else is logged, not fatal
-                from labeller.kube import Conflict  # loaded already: the API client made this call
+                from labeller.cluster.kube import Conflict  # loaded already: the API client made this call
 
                 if isinstance(exc, Conflict):
                     try:

@@ -26,7 +26,7 @@ from labeller.daemon.service import Daemon, Options
 from labeller.process.loop import ProcessLoop
 from labeller.daemon.reconcile import ProbeResult, owned
 from labeller.daemon.sinks import NodeSink
-from labeller.kube import Kube
+from labeller.cluster.kube import Kube
 from labeller.log import configure
 from labeller.daemon.metrics import Metrics
 from tests.fakes.apiserver import FakeApiServer, Fault

@@ -132,7 +132,38 @@ def test_one_vendor_never_imports_another() -> None:
 def test_only_the_adapter_imports_the_kubernetes_client() -> None:
     users = {module for module, imports in modules().items()
              if any(i == "kubernetes" or i.startswith(("kubernetes.", "urllib3")) for i in imports)}
-    assert users == {"labeller.kube"}
+    assert users == {"labeller.cluster.kube"}
+
+
+PROCESSES = ("labeller.daemon", "labeller.plugin", "labeller.extender", "labeller.mps")
+
+
+def process_of(module: str) -> str | None:
+    """The process package ``module`` belongs to (``labeller.daemon.cli`` -> ``labeller.daemon``), if any."""
+    return next((p for p in PROCESSES if module == p or module.startswith(p + ".")), None)
+
+
+def test_no_process_package_imports_another() -> None:
+    """The daemon, the device plugin, the extender and the MPS supervisor share the layers below
+    them (the cluster layer among them), never each other's modules, not even inside a function."""
+    assert {process_of(m) for m in modules()} >= set(PROCESSES)
+    sideways = {module: sorted(i for i in ours(imports) if process_of(i) not in (None, process_of(module)))
+                for module, imports in modules().items() if process_of(module) is not None}
+    assert {module: found for module, found in sideways.items() if found} == {}
+
+
+def test_nothing_outside_the_daemon_imports_it() -> None:
+    importers = {module for module, imports in modules().items()
+                 if process_of(module) != "labeller.daemon" and any(process_of(i) == "labeller.daemon" for i in imports)}
+    assert importers == set()
+
+
+def test_the_cluster_layer_imports_no_process_and_no_command_line() -> None:
+    cluster = {m: imports for m, imports in modules().items() if m.startswith("labeller.cluster")}
+    assert {"labeller.cluster.kube", "labeller.cluster.connect", "labeller.cluster.reflector"} <= set(cluster)
+    for module, imports in cluster.items():
+        assert not {i for i in imports if process_of(i) is not None or i.split(".")[0] in ("click", "grpc")}, module
+        assert not {i for i in ours(imports) if i in ("labeller.cli", "labeller.options", "labeller.configwatch")}, module
 
 
 def test_only_the_plugin_speaks_grpc() -> None:
@@ -196,4 +227,4 @@ def test_the_selector_tools_stay_off_the_api(module: str) -> None:
     clients = {i for i in modules()[module] if i.split(".")[0] in ("kubernetes", "grpc", "urllib3")}
     assert clients == set()
     if module != "labeller.completion":
-        assert "labeller.kube" not in modules()[module]
+        assert "labeller.cluster.kube" not in modules()[module]

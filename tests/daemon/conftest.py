@@ -14,7 +14,7 @@ from labeller.daemon.service import Daemon, Options
 from labeller.process.loop import ProcessLoop
 from labeller.daemon.reconcile import owned, FightGuard, ProbeResult
 from labeller.daemon.sinks import EventSink, NodeSink, Sink
-from labeller.kube import Kube
+from labeller.cluster.kube import Kube
 from labeller.daemon.metrics import Metrics
 from tests.fakes.apiserver import FakeApiServer
 

@@ -210,7 +210,7 @@ def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
             f"r = CliRunner().invoke(main, ['labels', '--simulate', '{no_gpu_profile(tmp_path)}']); "
             "assert r.exit_code == 0, r.output; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'prometheus_client') "
-            "or m in ('labeller.kube', 'labeller.daemon', 'labeller.daemon.sinks')); print(bad); sys.exit(1 if bad else 0)")
+            "or m in ('labeller.cluster.kube', 'labeller.daemon', 'labeller.daemon.sinks')); print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -1,5 +1,5 @@
-"""The fake API server keeps the real semantics (real-kubernetes-behaviour.md), seen through labeller.kube
-and the official client."""
+"""The fake API server keeps the real semantics (real-kubernetes-behaviour.md), seen through
+labeller.cluster.kube and the official client."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from labeller.kube import (
+from labeller.cluster.kube import (
     Conflict,
     Forbidden,
     Gone,

@@ -13,7 +13,7 @@ import pytest
 import structlog.testing
 
 from labeller.daemon.sinks import Stale
-from labeller.kube import Kube
+from labeller.cluster.kube import Kube
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.reconcile import Live, plan
 from labeller.daemon.sinks import NodeSink

@@ -11,7 +11,7 @@ from labeller import labels
 from labeller.labels import FIELD_MANAGER, owns
 from labeller.daemon.reconcile import FightGuard, Live, ProbeResult, desired_after, label_managers, owned, plan
 from labeller.runtime import Backoff
-from labeller.daemon.sinks import NodeCache
+from labeller.cluster.nodes import NodeCache
 
 LIVE = {"team": "ml", "nvidia.com/gpu.deploy.gfd": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}
 US = (FIELD_MANAGER, "Apply")
@@ -237,7 +237,7 @@ def test_after_a_kubectl_loop_stops_our_value_is_back_within_half_a_second() -> 
 
 
 def test_node_cache_ignores_older_resource_versions_and_other_labels() -> None:
-    cache = NodeCache()
+    cache = NodeCache(Live.of_node)
     assert cache.put(node({"nvidia.com/gpu.count": "1"}, rv="10"))
     assert not cache.put(node({"nvidia.com/gpu.count": "0"}, rv="9"))
     assert not cache.put(node({"nvidia.com/gpu.count": "1", "team": "x"}, rv="11"))  # not ours to watch

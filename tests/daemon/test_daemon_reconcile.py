@@ -183,7 +183,7 @@ def test_once_reports_a_failed_probe_as_a_failure(api: FakeApiServer, kubeconfig
     from labeller.daemon.service import Daemon
     from labeller.daemon.sinks import NodeSink
     from labeller.daemon.cli import _run_once
-    from labeller.kube import Kube
+    from labeller.cluster.kube import Kube
     from labeller.daemon.metrics import Metrics
 
     api.create_node(NODE, {**OTHERS, **GPU_LABELS})

@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.kube import Kube  # noqa: E402
+from labeller.cluster.kube import Kube  # noqa: E402
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from labeller import gpushare  # noqa: E402
-from labeller.kube import Kube  # noqa: E402
+from labeller.cluster.kube import Kube  # noqa: E402
 from labeller.node import open_node  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402

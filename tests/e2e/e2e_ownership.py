@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.kube import Kube, KubeError  # noqa: E402
+from labeller.cluster.kube import Kube, KubeError  # noqa: E402
 
 NODE = "e2e-node-1"
 CANARY = "e2e-canary"  # a second Node the script writes to, to tell when the API server accepts writes

@@ -16,7 +16,7 @@ import pytest
 from labeller import gpushare
 from labeller.extender.binder import BindOptions
 from labeller.extender.cli import Running, start
-from labeller.kube import Kube
+from labeller.cluster.kube import Kube
 from tests.builders import wait_for
 from tests.fakes.apiserver import FakeApiServer
 

@@ -18,7 +18,7 @@ import pytest
 from labeller import gpushare
 from labeller.extender.binder import BindOptions
 from labeller.extender.cli import Running, start
-from labeller.kube import Kube
+from labeller.cluster.kube import Kube
 from tests.builders import wait_for
 from tests.extender.conftest import Client
 from tests.plugin.test_plugin_memory import COUNT, MEM, NODE, UNITS_PER_GPU, Node, cuda, memory_node

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from labeller.gpushare import RESOURCE_MEM
-from labeller.kube import Conflict, Gone, Kube, KubeError, NotFound
+from labeller.cluster.kube import Conflict, Gone, Kube, KubeError, NotFound
 from tests.builders import wait_for
 from tests.fakes.apiserver import FakeApiServer
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from labeller import gpushare
-from labeller.kube import Kube
+from labeller.cluster.kube import Kube
 from labeller.namedconfigs import CONFIG_LABEL
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from tests.builders import config_map_volume, offer_of
