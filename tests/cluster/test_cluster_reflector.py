@@ -193,7 +193,7 @@ def test_a_broken_watch_lists_again_and_what_changed_meanwhile_arrives(api: Fake
     wait_for(lambda: following.view.names() == ["a", "b", "c"])
 
 
-def test_an_outage_is_one_warning_then_one_line_when_it_ends_within_a_second(api: FakeApiServer,
+def test_an_outage_is_one_warning_then_one_line_when_it_ends_about_a_second_later(api: FakeApiServer,
                                                                              follow: Follow) -> None:
     api.create_node("a")
     following = follow()
@@ -207,7 +207,9 @@ def test_an_outage_is_one_warning_then_one_line_when_it_ends_within_a_second(api
         began = time.monotonic()
         wait_for(lambda: [entry for entry in logs if entry.get("reason") == "api-recovered"])
         back_in = time.monotonic() - began
-    assert back_in < 1.5
+    # retries come at most ~1 s apart in an outage's first minute (then up to 10 s): recovered within
+    # about a second; 5 s leaves room for a loaded 2-core machine and still fails on a 10 s pace
+    assert back_in < 5
     warnings = [entry for entry in logs if entry["log_level"] == "warning"]
     assert [(entry["event"], entry["reason"], entry["resource"]) for entry in warnings] == [
         ("watch failed, retrying", "api-error", "nodes")]

@@ -149,8 +149,9 @@ def test_a_config_that_fails_to_reload_changes_nothing(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n")
     from labeller.config import load_config
+    from vendors import RESOURCE_NAMES
 
-    host = Node(tmp_path, load_config(config))
+    host = Node(tmp_path, load_config(config, RESOURCE_NAMES))
     service = Recorder()
     loop = ProcessLoop(service, config=ConfigSource(host, config))
     with running(loop):
