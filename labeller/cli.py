@@ -1,69 +1,24 @@
-"""The ``gpu-labeller`` command line.
+"""The ``gpu-labeller`` command line: the root group and its commands.
 
-Commands that talk to a cluster or serve gRPC are imported only when invoked, so the dry-run path
-(``labels``, ``resources``, ``probe``, ``profiles``) never loads the kubernetes client or grpc.
+Commands that talk to a cluster or serve gRPC are imported only when invoked (``LAZY_COMMANDS``),
+so the dry-run path (``labels``, ``resources``, ``probe``, ``profiles``) never loads the
+kubernetes client or grpc. A domain error (``labeller.errors.InputError``) raised by any command
+is printed here as one line, with exit code 2.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import errno
 import importlib
-import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
-import structlog
 
-from labeller.config import ConfigError
+from labeller.commands import dryrun
+from labeller.commands.options import BadInput
 from labeller.errors import InputError
-from labeller.inventory import Inventory, ProbeError
 from labeller.log import LEVELS, configure
-from labeller.node import Node, chosen, open_node
-from labeller.offer import Offer
-from labeller.options import BadInput, discovery_options
-from labeller.outputs import FORMATS, render, write_atomic
-from labeller.snippets import SNIPPET_FORMATS, SnippetError, snippet
-
-log = structlog.get_logger(__name__)
-
-# Failures of the write itself (not of the path): a full disk, a closed pipe, an I/O error.
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EPIPE, errno.EIO})
-
-
-class WriteFailed(click.ClickException):
-    """The output could not be written (full disk, closed pipe): one line on stderr, exit code 1."""
-
-    exit_code = 1
-
-
-def emit(text: str) -> None:
-    """Print ``text`` on standard output; a closed stdout or a full disk raises WriteFailed."""
-    try:
-        if sys.stdout is None:  # started with stdout closed (`>&-`)
-            raise OSError(errno.EBADF, "standard output is closed")
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except OSError as exc:
-        _discard_stdout()
-        raise WriteFailed(f"cannot write to standard output: {exc.strerror or exc}") from None
-
-
-def _discard_stdout() -> None:
-    """Point stdout at /dev/null, so the interpreter's flush at exit cannot fail again (and print
-    "Exception ignored ... BrokenPipeError" after our one line)."""
-    try:
-        stdout = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # closed, or not a real file (a test's capture)
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, stdout)
-    finally:
-        os.close(devnull)
 
 # name -> ("module:attribute" of a click command loaded on first use, short help for --help)
 LAZY_COMMANDS = {
@@ -74,9 +29,9 @@ LAZY_COMMANDS = {
     "scheduler-extender": ("labeller.extender.cli:scheduler_extender",
                            "Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible."),
     "inspect": ("labeller.extender.cli:inspect", "Per node and GPU: total, used and free GPU memory and its pods."),
-    "explain": ("labeller.authoring:explain", "Say where each label comes from, or why a key is not produced."),
-    "match": ("labeller.authoring:match", "Which nodes a label selector or a node affinity would land on."),
-    "nodes": ("labeller.authoring:nodes", "The GPU nodes of a cluster at a glance: models, resources, use, readiness."),
+    "explain": ("labeller.commands.selectors:explain", "Say where each label comes from, or why a key is not produced."),
+    "match": ("labeller.commands.selectors:match", "Which nodes a label selector or a node affinity would land on."),
+    "nodes": ("labeller.commands.selectors:nodes", "The GPU nodes of a cluster at a glance: models, resources, use, readiness."),
 }
 
 
@@ -142,183 +97,8 @@ def main(log_level: str, log_format: str) -> None:
     configure(log_level, None if log_format == "auto" else log_format == "json")
 
 
-def _probe(node: Node) -> Inventory:
-    """The node's inventory; a probe that cannot be trusted (no PCI device list under the host
-    root) is bad input: one line on stderr, exit code 2."""
-    try:
-        return node.probe()
-    except ProbeError as exc:
-        raise BadInput(str(exc)) from None
-
-
-def _offer(node: Node, inventory: Inventory, config_path: Path | None, simulate: str | None) -> Offer:
-    """The node's offer; a sharing config that does not fit this node (a device it lacks) is bad
-    input, named like a bad config file."""
-    try:
-        return node.offer(inventory)
-    except ConfigError as exc:
-        if node.selection is not None:
-            where = f"config {node.selection.name!r}: "
-        else:
-            where = f"{config_path}: " if config_path is not None else f"{simulate}: config: " if simulate else ""
-        raise BadInput(f"{where}{exc}") from None
-
-
-@main.command()
-@discovery_options
-@click.option("--format", "fmt", type=click.Choice([*FORMATS, *SNIPPET_FORMATS]), default="text", show_default=True,
-              help="text: key=value lines; nfd: NFD features.d file; selector, affinity: a ready-to-paste "
-                   "nodeSelector or node affinity selecting nodes like this one (presence and model).")
-@click.option("--min-memory", type=click.IntRange(min=1), metavar="MIB",
-              help="With --format affinity: GPUs with at least this much memory (a Gt on nvidia.com/gpu.memory) "
-                   "instead of this model.")
-@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write to this file instead of standard output: a regular file is replaced atomically, "
-                   "a symlink's target is written, a device or FIFO is written through.")
-def labels(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
-           config_name: str | None, fmt: str, min_memory: int | None, output: Path | None) -> None:
-    """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
-    if min_memory is not None and fmt != "affinity":
-        raise BadInput("--min-memory needs --format affinity (a nodeSelector cannot compare numbers)")
-    with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
-        inventory = _probe(node)
-        label_set = node.labels(inventory, _offer(node, inventory, config_path, simulate))
-    label_set.log_problems(log)
-    text = _snippet(label_set.labels, fmt, min_memory) if fmt in SNIPPET_FORMATS else render(label_set.labels, fmt)
-    if output is None:
-        emit(text)
-        return
-    try:
-        write_atomic(output, text, make_parents=False)
-    except OSError as exc:
-        message = f"{output}: cannot write: {exc.strerror or exc}"
-        raise (WriteFailed(message) if exc.errno in WRITE_ERRNOS else BadInput(message)) from None
-
-
-def _snippet(labels: dict[str, str], fmt: str, min_memory: int | None) -> str:
-    try:
-        return snippet(labels, fmt, min_memory)
-    except SnippetError as exc:
-        raise BadInput(str(exc)) from None
-
-
-def _pci_class(code: int) -> str:
-    """As lspci -n writes it: class and subclass, ``0302``; a non-zero programming interface after it."""
-    return f"{code >> 8:04x}" + (f" prog-if {code & 0xFF:02x}" if code & 0xFF else "")
-
-
-# PCI fields the probe prints in hex, as lspci does (10de:2330, class 0302, rev a1)
-_HEX_FIELDS: dict[str, Any] = {"vendor_id": "{:04x}".format, "device_id": "{:04x}".format, "revision": "{:02x}".format,
-                               "class_code": _pci_class, "pci_class": _pci_class}
-
-
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {}
-        for f in dataclasses.fields(value):
-            item = getattr(value, f.name)
-            hexed = f.name in _HEX_FIELDS and isinstance(item, int) and not isinstance(item, bool)
-            out[f.name] = _HEX_FIELDS[f.name](item) if hexed else _jsonable(item)
-        if {"vendor_id", "device_id"} <= set(out) and isinstance(out["vendor_id"], str):
-            out = {"bdf": out.pop("bdf", None), "id": f"{out['vendor_id']}:{out['device_id']}", **out}
-        return out
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-@main.command()
-@discovery_options
-def probe(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
-          config_name: str | None) -> None:
-    """Print the discovered inventory as JSON: what each backend saw, and why it found nothing. PCI
-    ids, classes and revisions are in hex, as lspci writes them (10de:2330, class 0302, rev a1)."""
-    with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
-        inventory = _probe(node)
-    parts = {part.vendor: part for part in inventory.parts}
-    document = {
-        "pci_gpus": _jsonable(inventory.pci_gpus),
-        **{vendor.name: _jsonable(parts.get(vendor.name)) for vendor in node.vendors},
-        "machine": inventory.machine,
-        "reports": _jsonable(inventory.reports),
-        "partial": inventory.partial,
-    }
-    emit(json.dumps(document, indent=2) + "\n")
-
-
-def offer_document(offer: Offer, node: Node) -> dict[str, Any]:
-    """The offer as ``resources --format json`` prints it."""
-    health = {vendor.name: vendor.devices.health_source for vendor in node.vendors}
-    return {
-        "resources": [{
-            "name": r.name, "base": r.base, "vendor": r.vendor, "socket": r.socket_name,
-            "count": len(r.devices), "physical": len(r.physical_devices), "replicas": r.replicas,
-            "sharing": r.strategy, "renamed": r.renamed, "health": health[r.vendor],
-            "devices": [{"id": d.id, "physical": d.physical.health_key, "gpu": d.physical.gpu,
-                         "partition": d.physical.partition, "numa_node": d.physical.numa_node}
-                        for d in r.devices],
-        } for r in offer.resources],
-        "withheld": offer.withheld,
-        "held": [{"name": h.resource.name, "base": h.resource.base, "vendor": h.resource.vendor,
-                  "count": len(h.resource.devices), "replicas": h.resource.replicas, "sharing": h.resource.strategy,
-                  "reason": h.reason, "waiting": h.waiting} for h in offer.held],
-    }
-
-
-def _shared_text(resource: dict[str, Any]) -> str:
-    """How the devices share their physical ones: replicas, or units of each GPU's memory."""
-    if resource["replicas"] <= 1:
-        return ""
-    if resource["sharing"] != "memory":
-        return f" x {resource['replicas']} replicas, {resource['sharing']}"
-    per_gpu, uneven = divmod(resource["count"], resource["physical"])
-    return ", each its memory in units" if uneven else f", {per_gpu} memory units each"
-
-
-def offer_text(document: dict[str, Any]) -> str:
-    lines = []
-    for r in document["resources"]:
-        lines.append(f"{r['name']}: {r['count']} devices ({r['physical']} physical{_shared_text(r)}), "
-                     f"socket {r['socket']}")
-        lines.append(f"  health: {r['health']}")
-        for d in r["devices"]:
-            where = ", ".join(f"{k} {d[k]}" for k in ("partition", "numa_node") if d[k] is not None)
-            lines.append(f"  {d['id']}  on {d['gpu']}" + (f" ({where})" if where else ""))
-    lines.extend(f"{base}: nothing offered: {reason}" for base, reason in document["withheld"].items())
-    lines.extend(f"{h['name']}: {h['count']} devices not advertised ({'waiting' if h['waiting'] else 'held'}): "
-                 f"{h['reason']}" for h in document["held"])
-    return "".join(line + "\n" for line in lines)
-
-
-@main.command()
-@discovery_options
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def resources(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
-              config_name: str | None, fmt: str) -> None:
-    """Print what the device plugin would advertise on this node: each resource, its devices and
-    their IDs, replicas and health checks (dry run: serves nothing, touches no cluster)."""
-    with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
-        document = offer_document(_offer(node, _probe(node), config_path, simulate), node)
-    emit(json.dumps(document, indent=2) + "\n" if fmt == "json" else offer_text(document))
-
-
-@main.command()
-def profiles() -> None:
-    """List the built-in simulated node profiles."""
-    from vendors.simulate import builtin_profiles
-
-    emit("".join(f"{name:<24} {description}\n" for name, description in builtin_profiles().items()))
-
-
-@main.command()
-@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion(shell: str) -> None:
-    """Print a shell completion script (eval "$(gpu-labeller completion bash)")."""
-    from click.shell_completion import get_completion_class
-
-    cls = get_completion_class(shell)
-    assert cls is not None
-    emit(cls(main, {}, "gpu-labeller", "_GPU_LABELLER_COMPLETE").source() + "\n")
+for _command in (dryrun.labels, dryrun.probe, dryrun.resources, dryrun.profiles, dryrun.completion):
+    main.add_command(_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from labeller.documents import DocumentError, read_document
+from labeller.errors import InputError
 
 MigStrategy = Literal["none", "single", "mixed"]
 SharingStrategy = Literal["none", "time-slicing", "mps", "memory"]
@@ -29,7 +30,7 @@ DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 MPS_MAX_CLIENTS = 48
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError, ValueError):
     """A configuration problem, with a message that names the offending key."""
 
 

@@ -18,7 +18,7 @@ from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.labels import NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, KeyDoc, LabelSet, Provenance
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
-from labeller.rules import present
+from labeller.nodelabels import present
 from labeller.vendor import Vendor
 
 _OPERATOR = "the NVIDIA GPU Operator (or its MIG/vGPU managers)"

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, TypeVar
 
+from labeller.errors import InputError
+
 
 @dataclass(frozen=True)
 class PciGpu:
@@ -27,7 +29,7 @@ class PciGpu:
 BackendStatus = Literal["ok", "absent", "unavailable", "error"]
 
 
-class ProbeError(Exception):
+class ProbeError(InputError):
     """The probe as a whole cannot be trusted (no readable ``/sys/bus/pci/devices`` under the host
     root, an unreadable tree): nothing may be added or removed on its account. The message is one
     line naming the path and the likely cause."""

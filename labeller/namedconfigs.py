@@ -12,7 +12,7 @@ starts while its node asks for a broken config has nothing in force yet: it take
 node's ``config.applied`` label names (what the labeller put in force before), else the default, so
 the labeller and the device plugin agree after a restart too.
 
-Only reading files: no Kubernetes, no threads (``labeller.configwatch`` follows the label and the
+Only reading files: no Kubernetes, no threads (``labeller.process.follow`` follows the label and the
 directory).
 """
 

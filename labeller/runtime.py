@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from labeller.errors import InputError
+
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -119,7 +121,7 @@ class Backoff:
 
 # --- health and metrics over HTTP ----------------------------------------------------------------
 
-class PortUnavailable(OSError):
+class PortUnavailable(InputError, OSError):
     """The health/metrics port cannot be bound (in use, no permission); the message is one line."""
 
 

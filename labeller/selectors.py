@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from labeller.documents import DocumentError, read_document
+from labeller.errors import InputError
 from labeller.labels import is_valid_value, key_problem
 
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
@@ -31,7 +32,7 @@ REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 NAME_FIELD = "metadata.name"
 
 
-class SelectorError(ValueError):
+class SelectorError(InputError, ValueError):
     """A selector or affinity that Kubernetes would reject: one line naming the place."""
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from labeller.errors import InputError
+
 SNIPPET_FORMATS = ("selector", "affinity")
 PRESENCE_KEYS = ("nvidia.com/gpu.present", "amd.com/gpu.present")
 # The model of each vendor's GPUs, first key present wins (AMD: no product name on some VFs).
@@ -16,7 +18,7 @@ NVIDIA_MEMORY = "nvidia.com/gpu.memory"  # MiB, an integer: Gt compares it
 AMD_VRAM = "amd.com/gpu.vram"  # "192G": text, which Gt cannot compare
 
 
-class SnippetError(ValueError):
+class SnippetError(InputError, ValueError):
     """The snippet asked for cannot describe this node (one line)."""
 
 

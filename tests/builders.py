@@ -18,7 +18,7 @@ from labeller.discovery import discover
 from labeller.inventory import BackendReport, Inventory, PciGpu
 from labeller.labels import LabelSet
 from labeller.offer import Offer
-from labeller.rules import node_labels
+from labeller.nodelabels import node_labels
 from vendors import RESOURCE_NAMES, VENDORS, pci
 from vendors.amd import probe as amd_probe
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory

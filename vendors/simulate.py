@@ -28,6 +28,7 @@ from typing import Any, Self
 import yaml
 
 from labeller.documents import DocumentError, read_document
+from labeller.errors import InputError
 from vendors import VENDORS
 from vendors.dmi import PRODUCT_NAME
 from vendors.sim_pci import write_host_bridge
@@ -37,7 +38,7 @@ ROOT_PREFIX = "gpu-labeller-sim-"
 _ROOT_NAME = re.compile(rf"^{ROOT_PREFIX}(\d+)-")
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError, ValueError):
     """A profile problem, with a one-line message naming the file and key."""
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import click
 import structlog
 
-from labeller.completion import complete_node_names
-from labeller.configwatch import ConfigMetrics, EventRecorder, follow_configs, followed_label
+from labeller.commands.completion import complete_node_names
+from labeller.process.follow import ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.daemon.service import Daemon, Options
-from labeller.node import Node, named_configs, open_node
-from labeller.options import BadInput, config_label_option, discovery_options
+from labeller.host import Host, NodeOptions, open_host
+from labeller.commands.options import BadInput, config_label_option, discovery_options
 from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
 from labeller.cluster.nodes import record_node_event
@@ -25,8 +25,7 @@ from labeller.daemon.metrics import Metrics
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import ProcessLoop
 from labeller.process.serve import Endpoints, serve
-from labeller.runtime import PortUnavailable
-from labeller.params import Duration
+from labeller.commands.params import Duration
 from labeller.daemon.reconcile import Change, Live, Owned, ProbeResult, managers_text, owned, plan
 from labeller.daemon.sinks import (
     OUTPUTS,
@@ -53,10 +52,10 @@ def node_event_recorder(kube: Kube, node: str) -> EventRecorder:
     return record
 
 
-def probe_labels(node: Node) -> ProbeResult:
+def probe_labels(host: Host) -> ProbeResult:
     """Probe the hardware and compute the owned labels; ``partial`` when the inventory is incomplete."""
-    inventory = node.probe()
-    label_set = node.labels(inventory, node.offer(inventory))
+    inventory = host.probe()
+    label_set = host.labels(inventory, host.offer(inventory))
     label_set.log_problems(log)
     labels = owned(label_set.labels)  # the one ownership filter on the way in
     not_owned = sorted(set(label_set.labels) - set(labels))
@@ -92,16 +91,15 @@ def probe_labels(node: Node) -> ProbeResult:
 @click.option("--events/--no-events", default=False, show_default=True, help="Record a Kubernetes Event when labels change.")
 @click.option("--start-jitter", type=Duration(), default="2s", show_default=True,
               help="Wait a random time up to this (2s, 500ms) before the first reconcile, so a fleet does not stampede.")
-def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate: str | None, config_path: Path | None,
-        config_dir: Path | None, config_name: str | None, config_label: str, interval: float, metrics_port: int,
-        metrics_bind: str, once: bool, dry_run: bool, output: str, features_file: Path, namespace: str, events: bool,
-        start_jitter: float) -> None:
+def run(node_options: NodeOptions, interval: float, metrics_port: int, metrics_bind: str, once: bool, dry_run: bool,
+        output: str, features_file: Path, namespace: str, events: bool, start_jitter: float) -> None:
     """Keep this node's labels true on the cluster."""
+    node_name, kubeconfig = node_options.node_name, node_options.kubeconfig
     if not node_name:
         raise BadInput("no node name: give --node-name NAME or set NODE_NAME (a DaemonSet sets it from spec.nodeName)")
     structlog.contextvars.bind_contextvars(node=node_name)
-    chooser = named_configs(config_path, config_dir, config_name)
-    label = followed_label(chooser, config_label)
+    chooser = node_options.named_configs()
+    label = followed_label(chooser, node_options.config_label)
     metrics = Metrics()
     kube = None
     if output != "features-file" or events or label:  # NFD's features.d file is written with no credentials at all
@@ -113,26 +111,23 @@ def run(node_name: str | None, kubeconfig: str | None, host_root: Path, simulate
         recorder = node_event_recorder(kube, node_name) if kube is not None and writes_events else None
         follower, selection = follow_configs(chooser, label, kube, node_name, ConfigMetrics(metrics.registry, "gpu_labeller"),
                                              recorder)
-    with open_node(host_root, simulate, config_path, selection) as node:
+    with open_host(node_options, selection) as host:
         watched_by_sink = follower is not None and label is not None and output == "node"
         sink = make_sink(output, node_name, kube, features_file=features_file, namespace=namespace,
                          interval_s=interval, follow=not once, events=events,
                          node_observers=(follower.observe,) if follower is not None and watched_by_sink else ())
         options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run)
-        daemon = Daemon(node_name, lambda: probe_labels(node), sink, metrics, options)
-        loop = ProcessLoop(daemon, options.loop(), config=ConfigSource(node, config_path, follower),
-                           inputs=node.offer_inputs)
+        daemon = Daemon(node_name, lambda: probe_labels(host), sink, metrics, options)
+        loop = ProcessLoop(daemon, options.loop(), config=ConfigSource(host, node_options.config_path, follower),
+                           inputs=host.offer_inputs)
         if follower is not None:
-            follower.apply(node)
+            follower.apply(host)
         if once:
             sys.exit(_run_once(daemon))
         if follower is not None and label is not None and kube is not None and not watched_by_sink:
             follower.watch(kube, node_name, loop.stopped, daemon.permissions)
-        try:
-            serve(loop, Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: daemon.ready),
-                  output=sink.name, interval_s=interval, dry_run=dry_run)
-        except PortUnavailable as exc:
-            raise BadInput(str(exc)) from None
+        serve(loop, Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: daemon.ready),
+              output=sink.name, interval_s=interval, dry_run=dry_run)
         log.info("stopped", reason="stop")
 
 

@@ -24,8 +24,8 @@ from labeller.extender.server import Extender
 from labeller.gpushare import RESOURCE_MEM
 from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
-from labeller.options import BadInput
-from labeller.params import Duration
+from labeller.commands.options import BadInput
+from labeller.commands.params import Duration
 from labeller.runtime import HealthServer, PortUnavailable, run_until_signalled, start_http_server
 
 log = structlog.get_logger("gpu_labeller.extender")

@@ -4,21 +4,19 @@ shares by MPS (loaded lazily by labeller.cli)."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import click
 import structlog
 
-from labeller.configwatch import ConfigMetrics, follow_own_node
+from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.mps.control import Tools
 from labeller.mps.service import Metrics, MpsService
-from labeller.node import open_node
-from labeller.options import BadInput, discovery_options, own_node_options
-from labeller.params import Duration
+from labeller.host import NodeOptions, open_host
+from labeller.commands.options import discovery_options, own_node_options
+from labeller.commands.params import Duration
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
-from labeller.runtime import PortUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -35,10 +33,8 @@ log = structlog.get_logger(__name__)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=8082, show_default=True,
               help="Port for /healthz, /readyz (every daemon answers) and /metrics (0: any free port).")
 @click.option("--metrics-bind", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
-def mps_control_daemon(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
-                       config_name: str | None, config_label: str, node_name: str | None, kubeconfig: str | None,
-                       check_interval: float, mps_control: str, nvidia_smi: str, metrics_port: int,
-                       metrics_bind: str) -> None:
+def mps_control_daemon(node_options: NodeOptions, check_interval: float, mps_control: str, nvidia_smi: str,
+                       metrics_port: int, metrics_bind: str) -> None:
     """Run one NVIDIA MPS control daemon per resource the config shares by MPS (sharing.mps).
 
     Each runs as `nvidia-cuda-mps-control -d` with its pipe and log directories under
@@ -54,19 +50,16 @@ def mps_control_daemon(host_root: Path, simulate: str | None, config_path: Path 
     """
     stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
     metrics = Metrics()
-    follower, selection = follow_own_node(config_path, config_dir, config_name, config_label, node_name, kubeconfig,
-                                          ConfigMetrics(metrics.registry, "gpu_labeller_mps"), stop)
+    follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_mps"), stop)
     tools = Tools(mps_control=mps_control, nvidia_smi=nvidia_smi)
-    with open_node(host_root, simulate, config_path, selection) as node:
+    with open_host(node_options, selection) as host:
         if follower is not None:
-            follower.apply(node)
-        service = MpsService(node, tools, check_interval, metrics)
-        loop = ProcessLoop(service, LoopOptions(), config=ConfigSource(node, config_path, follower))
+            follower.apply(host)
+        service = MpsService(host, tools, check_interval, metrics)
+        loop = ProcessLoop(service, LoopOptions(), config=ConfigSource(host, node_options.config_path, follower))
         try:
             serve(loop, Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: service.ready),
                   "MPS control daemon supervisor started", mps_root=service.supervisor.root)
-        except PortUnavailable as exc:
-            raise BadInput(str(exc)) from None
         finally:
             stop.set()
             service.stop()

@@ -14,7 +14,7 @@ from labeller.config import ConfigError
 from labeller.inventory import ProbeError
 from labeller.mps.control import Tools
 from labeller.mps.supervisor import Plan, Supervisor, plans
-from labeller.node import Node
+from labeller.host import Host
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +33,7 @@ class Metrics:
             self.starts.labels(resource=name).inc(daemon.starts - before.get(name, 0))
 
 
-def wanted(node: Node) -> list[Plan]:
+def wanted(node: Host) -> list[Plan]:
     """Probe the node and return the daemons its config needs; ProbeError or ConfigError when it cannot tell."""
     if node.config.sharing.strategy != "mps":
         return []
@@ -45,7 +45,7 @@ class MpsService:
     the config needs (``Supervisor.want``); every ``check_interval`` a round asks each whether it
     answers and repairs those that do not. Ready when the daemons wanted are known and all answer."""
 
-    def __init__(self, node: Node, tools: Tools, check_interval: float, metrics: Metrics) -> None:
+    def __init__(self, node: Host, tools: Tools, check_interval: float, metrics: Metrics) -> None:
         self.node, self.tools, self.check_interval, self.metrics = node, tools, check_interval, metrics
         self.supervisor = Supervisor(node.config.plugin.mps_root, tools, check_interval)
         self.probed = False  # the daemons to run are known (for the config in force)

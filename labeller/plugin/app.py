@@ -39,7 +39,7 @@ from labeller.vendor.plugin import Allocate, Checker
 from vendors import VENDORS
 
 if TYPE_CHECKING:
-    from labeller.plugin.memory import PodApi, PodMatcher
+    from labeller.plugin.gpushare_allocate import PodApi, PodMatcher
 
 log = structlog.get_logger(__name__)
 
@@ -148,7 +148,7 @@ class DevicePlugin:
         memory = batch.config.sharing.memory
         if resource.strategy != "memory" or memory is None:
             return Allocator(resource, batch.config.sharing, self._vendor_allocate(resource, batch))
-        from labeller.plugin import memory as by_memory  # loaded only where GPUs are shared by memory
+        from labeller.plugin import gpushare_allocate as by_memory  # loaded only where GPUs are shared by memory
 
         if resource.name == RESOURCE_COUNT:
             return by_memory.CountAllocator(resource)
@@ -161,7 +161,7 @@ class DevicePlugin:
     def _pod_matcher(self) -> PodMatcher:
         """The one matcher of pods to Allocate calls, made when memory sharing is first served."""
         if self._pods is None:
-            from labeller.plugin.memory import PodMatcher
+            from labeller.plugin.gpushare_allocate import PodMatcher
 
             node, factory, problem, api = self.settings.node_name, self.settings.pod_api, None, None
             if not node:

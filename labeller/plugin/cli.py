@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import click
 import structlog
 
-from labeller.configwatch import ConfigMetrics, follow_own_node
-from labeller.node import open_node
-from labeller.options import BadInput, discovery_options, own_node_options
-from labeller.params import Duration
+from labeller.process.follow import ConfigMetrics, follow_own_node
+from labeller.host import NodeOptions, open_host
+from labeller.commands.options import BadInput, discovery_options, own_node_options
+from labeller.commands.params import Duration
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.cdi import DEFAULT_SPEC_DIR
 from labeller.plugin.metrics import PluginMetrics
@@ -23,10 +23,9 @@ from labeller.plugin.prober import Prober
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
-from labeller.runtime import PortUnavailable
 
 if TYPE_CHECKING:
-    from labeller.plugin.memory import PodApi
+    from labeller.plugin.gpushare_allocate import PodApi
 
 log = structlog.get_logger(__name__)
 
@@ -63,10 +62,8 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
               show_default=True, envvar="CDI_SPEC_DIR",
               help="Where CDI spec files go when flags.plugin.deviceListStrategy has cdi-annotations or cdi-cri "
                    "(gpu-labeller-<vendor>.json). [env: CDI_SPEC_DIR]")
-def device_plugin(host_root: Path, simulate: str | None, config_path: Path | None, config_dir: Path | None,
-                  config_name: str | None, config_label: str, node_name: str | None, kubeconfig: str | None,
-                  socket_dir: Path, kubelet_socket: str, metrics_port: int, metrics_bind: str,
-                  health_recovery_seconds: float, cdi_spec_dir: Path) -> None:
+def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: str, metrics_port: int,
+                  metrics_bind: str, health_recovery_seconds: float, cdi_spec_dir: Path) -> None:
     """Serve this node's GPUs to the kubelet (device plugin API v1beta1).
 
     One gRPC server per resource (nvidia.com/gpu, nvidia.com/mig-<profile>, amd.com/gpu or
@@ -86,26 +83,24 @@ def device_plugin(host_root: Path, simulate: str | None, config_path: Path | Non
         raise click.BadParameter("a file name in --socket-dir, not a path", param_hint="--kubelet-socket")
     stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
     metrics = PluginMetrics()
-    follower, selection = follow_own_node(config_path, config_dir, config_name, config_label, node_name, kubeconfig,
-                                          ConfigMetrics(metrics.registry, "gpu_labeller_plugin"), stop)
+    follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_plugin"), stop)
+    node_name = node_options.node_name
     plugin = DevicePlugin(PluginSettings(socket_dir=socket_dir, kubelet_socket=kubelet_socket,
                                          recovery_seconds=health_recovery_seconds, cdi_spec_dir=cdi_spec_dir,
-                                         node_name=node_name or "", pod_api=pod_api(kubeconfig)), metrics)
-    with open_node(host_root, simulate, config_path, selection) as node:
-        if node.config.sharing.memory is not None and not node_name:
+                                         node_name=node_name or "", pod_api=pod_api(node_options.kubeconfig)), metrics)
+    with open_host(node_options, selection) as host:
+        if host.config.sharing.memory is not None and not node_name:
             raise BadInput("sharing.memory: the plugin reads the pods bound to this Node to serve aliyun.com/gpu-mem; "
                            "give --node-name NAME or set NODE_NAME")
         if follower is not None:
-            follower.apply(node)
-        loop = ProcessLoop(Prober(node, plugin), LoopOptions(), config=ConfigSource(node, config_path, follower),
-                           inputs=node.offer_inputs)
+            follower.apply(host)
+        loop = ProcessLoop(Prober(host, plugin), LoopOptions(),
+                           config=ConfigSource(host, node_options.config_path, follower), inputs=host.offer_inputs)
         endpoints = Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: plugin.ready,
                               healthy=lambda: plugin.healthy(STALL_SECONDS))
         try:
             with plugin:
                 code = serve(loop, endpoints, "metrics server listening")
-        except PortUnavailable as exc:
-            raise BadInput(str(exc)) from None
         finally:
             stop.set()
     if code:

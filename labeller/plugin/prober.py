@@ -26,7 +26,7 @@ import structlog
 
 from labeller.config import ConfigError
 from labeller.inventory import Inventory, ProbeError
-from labeller.node import Node
+from labeller.host import Host
 from labeller.offer import Resource
 from labeller.plugin.app import DevicePlugin
 from labeller.process.loop import Exit
@@ -65,7 +65,7 @@ def carried_forward(served: Sequence[Resource], fresh: Sequence[Resource], faile
 class Prober:
     """Probes the node and tells the plugin what to serve; see the module docstring."""
 
-    def __init__(self, node: Node, plugin: DevicePlugin) -> None:
+    def __init__(self, node: Host, plugin: DevicePlugin) -> None:
         self.node, self.plugin = node, plugin
         self.served: list[Resource] = []
         self._first = True

@@ -12,8 +12,8 @@ import structlog
 from labeller.config import ConfigError
 
 if TYPE_CHECKING:
-    from labeller.configwatch import ConfigFollower
-    from labeller.node import Node
+    from labeller.process.follow import ConfigFollower
+    from labeller.host import Host
 
 log = structlog.get_logger(__name__)
 
@@ -21,7 +21,7 @@ log = structlog.get_logger(__name__)
 class ConfigSource:
     """The config of ``host``: ``reload`` on SIGHUP, ``apply`` when the follower saw a change."""
 
-    def __init__(self, host: Node, config_path: Path | None = None, follower: ConfigFollower | None = None) -> None:
+    def __init__(self, host: Host, config_path: Path | None = None, follower: ConfigFollower | None = None) -> None:
         self.host, self.config_path, self.follower = host, config_path, follower
 
     def reload(self) -> bool:

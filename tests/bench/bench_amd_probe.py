@@ -18,7 +18,7 @@ from pathlib import Path
 from labeller import sharing
 from labeller.config import Config
 from labeller.inventory import Inventory
-from labeller.rules import node_labels
+from labeller.nodelabels import node_labels
 from vendors import VENDORS, pci
 from vendors.amd import probe as amd
 from vendors.simulate import simulated_node

@@ -32,7 +32,7 @@ import grpc
 
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
-from labeller.node import open_node
+from labeller.host import NodeOptions, open_host
 from labeller.plugin.app import PluginSettings
 from tests.fakes.kubelet import FakeKubelet
 from tests.builders import amd_part, nvidia_part
@@ -97,7 +97,7 @@ def bench_sharing(calls: int) -> None:
         mps_config = work / "mps.yaml"
         mps_config.write_text(json.dumps({"version": "v1", "flags": {"mpsRoot": str(mps_root)}, "sharing": {
             "mps": {"resources": [{"name": GPU, "replicas": 4}]}}}))
-        with open_node(Path("/"), "l40s-x4-mps", mps_config) as node:
+        with open_host(NodeOptions(simulate="l40s-x4-mps", config_path=mps_config)) as node:
             offer = node.offer(node.probe())
         served = [mps.served(h.resource) for h in offer.held]
         mps.ready_file(str(mps_root)).write_text(mps.ready_document(served, time.time(), 3600))

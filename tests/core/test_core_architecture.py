@@ -1,12 +1,18 @@
-"""The layers hold: the model imports nothing above it, vendors import only the model, one adapter
-talks to the API, only the plugin speaks gRPC, and nothing on a real node imports a simulation.
+"""The layers hold. From the bottom: base plumbing, the model, the vendors, the host (probing it,
+and the tools that read its labels), the cluster layer, the process layer (one loop), the
+applications (daemon, device plugin, extender, MPS supervisor: never one another), and the
+command line on top. A module imports its own tier and those below, never one above. Also: one
+adapter talks to the API, only the plugin speaks gRPC, only the command line imports click, and
+nothing on a real node imports a simulation.
 
-Imports are read from the source (function-level and TYPE_CHECKING imports included), so a lazy
-import cannot hide a dependency."""
+Imports are read from the source (function-level and TYPE_CHECKING imports included), and so are
+the modules named in strings for ``importlib`` (the lazy command table), so a lazy import cannot
+hide a dependency."""
 
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -15,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
          "labeller.sharing", "labeller.vendor", "labeller.vendor.discovery", "labeller.vendor.devices",
-         "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.rules", "labeller.gpushare", "labeller.namedconfigs"}
+         "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare", "labeller.namedconfigs"}
 
 
 def module_name(path: Path) -> str:
@@ -30,6 +36,16 @@ def imported_names(node: ast.AST) -> set[str]:
     return set()
 
 
+# A string that names a module (``labeller.daemon.cli``) or a module's attribute (``...:run``): imported
+# by name, with importlib.
+MODULE_STRING = re.compile(r"(?:labeller|vendors)(?:\.\w+)+(?::\w+)?")
+
+
+def named_in_strings(tree: ast.AST) -> set[str]:
+    return {node.value.split(":")[0] for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.fullmatch(node.value)}
+
+
 def sources() -> list[Path]:
     return [path for path in sorted([*ROOT.glob("labeller/**/*.py"), *ROOT.glob("vendors/**/*.py")])
             if "plugin/api/" not in str(path.relative_to(ROOT))]  # generated gRPC code
@@ -38,8 +54,11 @@ def sources() -> list[Path]:
 @cache
 def modules() -> dict[str, set[str]]:
     """Every module of the product -> the project and third-party modules it imports."""
-    return {module_name(path): {name for node in ast.walk(ast.parse(path.read_text())) for name in imported_names(node)}
-            for path in sources()}
+    found = {}
+    for path in sources():
+        tree = ast.parse(path.read_text())
+        found[module_name(path)] = {name for node in ast.walk(tree) for name in imported_names(node)} | named_in_strings(tree)
+    return found
 
 
 def _run_on_import(statements: list[ast.stmt]) -> set[str]:
@@ -74,12 +93,86 @@ def test_every_model_module_exists() -> None:
 
 
 def test_the_inventory_sits_at_the_bottom() -> None:
-    assert ours(modules()["labeller.inventory"]) == set()
+    assert ours(modules()["labeller.inventory"]) <= {"labeller.errors"}
+
+
+PROCESSES = ("labeller.daemon", "labeller.plugin", "labeller.extender", "labeller.mps")
+BASE = {"labeller", "labeller.errors", "labeller.log", "labeller.outputs", "labeller.runtime"}
+HOST = {"labeller.host", "labeller.discovery", "labeller.explain", "labeller.selectors", "labeller.snippets",
+        "labeller.fleet"}
+
+
+def process_of(module: str) -> str | None:
+    """The process package ``module`` belongs to (``labeller.daemon.cli`` -> ``labeller.daemon``), if any."""
+    return next((p for p in PROCESSES if module == p or module.startswith(p + ".")), None)
+
+
+def tier(module: str) -> int:
+    """0 base, 1 model, 2 vendors, 3 host, 4 cluster, 5 process, 6 applications, 7 command line."""
+    if module in BASE:
+        return 0
+    if module in MODEL:
+        return 1
+    if module == "vendors" or module.startswith("vendors."):
+        return 2
+    if module in HOST:
+        return 3
+    if module.startswith("labeller.cluster"):
+        return 4
+    if module.startswith("labeller.process"):
+        return 5
+    if process_of(module) is not None:
+        return 7 if module.endswith(".cli") else 6
+    if module == "labeller.cli" or module.startswith("labeller.commands"):
+        return 7
+    raise AssertionError(f"{module}: in no tier; place it in tests/core/test_core_architecture.py")
+
+
+def test_every_module_has_its_tier() -> None:
+    assert {module: tier(module) for module in modules()}
+
+
+def test_no_module_imports_one_above_its_tier() -> None:
+    """Lazy imports count: an import inside a function, under TYPE_CHECKING, or by name through
+    importlib (the root's lazy command table names each process's command module)."""
+    above = {module: sorted(i for i in ours(imports) if tier(i) > tier(module))
+             for module, imports in modules().items()}
+    assert {module: found for module, found in above.items() if found} == {}
+
+
+def test_the_lazy_command_table_is_seen() -> None:
+    assert {"labeller.daemon.cli", "labeller.plugin.cli", "labeller.commands.selectors"} <= modules()["labeller.cli"]
+
+
+def test_only_the_command_line_imports_click() -> None:
+    users = {module for module, imports in modules().items() if any(i.split(".")[0] == "click" for i in imports)}
+    assert users and all(tier(module) == 7 for module in users), sorted(m for m in users if tier(m) != 7)
+
+
+def precise_imports(path: Path) -> set[str]:
+    """The project modules ``path`` imports, where ``from package import module`` counts as the module
+    alone (importing the package's ``__init__`` first is Python's doing, not a dependency)."""
+    names = set(modules())
+    found: set[str] = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            children = {f"{node.module}.{alias.name}" for alias in node.names} & names
+            found |= children if len(children) == len(node.names) else {node.module, *children}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return (found | named_in_strings(tree)) & names
+
+
+def test_the_whole_house_has_no_import_cycle() -> None:
+    """Function-level, TYPE_CHECKING and importlib imports count, as everywhere here."""
+    graph = {module_name(path): precise_imports(path) - {module_name(path)} for path in sources()}
+    assert cycle(graph) == []
 
 
 @pytest.mark.parametrize("module", sorted(MODEL))
 def test_the_model_imports_only_the_model(module: str) -> None:
-    assert ours(modules()[module]) - MODEL == set()
+    assert ours(modules()[module]) - MODEL - BASE == set()
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -114,7 +207,7 @@ def test_the_model_has_no_import_cycle() -> None:
 
 
 def test_vendors_import_only_the_model_and_vendors() -> None:
-    wrong = {module: sorted(ours(imports) - MODEL - {m for m in modules() if m.startswith("vendors")})
+    wrong = {module: sorted(ours(imports) - MODEL - BASE - {m for m in modules() if m.startswith("vendors")})
              for module, imports in modules().items() if module.startswith("vendors")}
     assert {module: found for module, found in wrong.items() if found} == {}
 
@@ -135,14 +228,6 @@ def test_only_the_adapter_imports_the_kubernetes_client() -> None:
     assert users == {"labeller.cluster.kube"}
 
 
-PROCESSES = ("labeller.daemon", "labeller.plugin", "labeller.extender", "labeller.mps")
-
-
-def process_of(module: str) -> str | None:
-    """The process package ``module`` belongs to (``labeller.daemon.cli`` -> ``labeller.daemon``), if any."""
-    return next((p for p in PROCESSES if module == p or module.startswith(p + ".")), None)
-
-
 def test_no_process_package_imports_another() -> None:
     """The daemon, the device plugin, the extender and the MPS supervisor share the layers below
     them (the cluster layer among them), never each other's modules, not even inside a function."""
@@ -155,6 +240,7 @@ def test_no_process_package_imports_another() -> None:
 def test_nothing_outside_the_daemon_imports_it() -> None:
     importers = {module for module, imports in modules().items()
                  if process_of(module) != "labeller.daemon" and any(process_of(i) == "labeller.daemon" for i in imports)}
+    importers.discard("labeller.cli")  # the root's lazy command table names ``run`` and ``cleanup``
     assert importers == set()
 
 
@@ -163,7 +249,7 @@ def test_the_cluster_layer_imports_no_process_and_no_command_line() -> None:
     assert {"labeller.cluster.kube", "labeller.cluster.connect", "labeller.cluster.reflector"} <= set(cluster)
     for module, imports in cluster.items():
         assert not {i for i in imports if process_of(i) is not None or i.split(".")[0] in ("click", "grpc")}, module
-        assert not {i for i in ours(imports) if i in ("labeller.cli", "labeller.options", "labeller.configwatch")}, module
+        assert not {i for i in ours(imports) if i in ("labeller.cli", "labeller.commands.options", "labeller.process.follow")}, module
 
 
 def test_only_the_plugin_speaks_grpc() -> None:
@@ -181,10 +267,10 @@ def test_nothing_on_a_real_node_imports_a_simulation() -> None:
     simulations = {m for m in modules() if m.endswith(".simulate") or m == "vendors.sim_pci"}
     importers = {module for module, imports in modules().items() if ours(imports) & simulations}
     # each vendor package hands its simulator to the profile replayer (Discovery.simulator);
-    # labeller.node imports the replayer only for --simulate; match (its default targets) and
+    # labeller.host imports the replayer only for --simulate; match (its default targets) and
     # completion (--simulate names) list the built-in profiles
-    assert importers <= simulations | vendor_packages() | {"labeller.node", "labeller.cli", "labeller.authoring",
-                                                           "labeller.completion"}
+    assert importers <= simulations | vendor_packages() | {"labeller.host", "labeller.commands.dryrun", "labeller.commands.selectors",
+                                                           "labeller.commands.completion"}
     assert {p for p in vendor_packages() if ours(eager_modules()[p]) & simulations} == set()
 
 
@@ -217,7 +303,7 @@ def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
 
 
 @pytest.mark.parametrize("module", ["labeller.explain", "labeller.selectors", "labeller.snippets", "labeller.fleet",
-                                    "labeller.completion"])
+                                    "labeller.commands.completion"])
 def test_the_selector_tools_stay_off_the_api(module: str) -> None:
     """explain, match on profiles and the snippets work without a cluster: their modules import
     neither the adapter nor the daemon (completion reaches the adapter only inside the function
@@ -226,5 +312,5 @@ def test_the_selector_tools_stay_off_the_api(module: str) -> None:
     assert above == set()
     clients = {i for i in modules()[module] if i.split(".")[0] in ("kubernetes", "grpc", "urllib3")}
     assert clients == set()
-    if module != "labeller.completion":
+    if module != "labeller.commands.completion":
         assert "labeller.cluster.kube" not in modules()[module]

@@ -15,8 +15,8 @@ from labeller.explain import catalog, explain, find
 from labeller.inventory import Inventory
 from labeller.labels import LabelSet
 from labeller.namedconfigs import Selection
-from labeller.node import open_node
-from labeller.rules import node_labels
+from labeller.host import NodeOptions, open_host
+from labeller.nodelabels import node_labels
 from labeller.sharing import derive
 from tests.builders import label_set_of, mps_ready, nvidia, nvidia_gpu
 from tests.core.cli import gpu_labeller
@@ -29,7 +29,7 @@ ENTRIES = catalog(VENDORS)
 
 @cache
 def profile(name: str) -> tuple[Inventory, Config]:
-    with open_node(Path("/"), name, None) as node:
+    with open_host(NodeOptions(simulate=name)) as node:
         return node.probe(), node.config
 
 

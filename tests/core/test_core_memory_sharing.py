@@ -91,9 +91,9 @@ def test_amd_gpus_on_the_node_stay_amd_com_gpu() -> None:
 
 
 def _profile_inventory(profile: str) -> Any:
-    from labeller.node import open_node
+    from labeller.host import NodeOptions, open_host
 
-    with open_node(Path("/"), profile, None) as node:
+    with open_host(NodeOptions(simulate=profile)) as node:
         return node.probe()
 
 

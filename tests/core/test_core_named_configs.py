@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 
 from labeller.cli import main
 from labeller.config import Config, ConfigError, parse_document
-from labeller.configwatch import ConfigFollower, ConfigMetrics
+from labeller.process.follow import ConfigFollower, ConfigMetrics
 from labeller.labels import owns
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Chooser, ConfigDir, NoConfig, Selection
-from labeller.node import open_node
+from labeller.host import NodeOptions, open_host
 from tests.builders import config_map_volume, label_set_of, promptly
 from tests.core.cli import gpu_labeller
 from vendors import RESOURCE_NAMES
@@ -131,7 +131,7 @@ def test_a_node_labelled_with_any_config_gets_exactly_what_that_file_gives(tmp_p
     chooser = Chooser(volume(tmp_path, **{f"c{i}": document for i, document in enumerate(MATRIX)}, default=WHOLE))
     for i, document in enumerate(MATRIX):
         selection = chooser.choose(f"c{i}")
-        with open_node(Path("/"), "dgx-a100-mig-mixed", None, selection) as node:
+        with open_host(NodeOptions(simulate="dgx-a100-mig-mixed"), selection) as node:
             inventory = node.probe()
             labels = node.labels(inventory, node.offer(inventory)).labels
         assert labels == {**label_set_of(inventory, parse_document(document, RESOURCE_NAMES)).labels,
@@ -152,7 +152,7 @@ class Following:
         self.follower = ConfigFollower(Chooser(self.directory), CONFIG_LABEL, ConfigMetrics(self.registry, "t"),
                                        events=lambda *event: self.events.append(event), poll_s=0.02,
                                        on_change=self._changed)
-        self.node = open_node(Path("/"), "dgx-h100", None, self.follower.selection).__enter__()
+        self.node = open_host(NodeOptions(simulate="dgx-h100"), self.follower.selection).__enter__()
 
     def _changed(self) -> None:
         self.changes += 1
@@ -262,6 +262,6 @@ def test_a_bad_choice_on_the_dry_run_is_one_line_and_exit_2(tmp_path: Path, args
 def test_a_node_without_gpus_gets_no_state_labels_either(tmp_path: Path) -> None:
     selection = Chooser(volume(tmp_path, default=WHOLE)).choose(None)
     (tmp_path / "none.yaml").write_text("name: none\n")
-    with open_node(Path("/"), str(tmp_path / "none.yaml"), None, selection) as node:
+    with open_host(NodeOptions(simulate=str(tmp_path / "none.yaml")), selection) as node:
         inventory = node.probe()
         assert node.labels(inventory, node.offer(inventory)).labels == {}

@@ -16,7 +16,7 @@ import pytest
 
 from labeller.config import Config, parse_config
 from labeller.inventory import Inventory
-from labeller.node import open_node
+from labeller.host import NodeOptions, open_host
 from labeller.offer import Offer, Resource
 from tests.builders import label_set_of, mps_ready, offer_of
 from vendors import RESOURCE_NAMES
@@ -31,7 +31,7 @@ RENAME = (False, True)
 
 @cache
 def inventory_of(profile: str) -> Inventory:
-    with open_node(Path("/"), profile, None) as node:
+    with open_host(NodeOptions(simulate=profile)) as node:
         return node.probe()
 
 

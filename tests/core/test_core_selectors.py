@@ -210,12 +210,12 @@ def guide() -> str:
 
 
 def all_profile_labels() -> dict[str, dict[str, str]]:
-    from labeller.node import open_node
+    from labeller.host import NodeOptions, open_host
     from vendors.simulate import builtin_profiles
 
     out = {}
     for name in builtin_profiles():
-        with open_node(Path("/"), name, None) as node:
+        with open_host(NodeOptions(simulate=name)) as node:
             inventory = node.probe()
             out[name] = node.labels(inventory, node.offer(inventory)).labels
     return out

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import structlog
 
-from labeller.node import Node, open_node
+from labeller.host import Host, NodeOptions, open_host
 from vendors.nvidia.model import NvidiaInventory
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
 
 
-def _gpus(node: Node) -> list[str]:
+def _gpus(node: Host) -> list[str]:
     """Probe the node; the UUIDs of the NVIDIA GPUs found."""
     nvidia = node.probe().part(NvidiaInventory)
     return [] if nvidia is None else [g.uuid for g in nvidia.gpus]
@@ -25,7 +25,7 @@ def _gpus(node: Node) -> list[str]:
 def test_probe_follows_the_profile_file(tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(1))
-    with open_node(Path("/"), str(profile), None) as node:
+    with open_host(NodeOptions(simulate=str(profile))) as node:
         (uuid,) = _gpus(node)
         root, nvml = node.host_root, node.handles["nvidia"]
         assert nvml is not None
@@ -43,7 +43,7 @@ def test_probe_follows_the_profile_file(tmp_path: Path) -> None:
 def test_a_profile_that_breaks_keeps_the_previous_node(tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(1))
-    with open_node(Path("/"), str(profile), None) as node, structlog.testing.capture_logs() as logs:
+    with open_host(NodeOptions(simulate=str(profile))) as node, structlog.testing.capture_logs() as logs:
         profile.write_text("nvidia: {gpus: 3}\n")
         assert len(_gpus(node)) == 1 and len(_gpus(node)) == 1
         profile.unlink()
@@ -59,7 +59,7 @@ def test_the_profiles_config_follows_the_file_unless_config_is_given(tmp_path: P
     profile, config = tmp_path / "node.yaml", tmp_path / "config.yaml"
     write_yaml(profile, l40s_node(1, config=time_slicing(2)))
     write_yaml(config, time_slicing(5))
-    with open_node(Path("/"), str(profile), None) as node, open_node(Path("/"), str(profile), config) as given:
+    with open_host(NodeOptions(simulate=str(profile))) as node, open_host(NodeOptions(simulate=str(profile), config_path=config)) as given:
         assert node.config.sharing.replicas_for("nvidia.com/gpu") == 2
         write_yaml(profile, l40s_node(2, config=time_slicing(4)))
         node.probe(), given.probe()
@@ -70,7 +70,7 @@ def test_the_profiles_config_follows_the_file_unless_config_is_given(tmp_path: P
 
 
 def test_built_in_profiles_are_not_read_again() -> None:
-    with open_node(Path("/"), "t4-time-slicing", None) as node:
+    with open_host(NodeOptions(simulate="t4-time-slicing")) as node:
         assert node.simulation is None
         root = node.host_root
         node.probe()

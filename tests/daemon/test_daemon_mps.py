@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from labeller.daemon.cli import probe_labels
-from labeller.node import open_node
+from labeller.host import NodeOptions, open_host
 from tests.builders import offer_of, wait_for
 from tests.daemon.conftest import NODE, Running
 from tests.fakes.apiserver import FakeApiServer
@@ -33,7 +33,7 @@ def test_labels_follow_the_readiness_file_within_a_second(api: FakeApiServer, st
     config.write_text(json.dumps({"version": "v1", "flags": {"mpsRoot": str(mps_root)},
                                   "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}))
     api.create_node(NODE)
-    with open_node(Path("/"), "l40s-x4-mps", config) as node:
+    with open_host(NodeOptions(simulate="l40s-x4-mps", config_path=config)) as node:
         start(lambda: probe_labels(node), inputs=node.offer_inputs, interval_s=600)
 
         def labels() -> dict[str, str]:

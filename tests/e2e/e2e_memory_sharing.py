@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from labeller import gpushare  # noqa: E402
 from labeller.cluster.kube import Kube  # noqa: E402
-from labeller.node import open_node  # noqa: E402
+from labeller.host import NodeOptions, open_host  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402
@@ -53,7 +53,7 @@ PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:gpu-labeller-device-plugin"
 
 
 def uuids() -> list[str]:
-    with open_node(Path("/"), PROFILE, None) as node:
+    with open_host(NodeOptions(simulate=PROFILE)) as node:
         return [p.health_key for p in node.offer(node.probe()).resources[0].physical_devices]
 
 

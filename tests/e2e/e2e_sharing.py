@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.node import open_node  # noqa: E402
+from labeller.host import NodeOptions, open_host  # noqa: E402
 from tests.e2e.e2e_ownership import add_k8s_argument  # noqa: E402
 from tests.e2e.e2e_plugin import JsonLines, named  # noqa: E402
 from vendors.nvidia.model import NvidiaInventory  # noqa: E402
@@ -172,7 +172,7 @@ def subset_scenario(k8s: Path, work: Path, check: Checks) -> None:
         shared = kubelet_log.wait(lambda e: e.get("event") == "devices" and e.get("resource") == SHARED)
         print(f"  devices: {GPU} healthy={whole['healthy']}, {SHARED} healthy={shared['healthy']}")
         check((whole["healthy"], shared["healthy"]) == (4, 16), "4 whole GPUs and 16 replicas")
-        with open_node(Path("/"), "dgx-h100-4of8-shared", None) as node:
+        with open_host(NodeOptions(simulate="dgx-h100-4of8-shared")) as node:
             part = node.probe().part(NvidiaInventory)
         assert part is not None
         uuids = [g.uuid for g in part.gpus]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from labeller.config import Config, parse_config
-from labeller.node import Node, open_node
+from labeller.host import Host, NodeOptions, open_host
 from labeller.inventory import Inventory
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.prober import Prober
@@ -49,7 +49,7 @@ class Running:
 
 @contextmanager
 def simulated(profile: str, config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, dict[str, Any]]]:
-    with open_node(Path("/"), profile, None) as node:
+    with open_host(NodeOptions(simulate=profile)) as node:
         parsed = parse_config(config, RESOURCE_NAMES) if config is not None else node.config
         yield node.probe(), parsed, node.host_root, node.handles
 
@@ -70,7 +70,7 @@ def running_plugin(sock_dir: Path, profile: str, config: dict[str, Any] | None =
 @dataclass
 class Probing:
     plugin: DevicePlugin
-    node: Node
+    node: Host
     loop: ProcessLoop
     exit_code: list[int]
 
@@ -85,7 +85,7 @@ class Probing:
 
 
 @contextmanager
-def probing_plugin(sock_dir: Path, node: Node, config_path: Path | None = None, *,
+def probing_plugin(sock_dir: Path, node: Host, config_path: Path | None = None, *,
                    backoff: Backoff | None = None, recovery_seconds: float = 0.3,
                    cdi_spec_dir: Path | None = None) -> Iterator[Probing]:
     """The plugin as ``gpu-labeller device-plugin`` runs it: the prober loop on a thread, feeding the supervisor."""

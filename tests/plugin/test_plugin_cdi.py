@@ -15,7 +15,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from labeller.config import parse_config
-from labeller.node import open_node
+from labeller.host import NodeOptions, open_host
 from labeller.plugin.api import api_pb2 as pb
 from tests.builders import nvidia, nvidia_gpu, offer_of
 from tests.fakes.kubelet import FakeKubelet
@@ -179,7 +179,7 @@ def test_stale_specs_of_ours_are_removed_and_nobody_elses(sock_dir: Path, kubele
     (spec_dir / "gpu-labeller-notes.json").write_text("{}")  # ours by prefix only: not a vendor file we write
     write_yaml(profile, l40s_node(1, amd_gpus=1))
     write_yaml(config_file, {"version": "v1", **CDI_CRI})
-    with open_node(Path("/"), str(profile), config_file) as node, \
+    with open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, \
             probing_plugin(sock_dir, node, config_file, cdi_spec_dir=spec_dir) as run:
         assert kubelet.wait_for(lambda: (spec_dir / "gpu-labeller-amd.json").exists()
                                 and (spec_dir / "gpu-labeller-nvidia.json").exists())

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from labeller.node import Node, open_node
+from labeller.host import Host, NodeOptions, open_host
 from labeller.inventory import Inventory, ProbeError
 from labeller.plugin.prober import carried_forward, failed_vendors, not_ready
 from labeller.runtime import Backoff
@@ -30,7 +30,7 @@ def _waits(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @dataclass
-class FlakyNode(Node):
+class FlakyHost(Host):
     """A node whose next ``failures`` probes fail as a whole (an empty /sys/bus/pci/devices)."""
 
     failures: int = 0
@@ -77,7 +77,7 @@ def test_a_failed_vendor_keeps_what_it_served() -> None:
 def test_waits_for_the_kfd_topology_then_serves(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     write_yaml(profile, mi210_node(2))
-    with open_node(Path("/"), str(profile), None) as node:
+    with open_host(NodeOptions(simulate=str(profile))) as node:
         topology = node.host_root / KFD_TOPOLOGY
         hidden = topology.with_name("not-yet")
         topology.rename(hidden)  # amdgpu loaded, KFD still initialising
@@ -93,8 +93,8 @@ def test_waits_for_the_kfd_topology_then_serves(sock_dir: Path, kubelet: FakeKub
 
 def test_a_probe_that_fails_as_a_whole_serves_nothing_then_changes_nothing(
         sock_dir: Path, kubelet: FakeKubelet) -> None:
-    with open_node(Path("/"), "dgx-h100", None) as opened:
-        node = FlakyNode(opened.host_root, opened.config, opened.handles, failures=2)
+    with open_host(NodeOptions(simulate="dgx-h100")) as opened:
+        node = FlakyHost(opened.host_root, opened.config, opened.handles, failures=2)
         with structlog.testing.capture_logs() as logs, probing_plugin(sock_dir, node) as run:
             assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
             assert [e["detail"] for e in _waits(logs)] == ["/sys/bus/pci/devices is empty: is the host's /sys mounted?"] * 2
@@ -110,7 +110,7 @@ def test_a_vendor_that_stops_answering_keeps_its_devices(sock_dir: Path, kubelet
                                                          tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(2, amd_gpus=2))
-    with open_node(Path("/"), str(profile), None) as node, \
+    with open_host(NodeOptions(simulate=str(profile))) as node, \
             structlog.testing.capture_logs() as logs, probing_plugin(sock_dir, node) as run:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2 and kubelet.allocatable(AMD) == 2)
         write_yaml(profile, l40s_node(2, amd_gpus=2, nvml_error="driver_not_loaded"))  # a driver upgrade
@@ -128,8 +128,8 @@ def test_a_vendor_that_stops_answering_keeps_its_devices(sock_dir: Path, kubelet
 
 def test_retries_back_off_with_jitter_up_to_the_cap(sock_dir: Path, kubelet: FakeKubelet) -> None:
     base, cap = 0.02, 0.08
-    with open_node(Path("/"), "dgx-h100", None) as opened:
-        node = FlakyNode(opened.host_root, opened.config, opened.handles, failures=10**6)
+    with open_host(NodeOptions(simulate="dgx-h100")) as opened:
+        node = FlakyHost(opened.host_root, opened.config, opened.handles, failures=10**6)
         with structlog.testing.capture_logs() as logs, \
                 probing_plugin(sock_dir, node, backoff=Backoff(base, cap, random.Random(7))):
             assert kubelet.wait_for(lambda: len(_waits(logs)) >= 10)
@@ -147,7 +147,7 @@ def test_fail_on_init_error_decides_between_exit_1_and_waiting(sock_dir: Path, k
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(2, nvml_error="library_not_found",
                                   config={"version": "v1", "flags": {"failOnInitError": fail_on_init_error}}))
-    with open_node(Path("/"), str(profile), None) as node, \
+    with open_host(NodeOptions(simulate=str(profile))) as node, \
             structlog.testing.capture_logs() as logs, probing_plugin(sock_dir, node) as run:
         if fail_on_init_error:
             assert kubelet.wait_for(lambda: run.exit_code == [1])

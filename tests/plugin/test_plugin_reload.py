@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from labeller.node import open_node
+from labeller.host import NodeOptions, open_host
 from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.conftest import Probing, probing_plugin
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
@@ -27,7 +27,7 @@ def two_gpus_two_replicas(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path,
     profile, config = tmp_path / "node.yaml", tmp_path / "config.yaml"
     write_yaml(profile, l40s_node(2))
     write_yaml(config, time_slicing(2))
-    with open_node(Path("/"), str(profile), config) as node, \
+    with open_host(NodeOptions(simulate=str(profile), config_path=config)) as node, \
             probing_plugin(sock_dir, node, config, recovery_seconds=recovery_seconds) as run:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
         yield run, profile, config
@@ -51,7 +51,7 @@ def test_more_replicas_under_the_same_name_reach_the_open_stream(sock_dir: Path,
 def test_a_gpu_appearing_joins_the_open_stream(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(1))
-    with open_node(Path("/"), str(profile), None) as node, probing_plugin(sock_dir, node) as run:
+    with open_host(NodeOptions(simulate=str(profile))) as node, probing_plugin(sock_dir, node) as run:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 1)
         since = time.monotonic()
         write_yaml(profile, l40s_node(2))  # the profile file is read again at the next probe

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from labeller.config import parse_config
-from labeller.node import open_node
+from labeller.host import NodeOptions, open_host
 from tests.builders import nvidia_part, offer_of
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import probing_plugin, running_plugin
@@ -39,7 +39,7 @@ def mps_config(root: Path, **entry: object) -> dict[str, object]:
 
 def declare_ready(root: Path, config: dict[str, object], profile: Path, heartbeat: float | None = None) -> None:
     """Write the readiness file as gpu-labeller mps-control-daemon does once every daemon answers."""
-    with open_node(Path("/"), str(profile), None) as node:
+    with open_host(NodeOptions(simulate=str(profile))) as node:
         offer = offer_of(node.probe(), parse_config(config, RESOURCE_NAMES))
     served = [mps.served(h.resource) for h in offer.held if h.waiting]
     heartbeat = time.time() if heartbeat is None else heartbeat
@@ -52,7 +52,7 @@ def test_mps_replicas_are_served_while_the_control_daemon_is_ready(sock_dir: Pat
     config = mps_config(mps_root)
     write_yaml(profile, l40s_node(2))
     config_file.write_text(json.dumps(config))
-    with open_node(Path("/"), str(profile), config_file) as node, probing_plugin(sock_dir, node, config_file) as run:
+    with open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, probing_plugin(sock_dir, node, config_file) as run:
         assert kubelet.wait_for(lambda: run.plugin.applied >= 1)  # probed and served: nothing, no daemon is ready
         assert kubelet.registrations == [] and run.exit_code == []
         declare_ready(mps_root, config, profile)
@@ -80,7 +80,7 @@ def test_a_subset_shared_by_mps_leaves_the_other_gpus_whole(sock_dir: Path, kube
     config = mps_config(mps_root, devices=[1], rename="gpu-mps")
     write_yaml(profile, l40s_node(3))
     config_file.write_text(json.dumps(config))
-    with open_node(Path("/"), str(profile), config_file) as node, probing_plugin(sock_dir, node, config_file):
+    with open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, probing_plugin(sock_dir, node, config_file):
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2)  # GPUs 0 and 2, whole, at once
         assert kubelet.allocatable("nvidia.com/gpu-mps") == 0
         declare_ready(mps_root, config, profile)
@@ -136,7 +136,7 @@ def test_a_sharing_config_naming_a_missing_gpu_serves_nothing_new_and_says_why(s
     write_yaml(profile, l40s_node(2))
     config_file.write_text(json.dumps({"version": "v1", "sharing": {"timeSlicing": {"resources": [
         {"name": GPU, "replicas": 2, "devices": [0, 7], "rename": "gpu-ts"}]}}}))
-    with structlog.testing.capture_logs() as logs, open_node(Path("/"), str(profile), config_file) as node, \
+    with structlog.testing.capture_logs() as logs, open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, \
             probing_plugin(sock_dir, node, config_file) as run:
         assert kubelet.wait_for(lambda: any(e.get("event") == "driver not ready; probing again" for e in logs))
         (error,) = [e for e in logs if e.get("reason") == "bad-config"][:1]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labeller.config import Config
-from labeller.node import Node
+from labeller.host import Host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import Exit, LoopOptions, ProcessLoop
 from labeller.runtime import Backoff
@@ -151,7 +151,7 @@ def test_a_config_that_fails_to_reload_changes_nothing(tmp_path: Path) -> None:
     from labeller.config import load_config
     from vendors import RESOURCE_NAMES
 
-    host = Node(tmp_path, load_config(config, RESOURCE_NAMES))
+    host = Host(tmp_path, load_config(config, RESOURCE_NAMES))
     service = Recorder()
     loop = ProcessLoop(service, config=ConfigSource(host, config))
     with running(loop):

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import click
 
-from labeller.cli import _offer, _probe, emit
-from labeller.completion import complete_label_keys, complete_node_names, complete_profiles
+from labeller.commands.dryrun import emit, offer_of, probe_host
+from labeller.commands.completion import complete_label_keys, complete_node_names, complete_profiles
 from labeller.explain import explain as explain_keys
 from labeller.log import at_least
-from labeller.node import chosen, open_node
-from labeller.options import BadInput, discovery_options
+from labeller.host import NodeOptions, open_host
+from labeller.commands.options import BadInput, discovery_options
 from labeller.selectors import (Selector, SelectorError, Term, hint, load_selector, near_miss, nothing_matches,
                                 parse_selector)
 
@@ -28,14 +28,13 @@ from labeller.selectors import (Selector, SelectorError, Term, hint, load_select
 @click.argument("keys", nargs=-1, metavar="[KEY ...]", shell_complete=complete_label_keys)
 @discovery_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def explain(keys: tuple[str, ...], host_root: Path, simulate: str | None, config_path: Path | None,
-            config_dir: Path | None, config_name: str | None, fmt: str) -> None:
+def explain(keys: tuple[str, ...], node_options: NodeOptions, fmt: str) -> None:
     """Say where each label comes from (backend, exact source, rule, upstream tool), or why a key
     is not produced. Exit 1 when a KEY is not a gpu-labeller key (with the closest one)."""
-    with open_node(host_root, simulate, config_path, chosen(config_path, config_dir, config_name)) as node:
-        inventory = _probe(node)
-        label_set = node.labels(inventory, _offer(node, inventory, config_path, simulate))
-        results = explain_keys(keys, label_set, inventory, node.config, node.vendors, node.selection is not None)
+    with open_host(node_options, node_options.chosen()) as host:
+        inventory = probe_host(host)
+        label_set = host.labels(inventory, offer_of(host, inventory, node_options))
+        results = explain_keys(keys, label_set, inventory, host.config, host.vendors, host.selection is not None)
     if fmt == "json":
         emit(json.dumps([r.document() for r in results], indent=2) + "\n")
     else:
@@ -56,9 +55,10 @@ class Target:
 
 def profile_labels(profile: str, config_path: Path | None = None) -> dict[str, str]:
     """The labels ``labels --simulate profile`` prints (BadInput for a bad profile)."""
-    with open_node(Path("/"), profile, config_path) as node:
-        inventory = _probe(node)
-        return node.labels(inventory, _offer(node, inventory, config_path, profile)).labels
+    options = NodeOptions(simulate=profile, config_path=config_path)
+    with open_host(options) as host:
+        inventory = probe_host(host)
+        return host.labels(inventory, offer_of(host, inventory, options)).labels
 
 
 def profile_targets(profiles: Sequence[str], profiles_dir: Path | None, config_path: Path | None) -> list[Target]:

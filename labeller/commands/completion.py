@@ -57,11 +57,11 @@ def _simulated_keys(ctx: click.Context) -> list[str]:
     simulate = ctx.params.get("simulate")
     if not simulate:
         return []
-    from labeller.node import open_node
+    from labeller.host import NodeOptions, open_host
 
-    with open_node(ctx.params.get("host_root") or Path("/"), simulate, None) as node:
-        inventory = node.probe()
-        return list(node.labels(inventory, node.offer(inventory)).labels)
+    with open_host(NodeOptions(host_root=ctx.params.get("host_root") or Path("/"), simulate=simulate)) as host:
+        inventory = host.probe()
+        return list(host.labels(inventory, host.offer(inventory)).labels)
 
 
 def complete_node_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:

@@ -1,15 +1,19 @@
-"""Command-line plumbing every command shares: the one-line bad-input error and the discovery
-options (--host-root, --simulate, --config, --config-dir, --config-name)."""
+"""Command-line plumbing every command shares: the one-line bad-input error and the node options
+(--host-root, --simulate, --config, --config-dir, --config-name; --config-label, --node-name,
+--kubeconfig), which reach the command as one ``NodeOptions``."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from labeller.completion import complete_profiles
+from labeller.commands.completion import complete_profiles
+from labeller.host import NodeOptions
 from labeller.namedconfigs import CONFIG_LABEL
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -21,7 +25,27 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
+NODE_OPTIONS = frozenset(f.name for f in fields(NodeOptions))
+
+
+def _as_node_options(func: F) -> F:
+    """The command gets the node options it was given as one ``node_options: NodeOptions``."""
+    if getattr(func, "__gathers_node_options__", False):
+        return func
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in NODE_OPTIONS & kwargs.keys()}
+        return func(*args, node_options=NodeOptions(**given), **kwargs)
+
+    command.__gathers_node_options__ = True  # type: ignore[attr-defined]
+    return command  # type: ignore[return-value]
+
+
 def discovery_options(func: F) -> F:
+    """``--host-root``, ``--simulate``, ``--config``, ``--config-dir``, ``--config-name``; the command
+    gets them (and any other node option it declares) as ``node_options``."""
+    func = _as_node_options(func)
     func = click.option(
         "--config-name", metavar="NAME", envvar="CONFIG_NAME",
         help="With --config-dir: the config a node without the config label gets (default: the one called "
@@ -49,6 +73,7 @@ def discovery_options(func: F) -> F:
 
 def config_label_option(func: F) -> F:
     """``--config-label``, for the commands that follow a node (``run``, ``device-plugin``)."""
+    func = _as_node_options(func)
     return click.option(
         "--config-label", metavar="KEY", default=CONFIG_LABEL, show_default=True, envvar="GPU_LABELLER_CONFIG_LABEL",
         help="With --config-dir: the node label whose value names this node's config (NVIDIA's config-manager "
@@ -58,6 +83,7 @@ def config_label_option(func: F) -> F:
 def own_node_options(func: F) -> F:
     """``--config-label``, ``--node-name`` and ``--kubeconfig``, for the processes that follow their
     Node's config label without writing labels (``device-plugin``, ``mps-control-daemon``)."""
+    func = _as_node_options(func)
     func = click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
                         help="Kubeconfig file to read the own Node's labels; default: the pod's service account. "
                              "[env: KUBECONFIG]")(func)

@@ -1,5 +1,7 @@
-"""The node a command works on: this machine, a mounted host root, or a simulated node; with its
-config. ``Node`` probes it and derives its offer and labels, through the registered vendors."""
+"""The host a command works on: this machine, a mounted host root, or a simulated node; with its
+config. ``Host`` probes it and derives its offer and labels, through the registered vendors.
+``NodeOptions`` is what the command line says of it (and, for the processes that follow their
+Node, where to read that Node); ``open_host`` resolves them into a ``Host``."""
 
 from __future__ import annotations
 
@@ -16,10 +18,10 @@ from labeller.config import Config, ConfigError, load_config, parse_document
 from labeller.discovery import discover
 from labeller.inventory import Inventory
 from labeller.labels import LabelSet
-from labeller.namedconfigs import Chooser, ConfigDir, Selection
+from labeller.errors import InputError
+from labeller.namedconfigs import CONFIG_LABEL, Chooser, ConfigDir, Selection
 from labeller.offer import Offer
-from labeller.options import BadInput
-from labeller.rules import node_labels
+from labeller.nodelabels import node_labels
 from labeller.vendor import Vendor
 from vendors import RESOURCE_NAMES, VENDORS
 
@@ -30,7 +32,7 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass
-class Node:
+class Host:
     """What to probe and with which config: this machine, a mounted host root, or a simulated node.
 
     A simulated node built from a profile file follows that file: every ``probe()`` reads it again
@@ -115,52 +117,62 @@ def _profile_config(node: SimulatedNode, where: str) -> Config:
         raise ProfileError(f"{where}: config: {exc}") from None
 
 
+class OptionsError(InputError):
+    """Options that do not go together, or a directory that is not one."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """The host and config options every command on a node shares (``--host-root``, ``--simulate``,
+    ``--config``, ``--config-dir``, ``--config-name``) and, for the processes that follow their Node's
+    config label, that label and how to read the Node (``--config-label``, ``--node-name``,
+    ``--kubeconfig``)."""
+
+    host_root: Path = Path("/")
+    simulate: str | None = None
+    config_path: Path | None = None
+    config_dir: Path | None = None
+    config_name: str | None = None
+    config_label: str = CONFIG_LABEL
+    node_name: str | None = None
+    kubeconfig: str | None = None
+
+    def named_configs(self) -> Chooser | None:
+        """The named configs ``--config-dir`` gives (None without it); OptionsError for a combination
+        that makes no sense."""
+        if self.config_dir is None:
+            if self.config_name:
+                raise OptionsError("--config-name needs --config-dir (the directory of named configs)")
+            return None
+        if self.config_path is not None:
+            raise OptionsError(f"give --config FILE or --config-dir DIR, not both "
+                               f"(got {self.config_path} and {self.config_dir})")
+        if not self.config_dir.is_dir():
+            raise OptionsError(f"{self.config_dir}: --config-dir: not a directory")
+        return Chooser(ConfigDir(self.config_dir, RESOURCE_NAMES), self.config_name)
+
+    def chosen(self) -> Selection | None:
+        """A dry run's named config: the one ``--config-name`` names (else the default), which must
+        load (ConfigError)."""
+        chooser = self.named_configs()
+        return chooser.choose(None) if chooser is not None else None
+
+
 @contextmanager
-def open_node(host_root: Path, simulate: str | None, config_path: Path | None,
-              selection: Selection | None = None) -> Iterator[Node]:
-    """Resolve the discovery options into a Node; bad input becomes a BadInput (exit code 2).
-    ``selection``: a named config from a config directory, instead of ``config_path``."""
-    try:
-        config = selection.config if selection is not None else load_config(config_path, RESOURCE_NAMES)
-    except ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    if simulate is None:
-        yield Node(host_root, config, selection=selection)
+def open_host(options: NodeOptions, selection: Selection | None = None) -> Iterator[Host]:
+    """The host ``options`` name, with its config: ``selection`` (a named config), else ``--config``,
+    else a simulated profile's own config, else the defaults. ConfigError or ProfileError (both
+    InputError) when one does not load."""
+    config = selection.config if selection is not None else load_config(options.config_path, RESOURCE_NAMES)
+    if options.simulate is None:
+        yield Host(options.host_root, config, selection=selection)
         return
-    from vendors.simulate import ProfileError, SimulatedProfile
+    from vendors.simulate import SimulatedProfile
 
-    try:
-        with SimulatedProfile(simulate) as simulation:
-            node = simulation.node
-            from_profile = config_path is None and selection is None
-            if from_profile:
-                config = _profile_config(node, simulate)
-            yield Node(node.host_root, config, node.handles, simulation if simulation.follows_file else None,
-                       config_from_profile=from_profile, selection=selection)
-    except ProfileError as exc:
-        raise BadInput(str(exc)) from None
-
-
-def named_configs(config_path: Path | None, config_dir: Path | None, config_name: str | None) -> Chooser | None:
-    """The named configs ``--config-dir`` gives (None without it); BadInput for a combination that
-    makes no sense."""
-    if config_dir is None:
-        if config_name:
-            raise BadInput("--config-name needs --config-dir (the directory of named configs)")
-        return None
-    if config_path is not None:
-        raise BadInput(f"give --config FILE or --config-dir DIR, not both (got {config_path} and {config_dir})")
-    if not config_dir.is_dir():
-        raise BadInput(f"{config_dir}: --config-dir: not a directory")
-    return Chooser(ConfigDir(config_dir, RESOURCE_NAMES), config_name)
-
-
-def chosen(config_path: Path | None, config_dir: Path | None, config_name: str | None) -> Selection | None:
-    """A dry run's named config: the one ``--config-name`` names (else the default), which must load."""
-    chooser = named_configs(config_path, config_dir, config_name)
-    if chooser is None:
-        return None
-    try:
-        return chooser.choose(None)
-    except ConfigError as exc:
-        raise BadInput(str(exc)) from None
+    with SimulatedProfile(options.simulate) as simulation:
+        node = simulation.node
+        from_profile = options.config_path is None and selection is None
+        if from_profile:
+            config = _profile_config(node, options.simulate)
+        yield Host(node.host_root, config, node.handles, simulation if simulation.follows_file else None,
+                   config_from_profile=from_profile, selection=selection)

@@ -20,7 +20,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -28,14 +27,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from labeller.cluster.nodes import NodeCache, NodeWatch, node_labels, node_labels_reader
 from labeller.cluster.permissions import PermissionLog
+from labeller.host import Host, NodeOptions, OptionsError
 from labeller.labels import key_problem, owns
 from labeller.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
-from labeller.options import BadInput
 from labeller.runtime import Backoff
 
 if TYPE_CHECKING:
     from labeller.cluster.kube import Kube
-    from labeller.node import Node
 
 log = structlog.get_logger(__name__)
 
@@ -173,7 +171,7 @@ class ConfigFollower:
                 raise NoConfig(self._problem or "no config")
             return self._selection
 
-    def apply(self, node: Node) -> bool:
+    def apply(self, node: Host) -> bool:
         """Put the current selection in force on ``node`` and report it; True when the config changed."""
         selection = self.selection
         changed = node.select(selection)
@@ -211,52 +209,46 @@ class ConfigFollower:
 # --- what run and device-plugin share to start following -----------------------------------------
 
 def followed_label(chooser: Chooser | None, config_label: str) -> str | None:
-    """The node label to follow (None: none); BadInput for a key that is not a label key, or one
+    """The node label to follow (None: none); OptionsError for a key that is not a label key, or one
     gpu-labeller writes itself (it would follow its own writes)."""
     if chooser is None or not config_label:
         return None
     problem = key_problem(config_label)
     if problem is not None:
-        raise BadInput(f"--config-label {config_label!r}: not a label key: {problem}")
+        raise OptionsError(f"--config-label {config_label!r}: not a label key: {problem}")
     if owns(config_label):
-        raise BadInput(f"--config-label {config_label}: a key gpu-labeller writes itself cannot choose its config")
+        raise OptionsError(f"--config-label {config_label}: a key gpu-labeller writes itself cannot choose its config")
     return config_label
 
 
 def follow_configs(chooser: Chooser, label: str | None, kube: Kube | None, node: str, metrics: ConfigMetrics,
                    events: EventRecorder | None = None) -> tuple[ConfigFollower, Selection]:
     """A follower of the named configs and, with ``label``, of the node label (read once now, so the
-    first probe already uses the node's config); BadInput when no config can be put in force."""
+    first probe already uses the node's config); NoConfig when no config can be put in force."""
     follower = ConfigFollower(chooser, label, metrics, events=events)
     if label is not None and kube is not None:
         follower.bootstrap(node_labels_reader(kube, node), threading.Event())
-    try:
-        return follower, follower.selection
-    except NoConfig as exc:
-        raise BadInput(str(exc)) from None
+    return follower, follower.selection
 
 
-def follow_own_node(config_path: Path | None, config_dir: Path | None, config_name: str | None, config_label: str,
-                    node_name: str | None, kubeconfig: str | None, metrics: ConfigMetrics,
+def follow_own_node(options: NodeOptions, metrics: ConfigMetrics,
                     stop: threading.Event) -> tuple[ConfigFollower | None, Selection | None]:
     """For a process on the node that writes no labels (``device-plugin``, ``mps-control-daemon``):
     with --config-dir, the follower of the named configs and, with --config-label, of the own Node's
     label, watched until ``stop`` (the Kubernetes client is loaded only then: about 22 MiB of RSS)."""
-    from labeller.node import named_configs
-
-    chooser = named_configs(config_path, config_dir, config_name)
+    chooser = options.named_configs()
     if chooser is None:
         return None, None
-    label = followed_label(chooser, config_label)
-    kube = None
+    label = followed_label(chooser, options.config_label)
+    node_name, kube = options.node_name, None
     if label is not None:
         if not node_name:
-            raise BadInput("--config-label needs this Node's name to read its label: give --node-name NAME or set "
+            raise OptionsError("--config-label needs this Node's name to read its label: give --node-name NAME or set "
                            "NODE_NAME, or --config-label '' to follow no label")
         from labeller.cluster.connect import connect  # loads the Kubernetes client
 
         structlog.contextvars.bind_contextvars(node=node_name)
-        kube = connect(kubeconfig, alternative="--config-label '' to follow no node label")
+        kube = connect(options.kubeconfig, alternative="--config-label '' to follow no node label")
     follower, selection = follow_configs(chooser, label, kube, node_name or "", metrics)
     if kube is not None and node_name:
         follower.watch(kube, node_name, stop, PermissionLog())
