@@ -314,3 +314,11 @@ def test_the_selector_tools_stay_off_the_api(module: str) -> None:
     assert clients == set()
     if module != "labeller.commands.completion":
         assert "labeller.cluster.kube" not in modules()[module]
+
+
+def test_vendors_is_marked_as_the_projects_own_code() -> None:
+    """GitHub's linguist takes a top-level ``vendors/`` for third-party code and hides it from diffs
+    and language statistics; ``.gitattributes`` says it is not."""
+    rules = [line.split() for line in (ROOT / ".gitattributes").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert ["vendors/**", "-linguist-vendored"] in rules
