@@ -90,3 +90,17 @@ def own_node_options(func: F) -> F:
     func = click.option("--node-name", envvar="NODE_NAME",
                         help="This Node's name, to follow --config-label. [env: NODE_NAME]")(func)
     return config_label_option(func)
+
+
+def endpoint_options(port: int, ready: str = "") -> Callable[[F], F]:
+    """``--metrics-port`` (default ``port``) and ``--metrics-bind`` of a long-running process's health
+    and metrics endpoints; ``ready`` says when /readyz answers 200, where that needs saying."""
+    readyz = f"/readyz ({ready})" if ready else "/readyz"
+
+    def decorate(func: F) -> F:
+        func = click.option("--metrics-bind", default="0.0.0.0", show_default=True,
+                            help="Address the metrics server binds.")(func)
+        return click.option("--metrics-port", type=click.IntRange(0, 65535), default=port, show_default=True,
+                            help=f"Port for /healthz, {readyz} and /metrics (0: any free port).")(func)
+
+    return decorate

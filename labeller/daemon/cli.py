@@ -15,7 +15,7 @@ from labeller.commands.completion import complete_node_names
 from labeller.process.follow import ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.daemon.service import Daemon, Options
 from labeller.host import Host, NodeOptions, open_host
-from labeller.commands.options import BadInput, config_label_option, discovery_options
+from labeller.commands.options import BadInput, config_label_option, discovery_options, endpoint_options
 from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
 from labeller.cluster.nodes import record_node_event
@@ -77,9 +77,7 @@ def probe_labels(host: Host) -> ProbeResult:
 @config_label_option
 @click.option("--interval", type=Duration(minimum=0.01), default="60s", show_default=True, envvar="GPU_LABELLER_INTERVAL",
               help="Time between hardware probes: 60, 60s, 500ms, 2m. [env: GPU_LABELLER_INTERVAL]")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8080, show_default=True,
-              help="Port for /healthz, /readyz and /metrics (0: any free port).")
-@click.option("--metrics-bind", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@endpoint_options(8080)
 @click.option("--once", is_flag=True, help="Reconcile once and exit: 0 on success, 1 on failure.")
 @click.option("--dry-run", is_flag=True, help="Log the change that would be applied; write nothing.")
 @click.option("--output", type=click.Choice(OUTPUTS), default="node", show_default=True,

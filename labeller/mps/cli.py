@@ -12,7 +12,7 @@ from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.mps.control import Tools
 from labeller.mps.service import Metrics, MpsService
 from labeller.host import NodeOptions, open_host
-from labeller.commands.options import discovery_options, own_node_options
+from labeller.commands.options import discovery_options, endpoint_options, own_node_options
 from labeller.commands.params import Duration
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
@@ -30,9 +30,7 @@ log = structlog.get_logger(__name__)
               help="The nvidia-cuda-mps-control binary (looked up on PATH). [env: MPS_CONTROL]")
 @click.option("--nvidia-smi", default="nvidia-smi", show_default=True, envvar="NVIDIA_SMI",
               help="The nvidia-smi binary that sets each GPU's compute mode. [env: NVIDIA_SMI]")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8082, show_default=True,
-              help="Port for /healthz, /readyz (every daemon answers) and /metrics (0: any free port).")
-@click.option("--metrics-bind", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@endpoint_options(8082, ready="every daemon answers")
 def mps_control_daemon(node_options: NodeOptions, check_interval: float, mps_control: str, nvidia_smi: str,
                        metrics_port: int, metrics_bind: str) -> None:
     """Run one NVIDIA MPS control daemon per resource the config shares by MPS (sharing.mps).

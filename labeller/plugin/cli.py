@@ -14,7 +14,7 @@ import structlog
 
 from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.host import NodeOptions, open_host
-from labeller.commands.options import BadInput, discovery_options, own_node_options
+from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options
 from labeller.commands.params import Duration
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.cdi import DEFAULT_SPEC_DIR
@@ -51,9 +51,7 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
               show_default=True, envvar="DP_SOCKET_DIR", help="The kubelet's device-plugins directory. [env: DP_SOCKET_DIR]")
 @click.option("--kubelet-socket", default="kubelet.sock", show_default=True, envvar="DP_KUBELET_SOCKET",
               help="The kubelet's registration socket, a file name in --socket-dir. [env: DP_KUBELET_SOCKET]")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8081, show_default=True,
-              help="Port for /healthz, /readyz and /metrics (0: any free port).")
-@click.option("--metrics-bind", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@endpoint_options(8081)
 @click.option("--health-recovery-seconds", type=Duration(), default=60.0, show_default=True,
               envvar="DP_HEALTH_RECOVERY_SECONDS",
               help="An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is "
