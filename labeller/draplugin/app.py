@@ -101,6 +101,7 @@ class DraPlugin:
         self._monitor: HealthMonitor | None = None
         self._watched: tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]] | None = None
         self._next_tick = 0.0
+        self.probes = 0  # probes done (a test awaits the next one)
 
     # --- the Service ---------------------------------------------------------------------------
 
@@ -114,6 +115,7 @@ class DraPlugin:
         self.publisher.start()
 
     def probe(self) -> str | None:
+        self.probes += 1
         try:
             inventory = self.host.probe()
             offer = self.host.offer(inventory)

@@ -133,7 +133,7 @@ class SlicePublisher:
         self._generations: dict[str, int] = {}
         self._changes = 0  # grows with every publish and every change seen; reconciling catches up with it
         self._reconciled = -1
-        self._threads: list[threading.Thread] = []
+        self._worker: threading.Thread | None = None
 
     # --- inputs (any thread) -------------------------------------------------------------------
 
@@ -186,14 +186,16 @@ class SlicePublisher:
     # --- the worker ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._threads = [self.reflector.start("dra-slices-watch"),
-                         threading.Thread(target=self._run, name="dra-slices-publish", daemon=True)]
-        self._threads[1].start()
+        self.reflector.start("dra-slices-watch")
+        self._worker = threading.Thread(target=self._run, name="dra-slices-publish", daemon=True)
+        self._worker.start()
 
     def join(self, timeout: float = 5.0) -> None:
+        """Wait for the worker to finish its write, once ``stop`` is set. (The watch thread ends with
+        its stream; nothing waits for it.)"""
         self._wake.set()
-        for thread in self._threads:
-            thread.join(timeout)
+        if self._worker is not None:
+            self._worker.join(timeout)
 
     def _run(self) -> None:
         from labeller.cluster.kube import Forbidden, KubeError

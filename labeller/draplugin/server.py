@@ -112,7 +112,7 @@ class SocketServer:
     def __init__(self, path: Path, add: Callable[[Any], None], name: str) -> None:
         self.path, self._add, self.name = path, add, name
         self._server: Any = None
-        self._inode: int | None = None
+        self._identity: tuple[int, int] | None = None
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,17 +122,18 @@ class SocketServer:
         server.add_insecure_port(f"unix://{self.path}")
         server.start()
         self._server = server
+        self._identity = self._stat()  # None: removed at once (a restarting kubelet); the next tick re-creates it
+
+    def _stat(self) -> tuple[int, int] | None:
         try:
-            self._inode = os.stat(self.path).st_ino
-        except FileNotFoundError:  # removed at once (a restarting kubelet): the next tick re-creates it
-            self._inode = None
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_ctime_ns
 
     def socket_ok(self) -> bool:
-        """False when the socket file is gone or replaced."""
-        try:
-            return os.stat(self.path).st_ino == self._inode
-        except OSError:
-            return False
+        """False when the socket file is gone or replaced (a new file may reuse the inode, not the ctime)."""
+        return self._identity is not None and self._stat() == self._identity
 
     def stop(self) -> None:
         if self._server is not None:
@@ -140,7 +141,7 @@ class SocketServer:
             self._server = None
         if self.socket_ok():
             self.path.unlink(missing_ok=True)
-        self._inode = None
+        self._identity = None
 
     def restart(self) -> None:
         self.stop()

@@ -56,9 +56,10 @@ def test_registration_messages_match_the_wire_facts() -> None:
 def test_dra_messages_match_the_wire_facts() -> None:
     assert dra_pb2.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
     assert fields(dra_pb2) == DRA_WIRE
-    claims = dra_pb2.NodePrepareResourcesResponse.DESCRIPTOR.fields_by_name["claims"]
-    assert claims.message_type.GetOptions().map_entry  # map<string, NodePrepareResourceResponse>
-    assert claims.message_type.fields_by_name["value"].message_type.name == "NodePrepareResourceResponse"
+    entry = dra_pb2.NodePrepareResourcesResponse.DESCRIPTOR.fields_by_name["claims"].message_type
+    assert entry is not None and entry.GetOptions().map_entry  # map<string, NodePrepareResourceResponse>
+    value = entry.fields_by_name["value"].message_type
+    assert value is not None and value.name == "NodePrepareResourceResponse"
 
 
 def test_the_grpc_paths_the_kubelet_calls() -> None:

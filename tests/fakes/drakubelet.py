@@ -3,7 +3,7 @@
 It does what the kubelet's plugin watcher and DRA manager do with a DRA plugin (as the real v1.34
 ``drakubelet`` of ``shared/k8s-dra`` runs them):
 
-- watches ``registry_dir`` for sockets (a new file, or a file replaced: a new inode); on each it
+- watches ``registry_dir`` for sockets (a new file, or a file replaced); on each it
   calls ``Registration.GetInfo``, accepts a plugin of type ``DRAPlugin`` whose name is a DNS
   subdomain, whose endpoint exists and whose ``supported_versions`` lists ``v1.DRAPlugin``, and
   calls ``NotifyRegistrationStatus`` with the outcome (a rejection carries the reason); a
@@ -73,7 +73,7 @@ class FakeDraKubelet:
         self.plugins: dict[str, Plugin] = {}  # driver -> its registration
         self.pods_of: dict[str, set[str]] = {}  # claim UID -> the pods it is prepared for
         self.answers: dict[str, dra.NodePrepareResourceResponse] = {}  # claim UID -> the prepare answer
-        self._seen: dict[Path, int] = {}  # socket -> inode
+        self._seen: dict[Path, tuple[int, int]] = {}  # socket -> (inode, ctime): a new file, even on a reused inode
         self._lock = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="fake-drakubelet", daemon=True)
@@ -96,23 +96,29 @@ class FakeDraKubelet:
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
             try:
-                present = {Path(e.path): e.inode() for e in os.scandir(self.registry_dir) if e.name.endswith(".sock")}
+                present = {Path(e.path): (e.inode(), e.stat().st_ctime_ns) for e in os.scandir(self.registry_dir)
+                           if e.name.endswith(".sock")}
             except FileNotFoundError:
                 present = {}
             for path in set(self._seen) - set(present):
                 del self._seen[path]
                 self._deregister(path)
-            for path, inode in present.items():
-                if self._seen.get(path) != inode:
-                    self._seen[path] = inode
+            for path, identity in present.items():
+                if self._seen.get(path) != identity:
+                    if path in self._seen:  # replaced between two looks: gone, then back
+                        self._deregister(path)
+                    self._seen[path] = identity
                     self._register(path)
 
     def _register(self, path: Path) -> None:
+        """GetInfo, take the plugin (as the kubelet's handler does), then tell it the outcome."""
         try:
             with grpc.insecure_channel(f"unix://{path}") as channel:
                 stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
                 info = stub.GetInfo(reg.InfoRequest(), timeout=CALL_TIMEOUT_S)
                 problem = self._problem(info)
+                if problem is None:
+                    self._take(info, path)
                 stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=problem is None,
                                                                      error=problem or ""), timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
@@ -121,6 +127,10 @@ class FakeDraKubelet:
         if problem is not None:
             self._record("rejected", info.name, error=problem, socket=str(path))
             return
+        self._record("registered", info.name, endpoint=info.endpoint, versions=list(info.supported_versions),
+                     socket=str(path))
+
+    def _take(self, info: reg.PluginInfo, path: Path) -> None:
         endpoint = grpc.insecure_channel(f"unix://{info.endpoint}")
         with self._lock:
             old = self.plugins.get(info.name)
@@ -128,8 +138,6 @@ class FakeDraKubelet:
                                              dra_grpc.DRAPluginStub(endpoint))  # type: ignore[no-untyped-call]
         if old is not None:
             old.channel.close()
-        self._record("registered", info.name, endpoint=info.endpoint, versions=list(info.supported_versions),
-                     socket=str(path))
 
     @staticmethod
     def _problem(info: reg.PluginInfo) -> str | None:

@@ -51,12 +51,12 @@ def test_memory_sharing_without_a_node_name_is_one_line_and_exit_2(sock_dir: Pat
 
 
 class PluginProcess:
-    """A real ``gpu-labeller device-plugin`` process; its JSON log events are collected as they come."""
+    """A real ``gpu-labeller device-plugin`` process (or ``command``); its JSON log events are collected as they come."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None):
+    def __init__(self, *args: str, env: dict[str, str] | None = None, command: str = "device-plugin"):
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "labeller.cli", "--log-format", "json", "device-plugin", "--metrics-port", "0",
+            [sys.executable, "-m", "labeller.cli", "--log-format", "json", command, "--metrics-port", "0",
              "--metrics-bind", "127.0.0.1", *args],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             env={**os.environ, "DP_DISABLE_HEALTHCHECKS": "", "GRPC_VERBOSITY": "ERROR", **(env or {})})

@@ -1,0 +1,104 @@
+"""The real ``gpu-labeller dra-plugin`` process: flags, registering, publishing, preparing, metrics,
+SIGTERM; and SIGKILL between prepare and unprepare, then a restart that cleans everything up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from labeller.cli import main
+from tests.draplugin.conftest import NODE, NVIDIA, Dirs
+from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.drakubelet import Claim, FakeDraKubelet
+from tests.plugin.test_plugin_cli import PluginProcess
+
+
+def test_help_lists_the_flags() -> None:
+    result = CliRunner().invoke(main, ["dra-plugin", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--host-root", "--simulate", "--config", "--config-dir", "--node-name", "--kubeconfig",
+                 "--metrics-port", "--cdi-spec-dir", "--plugins-dir", "--registry-dir", "--health-recovery-seconds",
+                 "--probe-interval"):
+        assert flag in result.output
+    assert "/var/lib/kubelet/plugins]" in result.output and "/var/lib/kubelet/plugins_registry]" in result.output
+    assert "dra-plugin" in CliRunner().invoke(main, ["--help"]).output
+
+
+def test_without_a_node_name_it_is_one_line_and_exit_2(dirs: Dirs) -> None:
+    result = subprocess.run([sys.executable, "-m", "labeller.cli", "dra-plugin", "--simulate", "dgx-h100",
+                             "--registry-dir", str(dirs.registry), "--plugins-dir", str(dirs.plugins)],
+                            capture_output=True, text=True, timeout=30,
+                            env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME"]
+
+
+def dra_process(api: FakeApiServer, dirs: Dirs, *args: str) -> PluginProcess:
+    """A real ``gpu-labeller dra-plugin`` process for node ``NODE`` on the fake API server."""
+    kubeconfig = api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")
+    return PluginProcess("--node-name", NODE, "--kubeconfig", str(kubeconfig), "--registry-dir", str(dirs.registry),
+                         "--plugins-dir", str(dirs.plugins), "--cdi-spec-dir", str(dirs.cdi), *args,
+                         command="dra-plugin")
+
+
+def metrics(process: PluginProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.port}/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
+
+
+@pytest.mark.slow
+def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                           dirs: Dirs) -> None:
+    api.create_node(NODE)
+    with dra_process(api, dirs, "--simulate", "dgx-h100") as plugin:
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 20)
+        assert plugin.event("ResourceSlices published")["devices"] == 8
+        assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200)
+        uid = api.create_resource_claim("claim", results=[
+            {"request": "gpu", "driver": NVIDIA, "pool": NODE, "device": "gpu-0"}])["metadata"]["uid"]
+        claim = Claim("default", "claim", uid, NVIDIA)
+        answer = drakubelet.prepare("pod-1", [claim])[uid]
+        assert not answer.error and [d.device_name for d in answer.devices] == ["gpu-0"]
+        text = metrics(plugin)
+        assert 'gpu_labeller_dra_prepares_total{driver="gpu.nvidia.com",outcome="ok"} 1.0' in text
+        assert 'gpu_labeller_dra_registered{driver="gpu.nvidia.com"} 1.0' in text
+        assert 'gpu_labeller_dra_devices{driver="gpu.nvidia.com",health="Healthy"} 8.0' in text
+        assert not drakubelet.unprepare("pod-1", [claim])[uid].error
+        assert plugin.stop() == 0
+    assert list(dirs.registry.iterdir()) == [] and list(dirs.cdi.iterdir()) == []
+    assert "Traceback" not in "".join(plugin.stderr)
+
+
+@pytest.mark.slow
+def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                             dirs: Dirs) -> None:
+    api.create_node(NODE)
+    uid = api.create_resource_claim("claim", results=[
+        {"request": "gpu", "driver": NVIDIA, "pool": NODE, "device": "gpu-3"}])["metadata"]["uid"]
+    claim = Claim("default", "claim", uid, NVIDIA)
+    with dra_process(api, dirs, "--simulate", "dgx-h100") as first:
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 20)
+        prepared = drakubelet.prepare("pod-1", [claim])[uid]
+        assert not prepared.error
+        first.proc.send_signal(signal.SIGKILL)
+        assert first.proc.wait(10) == -signal.SIGKILL
+    since = time.monotonic()
+    with dra_process(api, dirs, "--simulate", "dgx-h100") as second:
+        assert drakubelet.wait_for(lambda: drakubelet.seen("registered", NVIDIA, since=since), 20)
+        assert drakubelet.call_prepare(NVIDIA, [claim])[uid] == prepared  # still known
+        assert not drakubelet.unprepare("pod-1", [claim])[uid].error
+        assert list(dirs.cdi.iterdir()) == []
+        checkpoint = json.loads((dirs.plugins / NVIDIA / "checkpoint.json").read_text())
+        assert checkpoint["claims"] == {}
+        assert second.stop() == 0
+    assert sorted(p.name for p in (dirs.plugins / NVIDIA).iterdir()) == ["checkpoint.json"]
