@@ -8,8 +8,9 @@ files, AMD's ``/dev/kfd`` plus the device's or partition's render node (and card
 is what the device plugin's Allocate gives these devices under the ``envvar`` list strategy, so an
 NVIDIA container is told its devices in ``NVIDIA_VISIBLE_DEVICES``.
 
-Files are written atomically (a dot-file, then a rename: runtimes read only ``*.json``) and removed
-when the claim is unprepared; no other file in the directory is ever touched.
+Files are written atomically (a dot-file, then a rename: runtimes read only ``*.json``; no fsync,
+as the checkpoint's, see there) and removed when the claim is unprepared; no other file in the
+directory is ever touched.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class ClaimSpecs:
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
         path = self.path(claim_uid)
-        write_atomic(path, json.dumps(spec, indent=2) + "\n")
+        write_atomic(path, json.dumps(spec, indent=2) + "\n", durable=False)
         return path
 
     def remove(self, claim_uid: str) -> bool:

@@ -32,7 +32,7 @@ INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a se
 @own_node_options
 @click.option("--plugins-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_PLUGINS_DIR,
               show_default=True, envvar="DRA_PLUGINS_DIR",
-              help="The kubelet's plugins directory: each driver's DRA socket and checkpoint go to "
+              help="The kubelet's plugins directory: each driver's DRA socket and prepared claims go to "
                    "<dir>/<driver>/. [env: DRA_PLUGINS_DIR]")
 @click.option("--registry-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_REGISTRY_DIR,
               show_default=True, envvar="DRA_REGISTRY_DIR",
@@ -61,7 +61,7 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     again. Each driver's devices are one pool named after the node (--node-name, required),
     published as ResourceSlices; unhealthy devices leave them until healthy again. Nothing is written
     while nothing changes. A prepared claim gets a CDI spec file in --cdi-spec-dir and an entry in
-    the driver's checkpoint (<--plugins-dir>/<driver>/checkpoint.json), so a restart loses nothing.
+    the driver's checkpoint (<--plugins-dir>/<driver>/claims/), so a restart loses nothing.
     SIGHUP: re-read the config and probe again. SIGTERM or SIGINT: remove the sockets, exit 0.
     Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
     """

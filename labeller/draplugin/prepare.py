@@ -17,6 +17,7 @@ Calls for different claims run concurrently; calls for the same claim one at a t
 
 from __future__ import annotations
 
+import re
 import threading
 import zlib
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ log = structlog.get_logger(__name__)
 Obj = dict[str, Any]
 ClaimReader = Callable[[str, str], Obj]  # (namespace, name) -> the ResourceClaim; raises on failure
 LOCK_STRIPES = 64
+UID = re.compile(r"[0-9A-Za-z][-0-9A-Za-z]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,12 @@ class ClaimError(Exception):
     """This claim cannot be prepared (or unprepared); the message says why, naming the device."""
 
 
+def _check_uid(claim: ClaimRef) -> None:
+    """A UID names files (the checkpoint's, the CDI spec's): letters, digits and dashes only."""
+    if not UID.fullmatch(claim.uid):
+        raise ClaimError(f"claim {claim}: {claim.uid!r} is not a UID")
+
+
 class Preparer:
     def __init__(self, driver: str, pool: str, vendor: Vendor, read_claim: ClaimReader, checkpoint: Checkpoint,
                  specs: ClaimSpecs, devices: Callable[[], Devices]) -> None:
@@ -78,6 +86,7 @@ class Preparer:
 
     def prepare(self, claim: ClaimRef) -> PreparedClaim:
         """Prepare ``claim`` (once); ClaimError says why it cannot be."""
+        _check_uid(claim)
         with self._lock(claim.uid):
             done = self.checkpoint.get(claim.uid)
             if done is not None and (not done.devices or self.specs.path(claim.uid).exists()):
@@ -87,7 +96,8 @@ class Preparer:
                 self.checkpoint.add(prepared)
             except OSError as exc:
                 self.specs.remove(claim.uid)
-                raise ClaimError(f"cannot write the checkpoint {self.checkpoint.path}: {exc.strerror or exc}") from None
+                raise ClaimError(f"{self.driver}: claim {claim}: cannot write its checkpoint "
+                                 f"{self.checkpoint.path(claim.uid)}: {exc.strerror or exc}") from None
             return prepared
 
     def _prepare(self, claim: ClaimRef) -> PreparedClaim:
@@ -139,6 +149,7 @@ class Preparer:
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Undo ``prepare`` (nothing to do is fine); ClaimError when a file cannot be removed."""
+        _check_uid(claim)
         with self._lock(claim.uid):
             try:
                 removed = self.specs.remove(claim.uid)

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from labeller.draplugin.checkpoint import FILE_NAME, Checkpoint, PreparedClaim, PreparedDevice
+from labeller.draplugin.checkpoint import DIRECTORY, Checkpoint, PreparedClaim, PreparedDevice
 from labeller.offer import PhysicalDevice
 from tests.builders import wait_for
 from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, simulated_plugin
@@ -31,8 +31,8 @@ def spec_file(dirs: Dirs, claim: Claim) -> Path:
 
 
 def checkpoint(dirs: Dirs, driver: str = NVIDIA) -> dict[str, Any]:
-    claims: dict[str, Any] = json.loads((dirs.plugins / driver / FILE_NAME).read_text())["claims"]
-    return claims
+    """The checkpoint's claims by UID."""
+    return {p.stem: json.loads(p.read_text()) for p in (dirs.plugins / driver / DIRECTORY).glob("*.json")}
 
 
 def claim_reads(api: FakeApiServer) -> int:
@@ -216,10 +216,30 @@ def test_only_this_drivers_results_are_prepared(api: FakeApiServer, drakubelet: 
         assert sorted(p.name for p in dirs.cdi.iterdir()) == sorted(f"gpu-labeller-dra_{d}_{uid}.json" for d in (AMD, NVIDIA))
 
 
-def test_an_unreadable_checkpoint_is_moved_aside(tmp_path: Path) -> None:
-    (tmp_path / FILE_NAME).write_text("{not json")
+def test_an_unreadable_checkpoint_is_moved_aside_and_the_claim_prepared_again(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        claim = run.claim("torn", "gpu-0")
+        first = drakubelet.call_prepare(NVIDIA, [claim])[claim.uid]
+        record = dirs.plugins / NVIDIA / DIRECTORY / f"{claim.uid}.json"
+        record.write_text("{not json")
+        assert drakubelet.call_prepare(NVIDIA, [claim])[claim.uid] == first
+        assert claim_reads(api) == 2 and record.with_name(record.name + ".bad").read_text() == "{not json"
+        assert checkpoint(dirs)[claim.uid]["devices"][0]["device"] == "gpu-0"
+
+
+def test_a_checkpoint_record_is_the_claim_as_answered(tmp_path: Path) -> None:
     book = Checkpoint(tmp_path, NVIDIA)
-    assert book.uids() == set() and (tmp_path / f"{FILE_NAME}.bad").read_text() == "{not json"
     claim = PreparedClaim("uid-1", "default", "c", (PreparedDevice(("gpu",), NODE, "gpu-0", (f"{KIND}=uid-1-gpu-0",)),))
     book.add(claim)
-    assert Checkpoint(tmp_path, NVIDIA).get("uid-1") == claim  # what a restarted plugin reads
+    assert Checkpoint(tmp_path, NVIDIA).get("uid-1") == claim and book.uids() == {"uid-1"}  # what a restart reads
+    assert Checkpoint(tmp_path, AMD).get("uid-1") is None  # another driver's directory
+    book.remove("uid-1")
+    assert book.get("uid-1") is None and book.uids() == set()
+
+
+def test_a_uid_that_is_not_one_is_refused(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100"):
+        bad = Claim("default", "x", "../../etc/passwd", NVIDIA)
+        assert "is not a UID" in drakubelet.call_prepare(NVIDIA, [bad])[bad.uid].error
+        assert "is not a UID" in drakubelet.call_unprepare(NVIDIA, [bad])[bad.uid].error
