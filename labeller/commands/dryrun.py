@@ -28,6 +28,7 @@ from labeller.resourceslices import resource_slices
 from labeller.snippets import SNIPPET_FORMATS, SnippetError, snippet
 
 log = structlog.get_logger(__name__)
+_YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml when PyYAML has it: the same text, 4x faster
 
 # Failures of the write itself (not of the path): a full disk, a closed pipe, an I/O error.
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EPIPE, errno.EIO})
@@ -260,7 +261,7 @@ def resourceslices(node_options: NodeOptions, dra_vendors: str | None, fmt: str)
     if fmt == "json":
         emit(json.dumps({"apiVersion": "v1", "kind": "List", "items": slices}, indent=2) + "\n")
     else:
-        emit(yaml.safe_dump_all(slices, sort_keys=False) if slices else "")
+        emit(yaml.dump_all(slices, Dumper=_YAML_DUMPER, sort_keys=False) if slices else "")
 
 
 @click.command()
