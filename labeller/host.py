@@ -67,12 +67,13 @@ class Host:
             label_set.sources.update(state.sources)
         return label_set
 
-    def dra_devices(self, inventory: Inventory, offer: Offer) -> dict[str, list[DraDevice]]:
+    def dra_devices(self, inventory: Inventory, offer: Offer, every_vendor: bool = False) -> dict[str, list[DraDevice]]:
         """What the node publishes through DRA, by driver ("gpu.nvidia.com"): the devices of each
-        vendor the config serves through DRA (``labeller.dra.vendors``) that has any here."""
+        vendor the config serves through DRA (``labeller.dra.vendors``) that has any here; with
+        ``every_vendor``, of every vendor with a DRA driver, served or not (what ``explain`` shows)."""
         found = {}
         for vendor in self.vendors:
-            if vendor.dra is not None and self.config.served_by_dra(vendor.name):
+            if vendor.dra is not None and (every_vendor or self.config.served_by_dra(vendor.name)):
                 devices = vendor.dra.devices(inventory, offer, self.config)
                 if devices:
                     found[vendor.dra.driver] = devices

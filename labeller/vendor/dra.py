@@ -39,3 +39,4 @@ class Dra:
     upstream: str  # for people: the vendor's own DRA driver, "NVIDIA k8s-dra-driver-gpu"
     devices: DraDevices
     attribute_docs: tuple[AttributeDoc, ...]
+    served_label: str  # "nvidia.com/gpu.dra": "true" on a node whose GPUs of this vendor DRA serves

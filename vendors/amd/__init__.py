@@ -61,5 +61,6 @@ VENDOR = Vendor(
         plugin_parts=plugin_parts,
     ),
     mps=None,
-    dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS),
+    dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
+            served_label="amd.com/gpu.dra"),
 )

@@ -55,5 +55,6 @@ VENDOR = Vendor(
         check=mps.check,
         offer_inputs=mps.offer_inputs,
     ),
-    dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS),
+    dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
+            served_label="nvidia.com/gpu.dra"),
 )
