@@ -1,7 +1,7 @@
 """The ``gpu-labeller`` command line: the root group and its commands.
 
 Commands that talk to a cluster or serve gRPC are imported only when invoked (``LAZY_COMMANDS``),
-so the dry-run path (``labels``, ``resources``, ``probe``, ``profiles``) never loads the
+so the dry-run path (``labels``, ``resources``, ``resourceslices``, ``probe``, ``profiles``) never loads the
 kubernetes client or grpc. A domain error (``labeller.errors.InputError``) raised by any command
 is printed here as one line, with exit code 2.
 """
@@ -99,7 +99,8 @@ def main(log_level: str, log_format: str) -> None:
     configure(log_level, None if log_format == "auto" else log_format == "json")
 
 
-for _command in (dryrun.labels, dryrun.probe, dryrun.resources, dryrun.profiles, dryrun.completion):
+for _command in (dryrun.labels, dryrun.probe, dryrun.resources, dryrun.resourceslices, dryrun.profiles,
+                 dryrun.completion):
     main.add_command(_command)
 
 

@@ -43,6 +43,7 @@ class ResourceNames:
     own: tuple[re.Pattern[str], ...]  # names a vendor registers itself: a rename must not take one
     mps_shareable: tuple[re.Pattern[str], ...]  # the resource names MPS can share
     mps_shares: str  # the same, for people: "whole NVIDIA GPUs (nvidia.com/gpu)"
+    dra_vendors: tuple[str, ...] = ()  # the vendors with a DRA driver: what labeller.dra.vendors may name
 
     def advertised_by_a_vendor(self, name: str) -> bool:
         return any(pattern.fullmatch(name) for pattern in self.own)
@@ -149,6 +150,12 @@ class Config:
     labels: LabelGroups = field(default_factory=LabelGroups)
     # labeller.amd.resourceNamingStrategy, as AMD's plugin's -resource_naming_strategy
     amd_resource_naming: AmdResourceNaming = "single"
+    # labeller.dra.vendors: the vendors whose GPUs this node serves through DRA (the DRA plugin's
+    # ResourceSlices) instead of the device plugin's extended resources; none by default
+    dra_vendors: tuple[str, ...] = ()
+
+    def served_by_dra(self, vendor: str) -> bool:
+        return vendor in self.dra_vendors
 
 
 # --- schema --------------------------------------------------------------------------------------
@@ -202,13 +209,16 @@ _LABELS_SPEC: dict[str, Spec] = {
 _AMD_SPEC: dict[str, Spec] = {
     "resourceNamingStrategy": ("single", "mixed"),
 }
+_DRA_SPEC: dict[str, Spec] = {
+    "vendors": IGNORED,  # list; checked in _dra_vendors
+}
 _TOP_SPEC: dict[str, Spec] = {
     "version": ("v1",),
     "flags": _FLAGS_SPEC,
     "resources": IGNORED,  # NVIDIA parses and ignores it too
     "sharing": {"timeSlicing": _SHARED_BLOCK_SPEC, "mps": _SHARED_BLOCK_SPEC, "memory": {"unit": ("GiB", "MiB")}},
     "imex": IGNORED,
-    "labeller": {"labels": _LABELS_SPEC, "amd": _AMD_SPEC},
+    "labeller": {"labels": _LABELS_SPEC, "amd": _AMD_SPEC, "dra": _DRA_SPEC},
 }
 
 
@@ -429,6 +439,21 @@ def _label_groups(raw: Mapping[str, Any]) -> LabelGroups:
     )
 
 
+def _dra_vendors(raw: Mapping[str, Any], names: ResourceNames) -> tuple[str, ...]:
+    """``labeller.dra.vendors``: a list of distinct vendors that have a DRA driver (may be empty)."""
+    vendors = raw.get("dra", {}).get("vendors", [])
+    path = "labeller.dra.vendors"
+    known = ", ".join(names.dra_vendors) or "none"
+    if not isinstance(vendors, list):
+        raise ConfigError(f"{path}: must be a list of vendors (known: {known}), got {vendors!r}")
+    for i, vendor in enumerate(vendors):
+        if vendor not in names.dra_vendors:
+            raise ConfigError(f"{path}[{i}]: {vendor!r} is not a vendor with a DRA driver (known: {known})")
+        if vendor in vendors[:i]:
+            raise ConfigError(f"{path}[{i}]: {vendor} is listed twice")
+    return tuple(vendors)
+
+
 def parse_config(raw: Any, names: ResourceNames) -> Config:
     """Build a Config from the parsed settings; raise ConfigError naming the first bad key.
 
@@ -445,6 +470,7 @@ def parse_config(raw: Any, names: ResourceNames) -> Config:
         plugin=_plugin_flags(flags),
         labels=_label_groups(raw.get("labeller", {})),
         amd_resource_naming=raw.get("labeller", {}).get("amd", {}).get("resourceNamingStrategy", "single"),
+        dra_vendors=_dra_vendors(raw.get("labeller", {}), names),
     )
 
 

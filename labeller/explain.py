@@ -1,5 +1,7 @@
 """``gpu-labeller explain``: for each label, its value and where it came from; for a key not
-produced, why not; for a key gpu-labeller never writes, who does.
+produced, why not; for a key gpu-labeller never writes, who does. The same for the attributes and
+capacities of the DRA devices (``gpu.nvidia.com/productName``): their values, where each came from,
+and which upstream DRA driver defines them.
 
 Nothing here derives a label: the values and their provenance are the ``LabelSet`` the rules
 produced (``labeller.labels.merge`` keeps each labeler's backend, source and rule), and the key
@@ -10,7 +12,7 @@ labelers. This module only puts them side by side. Pure: no I/O, no Kubernetes c
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,9 @@ from labeller.inventory import Inventory
 from labeller.labels import NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, KeyDoc, LabelSet, Provenance
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
 from labeller.nodelabels import present
+from labeller.resourceslices import Attribute, Capacity, DraDevice, quantity
 from labeller.vendor import Vendor
+from labeller.vendor.dra import AttributeDoc
 
 _OPERATOR = "the NVIDIA GPU Operator (or its MIG/vGPU managers)"
 _CONFIG_DIR = "configs come from --config-dir (run, device-plugin; on a dry run --config-dir with --config-name)"
@@ -54,9 +58,16 @@ def presence_doc(vendor: Vendor) -> KeyDoc:
                   f"a {vendor.name} GPU is on the PCI bus or its backend describes one")
 
 
+def dra_doc(vendor: Vendor, driver: str, label: str) -> KeyDoc:
+    return KeyDoc(label, "none: gpu-labeller's own key",
+                  f"labeller.dra.vendors names {vendor.name} and a {vendor.name} GPU is present: DRA ({driver}) "
+                  "serves its GPUs, the device plugin does not advertise them")
+
+
 def catalog(vendors: Sequence[Vendor]) -> list[Entry]:
     """Every key family gpu-labeller knows, ours first: literal keys before templates."""
     entries = [Entry(presence_doc(v), v) for v in vendors]
+    entries += [Entry(dra_doc(v, v.dra.driver, v.dra.served_label), v) for v in vendors if v.dra is not None]
     entries += [Entry(doc, v) for v in vendors for doc in v.labelling.key_docs]
     entries += [Entry(doc, None) for doc in (*STATE_DOCS, *FOREIGN_DOCS)]
     return sorted(entries, key=lambda e: (e.doc.template, e.doc.writer != "gpu-labeller"))
@@ -167,3 +178,142 @@ def explain(keys: Sequence[str], label_set: LabelSet, inventory: Inventory, conf
             reason = why_not(key, entry, label_set, inventory, config, selection_in_use)
             out.append(Explanation(key, None, label_set.sources.get(key), upstream, reason))
     return out
+
+
+# --- DRA attributes and capacities ---------------------------------------------------------------
+# ``<driver>/<name>`` (``gpu.nvidia.com/productName``, ``gpu.amd.com/memory``) names an attribute or
+# capacity of a vendor's DRA devices as a CEL selector or matchAttribute does; Kubernetes' standard
+# attributes keep their own domain (``resource.kubernetes.io/pciBusID``); the driver alone
+# (``gpu.nvidia.com``) asks for every one its devices publish here.
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+
+
+def _drivers(vendors: Sequence[Vendor]) -> dict[str, Vendor]:
+    return {v.dra.driver: v for v in vendors if v.dra is not None}
+
+
+def is_attribute_key(key: str, vendors: Sequence[Vendor]) -> bool:
+    """Whether ``key`` names a DRA driver, one of its attributes or capacities, or a standard attribute."""
+    drivers = _drivers(vendors)
+    return key in drivers or key.rpartition("/")[0] in (*drivers, STANDARD_DOMAIN)
+
+
+@dataclass(frozen=True)
+class ValueGroup:
+    """Devices that publish the same value, with where the first of them got it."""
+
+    value: str
+    devices: tuple[str, ...]
+    backend: str
+    source: str
+    rule: str
+
+
+@dataclass(frozen=True)
+class AttributeExplanation:
+    key: str  # as asked, or <driver>/<name> when the driver alone was asked
+    driver: str
+    kind: str  # the attribute's type, or "capacity"
+    groups: tuple[ValueGroup, ...]  # empty: not published on this node
+    meaning: str = ""
+    upstream: str = ""
+    why_not: str = ""
+    served: str = ""  # whether the node publishes it (DRA serves the vendor), for people
+    known: bool = True
+    suggestion: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "driver": self.driver, "kind": self.kind,
+                               "produced": bool(self.groups), "known": self.known}
+        if self.groups:
+            out["values"] = [{"value": g.value, "devices": list(g.devices), "backend": g.backend, "source": g.source,
+                              "rule": g.rule} for g in self.groups]
+            out["published"] = self.served
+        for name in ("meaning", "upstream", "why_not", "suggestion"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
+        return out
+
+    def text(self) -> str:
+        if not self.groups:
+            hint = f"; did you mean {self.suggestion}?" if self.suggestion else ""
+            line = f"{self.key}: {'not produced' if self.known else 'unknown'}: {self.why_not}{hint}"
+            return line + (f"\n  upstream: {self.upstream}" if self.upstream else "") + "\n"
+        count = sum(len(g.devices) for g in self.groups)
+        lines = [f"{self.key} ({self.kind}, {self.driver}), on {count} device{'s' if count > 1 else ''}:"]
+        for group in self.groups:
+            lines.append(f"  = {group.value}: {_device_list(group.devices)}")
+            lines += [f"    backend:  {group.backend}", f"    source:   {group.source}"]
+            lines += [f"    rule:     {group.rule}"] if group.rule else []
+        lines += [f"  meaning:  {self.meaning}"] if self.meaning else []
+        lines += [f"  upstream: {self.upstream or 'unknown'}", f"  published: {self.served}"]
+        return "\n".join(lines) + "\n"
+
+
+def _device_list(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:4])
+    return f"{shown}, ... ({len(names)} devices)" if len(names) > 4 else shown
+
+
+def _value_text(item: Attribute | Capacity) -> str:
+    if isinstance(item, Capacity):
+        return quantity(item.value)
+    return str(item.value).lower() if isinstance(item.value, bool) else str(item.value)
+
+
+def _doc(vendor: Vendor, name: str) -> AttributeDoc | None:
+    assert vendor.dra is not None
+    docs = vendor.dra.attribute_docs
+    exact = next((d for d in docs if d.name == name), None)
+    return exact or next((d for d in docs if "<" in d.name and KeyDoc(d.name, "").regex.fullmatch(name)), None)
+
+
+def _one(name: str, vendor: Vendor, devices: Sequence[DraDevice], config: Config, inventory: Inventory,
+         asked: str) -> AttributeExplanation:
+    assert vendor.dra is not None
+    driver = vendor.dra.driver
+    doc = _doc(vendor, name)
+    groups: dict[str, list[tuple[DraDevice, Attribute | Capacity]]] = {}
+    for device in devices:
+        item = device.attributes.get(name) or device.capacity.get(name)
+        if item is not None:
+            groups.setdefault(_value_text(item), []).append((device, item))
+    kind = doc.kind if doc is not None else ("capacity" if any(isinstance(i, Capacity) for g in groups.values()
+                                                               for _, i in g) else "")
+    meaning, upstream = (doc.meaning, doc.upstream) if doc is not None else ("", "")
+    if doc is None and not groups:
+        names = [d.name for d in vendor.dra.attribute_docs if "<" not in d.name]
+        return AttributeExplanation(asked, driver, "", (), why_not=f"not an attribute or capacity of {driver}",
+                                    known=False, suggestion=closest(name, names))
+    if not groups:
+        if not devices:
+            report = next((r for r in inventory.reports if r.backend == vendor.name), None)
+            why = f"no {vendor.name} GPU on this node" + (f" ({report.detail})" if report and report.detail else "")
+        else:
+            why = f"none of the {len(devices)} {driver} devices here has it: {meaning}"
+        return AttributeExplanation(asked, driver, kind, (), meaning, upstream, why)
+    served = ("yes: labeller.dra.vendors names " + vendor.name if config.served_by_dra(vendor.name)
+              else f"no: labeller.dra.vendors does not name {vendor.name} (preview: resourceslices --dra-vendors "
+                   f"{vendor.name})")
+    value_groups = tuple(ValueGroup(value, tuple(d.name for d, _ in members), members[0][1].backend,
+                                    members[0][1].source, members[0][1].rule) for value, members in groups.items())
+    return AttributeExplanation(asked, driver, kind, value_groups, meaning, upstream, served=served)
+
+
+def explain_attributes(key: str, devices_by_driver: Mapping[str, Sequence[DraDevice]], inventory: Inventory,
+                       config: Config, vendors: Sequence[Vendor]) -> list[AttributeExplanation]:
+    """The explanations of one attribute key (``is_attribute_key``): one per driver it concerns.
+    ``devices_by_driver``: every vendor's DRA devices here, served or not."""
+    drivers = _drivers(vendors)
+    if key in drivers:
+        devices = devices_by_driver.get(key, ())
+        names = sorted({n for d in devices for n in (*d.attributes, *d.capacity)})
+        return [_one(name, drivers[key], devices, config, inventory, name if "/" in name else f"{key}/{name}")
+                for name in names] or [
+            _one("type", drivers[key], devices, config, inventory, key)]
+    domain, _, name = key.rpartition("/")
+    if domain == STANDARD_DOMAIN:
+        return [_one(key, vendor, devices_by_driver.get(driver, ()), config, inventory, key)
+                for driver, vendor in drivers.items() if _doc(vendor, key) is not None]
+    return [_one(name, drivers[domain], devices_by_driver.get(domain, ()), config, inventory, key)]

@@ -1,5 +1,5 @@
 """The host a command works on: this machine, a mounted host root, or a simulated node; with its
-config. ``Host`` probes it and derives its offer and labels, through the registered vendors.
+config. ``Host`` probes it and derives its offer, labels and DRA devices, through the registered vendors.
 ``NodeOptions`` is what the command line says of it (and, for the processes that follow their
 Node, where to read that Node); ``open_host`` resolves them into a ``Host``."""
 
@@ -22,6 +22,7 @@ from labeller.errors import InputError
 from labeller.namedconfigs import CONFIG_LABEL, Chooser, ConfigDir, Selection
 from labeller.offer import Offer
 from labeller.nodelabels import node_labels
+from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
 from vendors import RESOURCE_NAMES, VENDORS
 
@@ -65,6 +66,18 @@ class Host:
             label_set.dropped.update(state.dropped)
             label_set.sources.update(state.sources)
         return label_set
+
+    def dra_devices(self, inventory: Inventory, offer: Offer, every_vendor: bool = False) -> dict[str, list[DraDevice]]:
+        """What the node publishes through DRA, by driver ("gpu.nvidia.com"): the devices of each
+        vendor the config serves through DRA (``labeller.dra.vendors``) that has any here; with
+        ``every_vendor``, of every vendor with a DRA driver, served or not (what ``explain`` shows)."""
+        found = {}
+        for vendor in self.vendors:
+            if vendor.dra is not None and (every_vendor or self.config.served_by_dra(vendor.name)):
+                devices = vendor.dra.devices(inventory, offer, self.config)
+                if devices:
+                    found[vendor.dra.driver] = devices
+        return found
 
     def read_config(self, path: Path) -> Config:
         """The config file at ``path`` (ConfigError naming it when it does not load)."""

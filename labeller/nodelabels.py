@@ -42,9 +42,24 @@ def presence_labeler(vendors: Sequence[Vendor]) -> Labeler:
     return presence_labels
 
 
+def dra_labeler(vendors: Sequence[Vendor]) -> Labeler:
+    """``<vendor's DRA label>=true`` (``nvidia.com/gpu.dra``) for each vendor with a GPU here that the
+    config serves through DRA, whose label groups are on: its GPUs are in ResourceSlices, not in
+    the device plugin's extended resources."""
+
+    def dra_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
+        return {v.dra.served_label: derived("true", "config", f"labeller.dra.vendors = {list(config.dra_vendors)}",
+                                            f"true where DRA ({v.dra.driver}) serves the {v.name} GPUs: the device "
+                                            "plugin does not advertise them")
+                for v in vendors if v.dra is not None and config.served_by_dra(v.name)
+                and v.labelling.enabled(config) and present(v, inventory)}
+
+    return dra_labels
+
+
 def labelers(vendors: Sequence[Vendor], config: Config) -> list[Labeler]:
-    """Presence first, then the labelers of each vendor whose label groups are on."""
-    chosen = [presence_labeler(vendors)]
+    """Presence and DRA first, then the labelers of each vendor whose label groups are on."""
+    chosen = [presence_labeler(vendors), dra_labeler(vendors)]
     for vendor in vendors:
         if vendor.labelling.enabled(config):
             chosen.extend(vendor.labelling.labelers)

@@ -25,6 +25,9 @@ Sharing (NVIDIA's config format, applied to any vendor's resource; one case per 
   is held for good, with the reason. Which GPU a container gets is decided at bind by the scheduler
   extender (``ALIYUN_COM_GPU_MEM_IDX``: the GPU's position in ``aliyun.com/gpu-count``).
 
+A vendor the config serves through DRA (``labeller.dra.vendors``) offers nothing here: each of its
+groups is withheld with that reason, and its GPUs are the DRA plugin's (``labeller.resourceslices``).
+
 Where GFD's labels contradict what NVIDIA's plugin advertises, gpu-labeller labels what is
 advertised (README, "Deviations"). The cases, all decided by the groups NVIDIA's package returns:
 - ``migStrategy: none`` advertises MIG-enabled GPUs whole, so they are shared as configured and
@@ -164,8 +167,13 @@ def mps_check(vendor: Vendor, inventory: Inventory) -> MpsGate:
     return lambda resource: check(inventory, resource)
 
 
+def dra_reason(vendor: str, driver: str) -> str:
+    return f"served through DRA ({driver} ResourceSlices): labeller.dra.vendors names {vendor}"
+
+
 def derive(inventory: Inventory, config: Config, vendors: Iterable[Vendor]) -> Offer:
-    """The node's offer, vendor by vendor in registry order; groups without devices are not advertised.
+    """The node's offer, vendor by vendor in registry order; groups without devices are not advertised,
+    nor those of a vendor the node serves through DRA (``labeller.dra.vendors``): withheld, one owner per GPU.
 
     Raises ConfigError when the sharing config names devices this node does not have."""
     resources: list[Resource] = []
@@ -173,6 +181,9 @@ def derive(inventory: Inventory, config: Config, vendors: Iterable[Vendor]) -> O
     withheld: dict[str, str] = {}
     for vendor in vendors:
         for group in vendor.devices.groups(inventory, config):
+            if vendor.dra is not None and config.served_by_dra(vendor.name):
+                withheld[group.base] = dra_reason(vendor.name, vendor.dra.driver)
+                continue
             if group.withheld is not None:
                 withheld[group.base] = group.withheld
             if not group.devices:

@@ -39,13 +39,16 @@ def complete_profiles(ctx: click.Context, param: click.Parameter, incomplete: st
 
 
 def complete_label_keys(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    """Every literal key gpu-labeller writes (and the keys of ``--simulate``'s labels when given)."""
+    """Every literal key gpu-labeller writes, every DRA attribute and capacity (``gpu.nvidia.com/productName``),
+    and the keys of ``--simulate``'s labels when given."""
     _quiet()
     try:
         from labeller.explain import catalog, known_keys
         from vendors import VENDORS
 
         keys = set(known_keys(catalog(VENDORS)))
+        keys.update(f"{v.dra.driver}/{doc.name}" if "/" not in doc.name else doc.name
+                    for v in VENDORS if v.dra is not None for doc in v.dra.attribute_docs if "<" not in doc.name)
         keys.update(_simulated_keys(ctx))
     except Exception:  # noqa: BLE001
         return []

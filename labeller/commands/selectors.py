@@ -16,6 +16,7 @@ import click
 
 from labeller.commands.dryrun import emit, offer_of, probe_host
 from labeller.commands.completion import complete_label_keys, complete_node_names, complete_profiles
+from labeller.explain import AttributeExplanation, Explanation, explain_attributes, is_attribute_key
 from labeller.explain import explain as explain_keys
 from labeller.log import at_least
 from labeller.host import NodeOptions, open_host
@@ -30,11 +31,22 @@ from labeller.selectors import (Selector, SelectorError, Term, hint, load_select
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def explain(keys: tuple[str, ...], node_options: NodeOptions, fmt: str) -> None:
     """Say where each label comes from (backend, exact source, rule, upstream tool), or why a key
-    is not produced. Exit 1 when a KEY is not a gpu-labeller key (with the closest one)."""
+    is not produced. A KEY <driver>/<name> (gpu.nvidia.com/productName, gpu.amd.com/memory,
+    resource.kubernetes.io/pciBusID) does the same for an attribute or capacity of the DRA devices;
+    the driver alone (gpu.nvidia.com) for all of them. Exit 1 when a KEY is not a gpu-labeller key
+    (with the closest one)."""
     with open_host(node_options, node_options.chosen()) as host:
         inventory = probe_host(host)
-        label_set = host.labels(inventory, offer_of(host, inventory, node_options))
-        results = explain_keys(keys, label_set, inventory, host.config, host.vendors, host.selection is not None)
+        offer = offer_of(host, inventory, node_options)
+        label_set = host.labels(inventory, offer)
+        devices = host.dra_devices(inventory, offer, every_vendor=True) if keys else {}
+        results: list[Explanation | AttributeExplanation] = []
+        for key in keys or [None]:
+            if key is not None and is_attribute_key(key, host.vendors):
+                results += explain_attributes(key, devices, inventory, host.config, host.vendors)
+            else:
+                results += explain_keys((key,) if key else (), label_set, inventory, host.config, host.vendors,
+                                        host.selection is not None)
     if fmt == "json":
         emit(json.dumps([r.document() for r in results], indent=2) + "\n")
     else:

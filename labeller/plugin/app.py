@@ -84,6 +84,7 @@ class DevicePlugin:
         self._vendors = {vendor.name: vendor for vendor in vendors}
         self.metrics = metrics or PluginMetrics()
         self.resources: tuple[Resource, ...] = ()
+        self.dra_serves = False  # the config serves GPUs through DRA: serving nothing is then ready
         self.applied = 0  # how many ``serve`` calls have taken effect (several pending ones count once)
         self.board = HealthBoard((), settings.recovery_seconds)
         self.board.listeners.append(self._on_health_change)
@@ -138,6 +139,7 @@ class DevicePlugin:
             self._forget_device_gauges(name)
             log.info("resource", resource=name, vendor=before[name].vendor, change="removed")
         self.resources = offer.resources
+        self.dra_serves = bool(offer.config.dra_vendors)
         physical = {d.physical for r in offer.resources for d in r.devices}
         self.board.track(p.health_key for p in physical)  # open streams send the new lists now
         self._watch_health((frozenset(physical), offer.host_root, offer.handles))
@@ -238,8 +240,9 @@ class DevicePlugin:
 
     @property
     def ready(self) -> bool:
-        """Something is served and every served resource is registered with the kubelet."""
-        return bool(self.resources) and self.manager.all_registered
+        """Something is served and every served resource is registered with the kubelet; or nothing is,
+        because the config serves the GPUs through DRA."""
+        return (bool(self.resources) or self.dra_serves) and self.manager.all_registered
 
     def healthy(self, stall_seconds: float) -> bool:
         """The supervisor ticked within ``stall_seconds``."""

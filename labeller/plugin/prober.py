@@ -42,14 +42,16 @@ def failed_vendors(inventory: Inventory, vendors: Sequence[Vendor] = VENDORS) ->
     return {r.backend for r in inventory.reports if r.backend in names and r.status in ("unavailable", "error")}
 
 
-def not_ready(inventory: Inventory, resources: Sequence[Resource], waiting: bool = False) -> str | None:
+def not_ready(inventory: Inventory, resources: Sequence[Resource], waiting: bool = False,
+              dra_serves: bool = False) -> str | None:
     """Why the driver is not ready to serve (the probe reports' own words), or None when it is.
     ``waiting``: resources wait for a helper (the MPS control daemon), which is not the driver's
-    fault; the inputs watcher probes again when it is ready."""
+    fault; the inputs watcher probes again when it is ready. ``dra_serves``: the config serves a
+    vendor through DRA (``labeller.dra.vendors``), so serving nothing here is the config's doing."""
     troubles = [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
     if troubles:
         return "; ".join(troubles)
-    if resources or waiting:
+    if resources or waiting or dra_serves:
         return None
     if inventory.pci_gpus:
         return f"{len(inventory.pci_gpus)} GPU(s) on the PCI bus but none the plugin can serve with this config"
@@ -117,4 +119,5 @@ class Prober:
         fresh = list(offer.resources)
         self.served = carried_forward(self.served, fresh, failed_vendors(inventory, self.node.vendors))
         self.plugin.serve(self.served, self.node.config, self.node.host_root, self.node.handles)
-        return not_ready(inventory, fresh, waiting=any(h.waiting for h in offer.held))
+        return not_ready(inventory, fresh, waiting=any(h.waiting for h in offer.held),
+                         dra_serves=bool(self.node.config.dra_vendors))

@@ -5,6 +5,7 @@
 2. ``devices``: ``Devices`` (device groups, resource-name facts, and ``plugin_parts``, which loads
    ``plugin.PluginParts``: Allocate, health checks, CDI spec, for the device plugin alone).
 3. ``mps``: ``Mps``, for a vendor whose GPUs MPS can share (optional).
+4. ``dra``: ``Dra``, its devices as its Dynamic Resource Allocation driver names them (optional).
 
 A vendor is one package, ``vendors/<name>/``, whose ``__init__`` builds its ``Vendor`` from these;
 adding one means that package plus one entry in ``vendors.VENDORS``. The model never imports a
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from labeller.config import Config, ResourceNames
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling
+from labeller.vendor.dra import Dra
 from labeller.vendor.mps import Mps
 
 
@@ -29,6 +31,7 @@ class Vendor:
     labelling: Labelling
     devices: Devices
     mps: Mps | None  # None: MPS cannot share its GPUs
+    dra: Dra | None = None  # None: it has no DRA driver
 
     def offer_inputs(self, config: Config) -> object:
         """What its offer reads besides the probe (``Mps.offer_inputs``); None for a vendor without MPS."""
@@ -44,4 +47,5 @@ def resource_names(vendors: Sequence[Vendor], short_names: Vendor) -> ResourceNa
         own=tuple(v.devices.own_names for v in vendors),
         mps_shareable=tuple(m.shareable for m in mps),
         mps_shares=" or ".join(m.shares for m in mps),
+        dra_vendors=tuple(v.name for v in vendors if v.dra is not None),
     )

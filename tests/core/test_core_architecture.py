@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
          "labeller.sharing", "labeller.vendor", "labeller.vendor.discovery", "labeller.vendor.devices",
-         "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare", "labeller.namedconfigs"}
+         "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare", "labeller.namedconfigs",
+         "labeller.resourceslices", "labeller.vendor.dra"}
 
 
 def module_name(path: Path) -> str:

@@ -82,7 +82,10 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
                                      ["match", "nvidia.com/gpu.product=Tesla-T4"],
                                      ["match", "amd.com/gpu.present", "--simulate", "mi210-x8"],
                                      ["labels", "--simulate", "dgx-h100", "--format", "selector"],
-                                     ["labels", "--simulate", "dgx-h100", "--format", "affinity", "--min-memory", "8"]])
+                                     ["labels", "--simulate", "dgx-h100", "--format", "affinity", "--min-memory", "8"],
+                                     ["resourceslices"],
+                                     ["resourceslices", "--simulate", "mixed-l40s-mi210", "--dra-vendors", "all"],
+                                     ["explain", "--simulate", "dgx-h100", "gpu.nvidia.com/productName"]])
 def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path: Path, command: list[str]) -> None:
     configs = config_map_volume(tmp_path / "configs", {"a": "version: v1\n"})
     command = [str(configs) if part == "CONFIGS" else part for part in command]
@@ -95,7 +98,7 @@ def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path
         "except SystemExit:\n"
         "    pass\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'google')\n"
-        "             or m.startswith('labeller.plugin') or m.rsplit('.', 1)[-1] in ('allocate', 'health')))\n"
+        "             or m.startswith(('labeller.plugin', 'labeller.draplugin')) or m.rsplit('.', 1)[-1] in ('allocate', 'health')))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -105,8 +108,8 @@ def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path
 def test_help_lists_every_command_without_loading_them() -> None:
     result = gpu_labeller("--help")
     assert result.returncode == 0
-    for command in ("labels", "resources", "probe", "profiles", "run", "cleanup", "device-plugin", "completion",
-                    "explain", "match", "nodes"):
+    for command in ("labels", "resources", "resourceslices", "probe", "profiles", "run", "cleanup", "device-plugin",
+                    "completion", "explain", "match", "nodes"):
         assert f"  {command} " in result.stdout
 
 

@@ -1,7 +1,7 @@
 """Every built-in profile's dry-run output, as users see it, held against a reviewed copy.
 
 Restructuring the code must not change what a user sees: labels (text and NFD), the device
-plugin's resources and the probe's inventory, for each built-in profile. When a change is meant to
+plugin's resources, the DRA plugin's ResourceSlices and the probe's inventory, for each built-in profile. When a change is meant to
 change them, regenerate with ``GOLDEN_UPDATE=1 python -m pytest tests/core/test_core_golden.py``
 and review the diff of ``tests/fixtures/golden/`` like code.
 """
@@ -24,6 +24,8 @@ COMMANDS = {
     "resources.json": ["resources", "--format", "json"],
     "resources.txt": ["resources"],
     "probe.json": ["probe"],
+    # the slices a node would publish once DRA serves every vendor (by default it serves none)
+    "resourceslices.yaml": ["resourceslices", "--format", "yaml", "--dra-vendors", "all", "--node-name", "gpu-node"],
 }
 
 

@@ -1,7 +1,7 @@
 """AMD GPUs: sysfs probe (probe: KFD topology, DRM cards, amdgpu module; ids: family and names),
-AMD's labeller's labels (labels), one device per KFD compute node (devices); for the device plugin
-alone, Allocate (allocate), KFD health (health) and the CDI spec (cdi); a simulated sysfs tree
-(simulate)."""
+AMD's labeller's labels (labels), one device per KFD compute node (devices), the devices its DRA
+driver publishes (dra); for the device plugin alone, Allocate (allocate), KFD health (health) and
+the CDI spec (cdi); a simulated sysfs tree (simulate)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from labeller.inventory import BackendReport, PciGpu
 from labeller.vendor import Vendor
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
+from labeller.vendor.dra import Dra
 from labeller.vendor.plugin import PluginParts
-from vendors.amd import devices, labels, probe
+from vendors.amd import devices, dra, labels, probe
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID
 from vendors.amd.model import AmdInventory
 
@@ -60,4 +61,6 @@ VENDOR = Vendor(
         plugin_parts=plugin_parts,
     ),
     mps=None,
+    dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
+            served_label="amd.com/gpu.dra"),
 )

@@ -7,8 +7,8 @@ Each kind yields, from a list of per-GPU values:
   else ``amd.com/gpu.<kind>.<value>=<count>`` per value and no plain key.
 
 Counts follow AMD: cu-count, simd-count and vram count KFD compute nodes (so partitions): the
-devices ``amd.com/gpu`` offers (labeller.offer), so labels and plugin count the same nodes;
-device-id, family and product-name count physical GPUs (partitions have no PCI files there).
+devices ``amd.com/gpu`` offers (labeller.offer), so labels and plugin count the same nodes (on a
+node that serves AMD GPUs through DRA, the devices its ResourceSlices publish: every node); device-id, family and product-name count physical GPUs (partitions have no PCI files there).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.labels import KeyDoc, Labeler, Labels, derived, is_valid_value, sanitise_value
 from labeller.offer import Offer
-from vendors.amd.devices import VENDOR, AmdDevice
+from vendors.amd.devices import VENDOR, AmdDevice, devices
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 
 BETA = "beta.amd.com/gpu."
@@ -77,7 +77,10 @@ def _gpus(inventory: Inventory) -> tuple[AmdGpu, ...]:
     return part.gpus if part is not None else ()
 
 
-def _offered_nodes(offer: Offer) -> list[AmdComputeNode]:
+def _offered_nodes(inventory: Inventory, config: Config, offer: Offer) -> list[AmdComputeNode]:
+    """The KFD nodes the device plugin offers, or, where DRA serves AMD GPUs, those it publishes (all)."""
+    if config.served_by_dra(VENDOR):
+        return [d.node for d in devices(_gpus(inventory))]
     return [d.node for r in offer.of_vendor(VENDOR) for d in r.physical_devices if isinstance(d, AmdDevice)]
 
 
@@ -86,7 +89,7 @@ def _per_node(kind: str, value_of: Callable[[int, int, int | None], str | None],
     ``source``: the KFD files read, under each node's directory."""
 
     def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
-        nodes = _offered_nodes(offer)
+        nodes = _offered_nodes(inventory, config, offer)
         values = (value_of(n.simd_count, n.simd_per_cu, n.vram_bytes) for n in nodes)
         where = f"/sys/class/kfd/kfd/topology/nodes/{_node_range(nodes)}/{source}"
         return count_labels(kind, (v for v in values if v), config, where, rule, "KFD node")

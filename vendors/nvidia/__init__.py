@@ -1,6 +1,6 @@
 """NVIDIA GPUs: NVML probe (nvml), GFD's labels (labels), device groups by MIG strategy (devices),
-MPS (mps); for the device plugin alone, Allocate (allocate), XID and lost-GPU health (health) and
-the CDI spec (cdi); a simulated NVML (simulate)."""
+MPS (mps), the devices its DRA driver publishes (dra); for the device plugin alone, Allocate
+(allocate), XID and lost-GPU health (health) and the CDI spec (cdi); a simulated NVML (simulate)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import re
 from labeller.vendor import Vendor
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
+from labeller.vendor.dra import Dra
 from labeller.vendor.mps import Mps
 from labeller.vendor.plugin import PluginParts
-from vendors.nvidia import devices, labels, mps, nvml
+from vendors.nvidia import devices, dra, labels, mps, nvml
 from vendors.nvidia.facts import PCI_CLASSES, PCI_VENDOR_ID
 
 
@@ -54,4 +55,6 @@ VENDOR = Vendor(
         check=mps.check,
         offer_inputs=mps.offer_inputs,
     ),
+    dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
+            served_label="nvidia.com/gpu.dra"),
 )

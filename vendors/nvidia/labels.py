@@ -368,7 +368,7 @@ def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> L
     model = primary_model(offered or part.gpus)[0]
     labels = _model_labels(model)
     withheld = offer.withheld.get(GPU)
-    if withheld is not None:
+    if withheld is not None and not config.served_by_dra(VENDOR):  # DRA's GPUs: described, counted 0
         log.warning("MIG strategy single needs every GPU MIG-enabled with one profile; labels set to INVALID",
                     vendor=VENDOR, reason=withheld)
         first_enabled = next(gpu for gpu in part.gpus if gpu.mig_enabled)  # GFD names the first MIG-enabled GPU

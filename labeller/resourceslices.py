@@ -1,0 +1,164 @@
+"""What a node publishes through Dynamic Resource Allocation: its devices, as ``resource.k8s.io/v1``
+ResourceSlices.
+
+A vendor's DRA role (``labeller.vendor.dra``) turns the inventory into ``DraDevice`` objects: a
+name, typed attributes and capacities, each with where its value came from, and the physical
+device (``labeller.offer.PhysicalDevice``) it stands for, the same object the device plugin serves.
+``resource_slices`` lays them out as the API wants them: one pool per driver, named after the node,
+split over slices of at most 128 devices. Pure: no I/O, no client.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from labeller.offer import PhysicalDevice
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128  # the API rejects a slice with more
+# Attributes every driver may publish, defined by Kubernetes itself (k8s.io/dynamic-resource-allocation/deviceattribute).
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
+_NOT_DNS = re.compile(r"[^a-z0-9-]+")
+
+
+class Version(str):
+    """An attribute value of the API's version type: a semantic version ("550.54.15", "9.0.0")."""
+
+    def __new__(cls, text: str) -> Self:
+        if not _SEMVER.fullmatch(text):
+            raise ValueError(f"{text!r} is not a semantic version (MAJOR.MINOR.PATCH)")
+        return super().__new__(cls, text)
+
+
+AttributeValue = str | int | bool | Version
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """One device attribute: its value (a ``Version`` is published as a version, any other ``str`` as
+    a string), and where it came from, as a label's provenance (``labeller.labels.Provenance``)."""
+
+    value: AttributeValue
+    backend: str  # "nvml", "sysfs", "pci", "config"
+    source: str  # the call or file and what it said
+    rule: str = ""  # how that became the value
+
+    def document(self) -> dict[str, Any]:
+        """The API's DeviceAttribute: exactly one of string, int, bool, version."""
+        if isinstance(self.value, bool):
+            return {"bool": self.value}
+        if isinstance(self.value, int):
+            return {"int": self.value}
+        if isinstance(self.value, Version):
+            return {"version": str(self.value)}
+        return {"string": self.value}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One device capacity: a count or a number of bytes, with where it came from."""
+
+    value: int
+    backend: str
+    source: str
+    rule: str = ""
+
+    def document(self) -> dict[str, Any]:
+        return {"value": quantity(self.value)}
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One device of a ResourceSlice: a whole GPU, a MIG device or a GPU partition.
+
+    ``name`` is the vendor's DRA driver's name for it (``gpu-0``, ``gpu-1-128``); ``attributes`` and
+    ``capacity`` are keyed by their name as published (short names belong to the driver's domain,
+    qualified ones such as ``resource.kubernetes.io/pciBusID`` are Kubernetes' own). ``physical`` is
+    the device plugin's view of the same unit: what preparing a claim gives the container, and whose
+    ``health_key`` the health checks report."""
+
+    name: str
+    physical: PhysicalDevice
+    attributes: Mapping[str, Attribute] = field(default_factory=dict)
+    capacity: Mapping[str, Capacity] = field(default_factory=dict)
+
+    @property
+    def health_key(self) -> str:
+        return self.physical.health_key
+
+    def document(self) -> dict[str, Any]:
+        """The API's Device, attributes and capacities in name order."""
+        out: dict[str, Any] = {"name": self.name}
+        if self.attributes:
+            out["attributes"] = {key: self.attributes[key].document() for key in sorted(self.attributes)}
+        if self.capacity:
+            out["capacity"] = {key: self.capacity[key].document() for key in sorted(self.capacity)}
+        return out
+
+
+def quantity(value: int) -> str:
+    """``value`` as Kubernetes writes a binary-SI quantity in canonical form: the largest power of
+    1024 that divides it (85520809984 -> "81559Mi", 14 -> "14", 0 -> "0")."""
+    if value < 0:
+        raise ValueError(f"a capacity cannot be negative, got {value}")
+    exponent = 0
+    while value and value % 1024 == 0 and exponent < len(_BINARY_SUFFIXES) - 1:
+        value //= 1024
+        exponent += 1
+    return f"{value}{_BINARY_SUFFIXES[exponent]}"
+
+
+def semver(version: str, parts: int = 3) -> Version | None:
+    """A dotted version as a semantic version: missing parts are 0 ("550.90" -> "550.90.0", as
+    NVIDIA's driver parses it), parts beyond ``parts`` dropped ("6.8.5.60100" -> "6.8.5", as AMD's
+    driver trims it); None when it is not numbers and dots."""
+    numbers = version.strip().split(".")
+    if not version.strip() or not all(n.isdigit() for n in numbers):
+        return None
+    numbers = [str(int(n)) for n in numbers[:parts]]
+    return Version(".".join(numbers + ["0"] * (parts - len(numbers))))
+
+
+def slice_name(node_name: str, driver: str, index: int) -> str:
+    """``<node>-<driver>-<index>``, a valid DNS subdomain name (dots in the driver become dashes)."""
+    driver_part = _NOT_DNS.sub("-", driver.lower()).strip("-")
+    return f"{node_name}-{driver_part}-{index}"
+
+
+def resource_slices(node_name: str, devices_by_driver: Mapping[str, Sequence[DraDevice]], generation: int = 1
+                    ) -> list[dict[str, Any]]:
+    """The ResourceSlice objects of one node, JSON-ready: per driver one pool named after the node,
+    its devices in the given order split over as many slices as the 128-device limit needs (each
+    slice says how many the pool has), deterministic names. A driver without devices publishes no
+    slice."""
+    slices: list[dict[str, Any]] = []
+    for driver in sorted(devices_by_driver):
+        devices = list(devices_by_driver[driver])
+        chunks = [devices[i:i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
+        for index, chunk in enumerate(chunks):
+            slices.append({
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": {"name": slice_name(node_name, driver, index)},
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node_name,
+                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "devices": [device.document() for device in chunk],
+                },
+            })
+    return slices
+
+
+def healthy(devices_by_driver: Mapping[str, Sequence[DraDevice]], unhealthy: Collection[str]
+            ) -> dict[str, list[DraDevice]]:
+    """The devices whose physical device is not in ``unhealthy`` (health keys, as the plugin's health
+    board reports them): an unhealthy device leaves the slice, as it leaves the device plugin's list."""
+    return {driver: [d for d in devices if d.health_key not in unhealthy] for driver, devices in devices_by_driver.items()}

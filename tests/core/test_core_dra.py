@@ -1,0 +1,242 @@
+"""DRA as the third output of the one model: on every built-in profile, the labels, the device
+plugin's resources and the ResourceSlices describe the same devices; a node that serves a vendor
+through DRA withholds its extended resources and says so in a label; ``resourceslices`` and
+``explain`` on the command line."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from labeller.cli import main
+from labeller.config import parse_document
+from labeller.explain import catalog, find
+from labeller.host import Host, NodeOptions, open_host
+from labeller.offer import Offer
+from labeller.resourceslices import DraDevice, healthy, resource_slices
+from vendors import RESOURCE_NAMES, VENDORS
+from vendors.amd.labels import product_name_value, vram_gib_label
+from vendors.nvidia.devices import NvidiaDevice
+from vendors.nvidia.facts import MIB
+from vendors.nvidia.labels import product_name
+from vendors.simulate import builtin_profiles
+
+PROFILES = sorted(builtin_profiles())
+NVIDIA, AMD = "gpu.nvidia.com", "gpu.amd.com"
+
+
+@dataclass
+class Derived:
+    host: Host
+    labels: dict[str, str]
+    offer: Offer
+    devices: dict[str, list[DraDevice]]  # of every vendor with a DRA driver, served or not
+    published: dict[str, list[DraDevice]]  # of the vendors the config serves through DRA
+
+
+def derive(profile: str, config: dict[str, Any] | None = None) -> Derived:
+    """A profile's labels, offer and DRA devices, as the commands derive them."""
+    with open_host(NodeOptions(simulate=profile)) as host:
+        if config is not None:
+            host.config = parse_document(config, RESOURCE_NAMES)
+        inventory = host.probe()
+        offer = host.offer(inventory)
+        return Derived(host, host.labels(inventory, offer).labels, offer,
+                       host.dra_devices(inventory, offer, every_vendor=True), host.dra_devices(inventory, offer))
+
+
+def attribute(device: DraDevice, name: str) -> Any:
+    return device.attributes[name].value if name in device.attributes else None
+
+
+def counted(labels: dict[str, str], prefix: str) -> Counter[str]:
+    """``beta.amd.com/gpu.cu-count.38=63`` style labels: value -> count."""
+    return Counter({key[len(prefix):]: int(value) for key, value in labels.items() if key.startswith(prefix)})
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_labels_resources_and_slices_describe_the_same_devices(profile: str) -> None:
+    derived = derive(profile)
+    host, labels, offer, by_driver = derived.host, derived.labels, derived.offer, derived.devices
+    assert derived.published == {}  # the default: DRA serves no vendor
+    devices = [d for found in by_driver.values() for d in found]
+    served = [*offer.resources, *(h.resource for h in offer.held)]
+    physical = {d.physical.health_key: d.physical for r in served for d in r.devices}
+    advertised = {d.physical.health_key for r in offer.resources for d in r.devices}  # not held (MPS not ready)
+
+    # count and health: one published device per device the plugin serves, checked by the same health unit
+    assert sorted(d.health_key for d in devices) == sorted(physical)
+    slices = resource_slices("node", by_driver)
+    assert sum(len(s["spec"]["devices"]) for s in slices) == len(devices)
+    assert len({d.name for d in devices}) == len(devices), "device names are unique"
+    for driver, found in by_driver.items():  # an unhealthy device leaves its slice, and only it
+        dropped = found[0]
+        assert [d.name for d in healthy(by_driver, {dropped.health_key})[driver]] == [d.name for d in found[1:]]
+
+    nvidia = by_driver.get(NVIDIA, [])
+    if nvidia:
+        whole = [d for d in nvidia if attribute(d, "type") == "gpu"]
+        migs = [d for d in nvidia if attribute(d, "type") == "mig"]
+        # partitions: the MIG devices published are the MIG devices served, profile for profile
+        assert sorted(attribute(d, "profile") for d in migs) == sorted(
+            p.partition for p in physical.values() if p.vendor == "nvidia" and p.partition)
+        # product: the label names the product the devices publish (GFD's sanitised form)
+        assert any(labels["nvidia.com/gpu.product"].startswith(product_name(attribute(d, "productName"))) for d in nvidia)
+        # memory and count, as the labels count what is advertised (held MPS replicas are not)
+        memories = {d.capacity["memory"].value // MIB for d in nvidia if "memory" in d.capacity}
+        assert int(labels["nvidia.com/gpu.memory"]) in memories
+        if host.config.mig_strategy == "single" and migs:
+            assert int(labels["nvidia.com/gpu.count"]) == len(migs)
+        else:
+            assert int(labels["nvidia.com/gpu.count"]) == sum(1 for d in whole if d.health_key in advertised)
+            for profile_name, count in Counter(attribute(d, "profile") for d in migs).items():
+                device = next(p for p in physical.values() if isinstance(p, NvidiaDevice) and p.partition == profile_name)
+                assert device.mig is not None
+                prefix = device.mig.resource_name
+                assert int(labels[f"{prefix}.count"]) == count
+                assert int(labels[f"{prefix}.memory"]) == device.mig.memory_mib
+
+    amd = by_driver.get(AMD, [])
+    if amd:
+        # count: AMD counts KFD compute nodes, as its slices publish them
+        assert sum(counted(labels, "beta.amd.com/gpu.cu-count.").values()) == len(amd)
+        assert counted(labels, "beta.amd.com/gpu.cu-count.") == Counter(
+            str(d.capacity["computeUnits"].value) for d in amd)
+        # memory: the VRAM labels count the devices that publish a memory capacity, and none other
+        assert counted(labels, "beta.amd.com/gpu.vram.") == Counter(
+            vram_gib_label(d.capacity["memory"].value) for d in amd if "memory" in d.capacity)
+        # product
+        assert {labels["amd.com/gpu.product-name"]} == {product_name_value(attribute(d, "productName")) for d in amd}
+        # partitions: a partition is a partition everywhere, with the mode the labels give
+        partitions = [d for d in amd if attribute(d, "type") == "amdgpu-partition"]
+        assert len(partitions) == sum(1 for p in physical.values() if p.vendor == "amd" and p.partition)
+        profiles = {attribute(d, "partitionProfile") for d in amd} - {None}
+        assert profiles == ({labels["amd.com/gpu.compute-memory-partition"]}
+                            if "amd.com/gpu.compute-memory-partition" in labels else set())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_explain_covers_every_attribute_a_builtin_profile_publishes(profile: str) -> None:
+    derived = derive(profile)
+    host, by_driver = derived.host, derived.devices
+    for vendor in host.vendors:
+        assert vendor.dra is not None
+        documented = {doc.name for doc in vendor.dra.attribute_docs}
+        for device in by_driver.get(vendor.dra.driver, []):
+            assert {*device.attributes, *device.capacity} <= documented, device.name
+            for item in (*device.attributes.values(), *device.capacity.values()):
+                assert item.backend and item.source
+
+
+def test_a_node_that_serves_a_vendor_through_dra_withholds_its_resources_and_says_so() -> None:
+    config = {"version": "v1", "labeller": {"dra": {"vendors": ["nvidia", "amd"]}}}
+    default = derive("mixed-l40s-mi210")
+    default_labels, default_offer = default.labels, default.offer
+    served = derive("mixed-l40s-mi210", config)
+    labels, offer = served.labels, served.offer
+
+    assert offer.resources == () and offer.held == ()  # one owner per GPU: the device plugin serves none
+    assert set(offer.withheld) == {r.base for r in default_offer.resources}
+    assert all(reason.startswith("served through DRA (") for reason in offer.withheld.values())
+    assert labels["nvidia.com/gpu.dra"] == labels["amd.com/gpu.dra"] == "true"
+    assert "nvidia.com/gpu.dra" not in default_labels and "amd.com/gpu.dra" not in default_labels
+    # the GPUs are still described as they are, and counted as what nvidia.com/gpu advertises: none
+    assert labels["nvidia.com/gpu.count"] == "0"
+    for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.memory", "amd.com/gpu.product-name", "amd.com/gpu.cu-count",
+                "beta.amd.com/gpu.cu-count.104", "amd.com/gpu.vram"):
+        assert labels[key] == default_labels[key], key
+    assert served.published == served.devices and set(served.published) == {NVIDIA, AMD}
+
+
+def test_dra_serves_one_vendor_and_the_device_plugin_the_other() -> None:
+    derived = derive("mixed-l40s-mi210", {"version": "v1", "labeller": {"dra": {"vendors": ["amd"]}}})
+    labels, offer = derived.labels, derived.offer
+    assert [r.name for r in offer.resources] == ["nvidia.com/gpu"]
+    assert list(offer.withheld) == ["amd.com/gpu"]
+    assert list(derived.published) == [AMD]
+    assert "nvidia.com/gpu.dra" not in labels and labels["amd.com/gpu.dra"] == "true"
+    assert labels["nvidia.com/gpu.count"] == "2"
+
+
+def test_the_dra_label_is_explained() -> None:
+    entry = find("nvidia.com/gpu.dra", catalog(VENDORS))
+    assert entry is not None and "labeller.dra.vendors" in entry.doc.when
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+def run(*args: str, env: dict[str, str] | None = None) -> Any:
+    return CliRunner().invoke(main, ["--log-level", "warning", *args], env=env)
+
+
+def test_resourceslices_prints_nothing_while_dra_serves_no_vendor_and_says_why() -> None:
+    result = run("resourceslices", "--simulate", "dgx-h100")
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert "DRA serves no vendor under this config" in result.stderr
+
+
+def test_resourceslices_prints_the_served_vendors_slices_as_documents_kubectl_takes(tmp_path: Any) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nlabeller:\n  dra:\n    vendors: [amd]\n")
+    result = run("resourceslices", "--simulate", "mixed-l40s-mi210", "--config", str(config), env={"NODE_NAME": "n7"})
+    assert result.exit_code == 0, result.output
+    documents = list(yaml.safe_load_all(result.stdout))
+    assert [d["metadata"]["name"] for d in documents] == ["n7-gpu-amd-com-0"]
+    assert documents[0]["spec"]["nodeName"] == "n7" and documents[0]["spec"]["driver"] == AMD
+    assert [d["name"] for d in documents[0]["spec"]["devices"]] == ["gpu-0-128", "gpu-1-129"]
+
+
+def test_resourceslices_json_is_a_list_and_the_preview_serves_the_vendors_asked_for() -> None:
+    result = run("resourceslices", "--simulate", "mixed-l40s-mi210", "--dra-vendors", "all", "--format", "json",
+                 "--node-name", "n1")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["kind"] == "List"
+    assert [s["spec"]["driver"] for s in document["items"]] == [AMD, NVIDIA]
+    nvidia_only = json.loads(run("resourceslices", "--simulate", "mixed-l40s-mi210", "--dra-vendors", "nvidia",
+                                 "--format", "json", "--node-name", "n1").stdout)
+    assert [s["spec"]["driver"] for s in nvidia_only["items"]] == [NVIDIA]
+
+
+def test_resourceslices_refuses_a_vendor_without_a_dra_driver_in_one_line() -> None:
+    result = run("resourceslices", "--simulate", "dgx-h100", "--dra-vendors", "intel")
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: --dra-vendors: 'intel' is not a vendor with a DRA driver (known: nvidia, amd, or all)"]
+
+
+def test_explain_says_where_an_attribute_comes_from_and_who_defines_it() -> None:
+    result = run("explain", "--simulate", "dgx-h100", "gpu.nvidia.com/productName", "gpu.nvidia.com/memory")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "gpu.nvidia.com/productName (string, gpu.nvidia.com), on 8 devices:"
+    assert lines[1] == "  = NVIDIA H100 80GB HBM3: gpu-0, gpu-1, gpu-2, gpu-3, ... (8 devices)"
+    assert "    backend:  nvml" in lines
+    assert any(line.startswith("    source:   nvmlDeviceGetName(GPU 0 (") for line in lines)
+    assert "  upstream: NVIDIA k8s-dra-driver-gpu (gpu.nvidia.com): same name, type and value form" in lines
+    assert any(line.startswith("  published: no: labeller.dra.vendors does not name nvidia") for line in lines)
+    assert "  = 81559Mi: gpu-0, gpu-1, gpu-2, gpu-3, ... (8 devices)" in lines
+
+
+def test_explain_says_why_an_attribute_is_left_out_and_suggests_for_a_typo() -> None:
+    result = run("explain", "--simulate", "mi300x-x8-cpx", "--format", "json", "gpu.amd.com/memory",
+                 "gpu.amd.com/prodName", "gpu.nvidia.com/uuid")
+    assert result.exit_code == 1  # a key that is not ours
+    memory, typo, absent = json.loads(result.stdout)
+    assert memory["produced"] is False and "none of the 63 gpu.amd.com devices here has it" in memory["why_not"]
+    assert typo["known"] is False and typo["suggestion"] == "productName"
+    assert absent["why_not"].startswith("no nvidia GPU on this node")
+
+
+def test_explain_of_a_driver_lists_every_attribute_its_devices_publish() -> None:
+    result = run("explain", "--simulate", "mi300x-x8-spx", "--format", "json", "gpu.amd.com")
+    assert result.exit_code == 0, result.output
+    keys = [item["key"] for item in json.loads(result.stdout)]
+    assert {"gpu.amd.com/partitionProfile", "gpu.amd.com/memory", "resource.kubernetes.io/pciBusID"} <= set(keys)

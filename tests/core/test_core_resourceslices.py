@@ -1,0 +1,180 @@
+"""The ResourceSlices a node publishes (labeller.resourceslices), the vendors' DRA devices, and the
+config key that says which vendors a node serves through DRA."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labeller.config import Config, ConfigError, parse_config
+from labeller.host import Host
+from labeller.inventory import Inventory
+from labeller.offer import Offer, PhysicalDevice
+from labeller.resourceslices import (MAX_DEVICES_PER_SLICE, Attribute, Capacity, DraDevice, Version, healthy,
+                                     quantity, resource_slices, semver)
+from tests.builders import nvidia, nvidia_gpu
+from vendors import RESOURCE_NAMES
+from vendors.amd.dra import devices as amd_devices
+from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
+from vendors.nvidia.dra import devices as nvidia_devices
+
+
+def device(name: str, **attributes: Any) -> DraDevice:
+    physical = PhysicalDevice(vendor="nvidia", health_key=f"key-{name}", visible_id=name, gpu="0000:01:00.0")
+    return DraDevice(name, physical, {k: Attribute(v, "test", "test") for k, v in attributes.items()},
+                     {"memory": Capacity(80 << 30, "test", "test")})
+
+
+@pytest.mark.parametrize(("value", "text"), [(0, "0"), (14, "14"), (1024, "1Ki"), (1536, "1536"),
+                                             (85520809984, "81559Mi"), (80 << 30, "80Gi"), (1 << 60, "1Ei")])
+def test_capacities_are_canonical_binary_quantities(value: int, text: str) -> None:
+    assert quantity(value) == text
+
+
+@pytest.mark.parametrize(("raw", "version"), [("550.54.15", "550.54.15"), ("550.90", "550.90.0"),
+                                              ("535.129.03", "535.129.3"), ("6.8.5.60100", "6.8.5"), ("12", "12.0.0")])
+def test_driver_versions_become_semantic_versions(raw: str, version: str) -> None:
+    assert semver(raw) == version
+
+
+@pytest.mark.parametrize("raw", ["", "  ", "550.x", "6.8.5-rc1"])
+def test_a_version_that_is_not_numbers_is_left_out(raw: str) -> None:
+    assert semver(raw) is None
+
+
+def test_each_attribute_takes_the_api_form_of_its_type() -> None:
+    published = device("gpu-0", productName="H100", numaNode=1, virtual=False, driverVersion=Version("550.54.15"))
+    assert published.document() == {
+        "name": "gpu-0",
+        "attributes": {"driverVersion": {"version": "550.54.15"}, "numaNode": {"int": 1},
+                       "productName": {"string": "H100"}, "virtual": {"bool": False}},
+        "capacity": {"memory": {"value": "80Gi"}},
+    }
+
+
+def test_one_pool_per_driver_named_after_the_node() -> None:
+    slices = resource_slices("node-a", {"gpu.nvidia.com": [device("gpu-0")], "gpu.amd.com": [device("gpu-1-128")]},
+                             generation=3)
+    assert [(s["metadata"]["name"], s["spec"]["driver"]) for s in slices] == [
+        ("node-a-gpu-amd-com-0", "gpu.amd.com"), ("node-a-gpu-nvidia-com-0", "gpu.nvidia.com")]
+    for published in slices:
+        assert published["apiVersion"] == "resource.k8s.io/v1" and published["kind"] == "ResourceSlice"
+        assert published["spec"]["nodeName"] == "node-a"
+        assert published["spec"]["pool"] == {"name": "node-a", "generation": 3, "resourceSliceCount": 1}
+
+
+def test_a_pool_over_128_devices_is_split_over_slices_that_say_how_many_there_are() -> None:
+    many = [device(f"gpu-{i}") for i in range(2 * MAX_DEVICES_PER_SLICE + 1)]
+    slices = resource_slices("n", {"gpu.nvidia.com": many})
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 1]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+    assert [s["metadata"]["name"] for s in slices] == ["n-gpu-nvidia-com-0", "n-gpu-nvidia-com-1", "n-gpu-nvidia-com-2"]
+    assert [d["name"] for s in slices for d in s["spec"]["devices"]] == [d.name for d in many]
+
+
+def test_a_driver_without_devices_publishes_no_slice() -> None:
+    assert resource_slices("n", {"gpu.nvidia.com": []}) == []
+
+
+def test_unhealthy_devices_leave_the_slices_by_their_physical_health_key() -> None:
+    devices = {"gpu.nvidia.com": [device("gpu-0"), device("gpu-1")]}
+    assert [d.name for d in healthy(devices, {"key-gpu-1"})["gpu.nvidia.com"]] == ["gpu-0"]
+    assert [d.name for d in healthy(devices, set())["gpu.nvidia.com"]] == ["gpu-0", "gpu-1"]
+
+
+# --- the vendors' devices ------------------------------------------------------------------------
+
+def test_nvidia_mig_devices_replace_their_gpu_and_carry_its_attributes() -> None:
+    inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1, mig=("1g.5gb", "1g.5gb")))
+    found = nvidia_devices(inventory, Offer(), Config())
+    assert [d.name for d in found] == ["gpu-0", "gpu-1-mig-gi1-ci0", "gpu-1-mig-gi2-ci0"]
+    whole, mig = found[0], found[1]
+    assert whole.attributes["type"].value == "gpu" and mig.attributes["type"].value == "mig"
+    assert mig.attributes["parentUUID"].value == "GPU-1" and mig.attributes["profile"].value == "1g.5gb"
+    assert mig.attributes["productName"].value == whole.attributes["productName"].value == "NVIDIA A100-SXM4-40GB"
+    assert mig.capacity["memory"].value == 4864 << 20 and whole.capacity["memory"].value == 40 << 30
+    assert [d.health_key for d in found] == ["GPU-0", "MIG-1-0", "MIG-1-1"]
+    assert mig.document()["attributes"]["cudaDriverVersion"] == {"version": "12.4.0"}
+
+
+def test_an_nvidia_value_the_inventory_lacks_is_left_out() -> None:
+    gpu = replace(nvidia_gpu(0), memory_bytes=0, compute_capability=None)
+    (found,) = nvidia_devices(nvidia(gpu, driver_version="", cuda_driver_version=0), Offer(), Config())
+    assert "memory" not in found.capacity
+    assert not {"cudaComputeCapability", "architecture", "driverVersion", "cudaDriverVersion"} & set(found.attributes)
+
+
+def amd_gpu(nodes: int, *, card: int | None = 0, vram: int | None = 64 << 30, numa: int | None = 0,
+            compute: str | None = None) -> AmdGpu:
+    compute_nodes = tuple(AmdComputeNode(kfd_node=1 + i, gpu_id=None, render_minor=128 + i,
+                                         card=None if card is None else card + i, simd_count=152, simd_per_cu=4,
+                                         vram_bytes=vram, gfx_target_version=90402, location_id=0x500 + i, domain=0,
+                                         numa_node=numa) for i in range(nodes))
+    return AmdGpu(bdf="0000:05:00.0", device_id=0x74A1, revision=0, product_name="AMD Instinct MI300X (OAM)",
+                  family="AI", nodes=compute_nodes, compute_partition=compute, memory_partition="nps4" if compute else None,
+                  numa_node=numa)
+
+
+def amd(gpu: AmdGpu, version: str = "6.8.5.60100") -> Inventory:
+    return Inventory(parts=(AmdInventory(driver_version=version, driver_src_version="", gpus=(gpu,)),))
+
+
+def test_amd_partitions_share_their_gpus_bus_id_and_carry_their_profile() -> None:
+    found = amd_devices(amd(amd_gpu(2, compute="cpx")), Offer(), Config())
+    assert [d.name for d in found] == ["gpu-0-128", "gpu-1-129"]
+    for published in found:
+        attributes = published.document()["attributes"]
+        assert attributes["type"] == {"string": "amdgpu-partition"}
+        assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:05:00.0"}
+        assert attributes["partitionProfile"] == {"string": "cpx_nps4"}
+        assert attributes["deviceID"] == {"string": "0x74a1"}
+        assert attributes["productName"] == {"string": "AMD_Instinct_MI300X_OAM"}
+        assert attributes["driverVersion"] == {"version": "6.8.5"}
+        assert attributes["numaNode"] == {"int": 0}
+        assert published.document()["capacity"] == {"computeUnits": {"value": "38"}, "memory": {"value": "64Gi"},
+                                                    "simdUnits": {"value": "152"}}
+
+
+def test_an_amd_value_the_inventory_lacks_is_left_out_never_made_up() -> None:
+    (found,) = amd_devices(amd(amd_gpu(1, card=None, vram=None, numa=None), version=""), Offer(), Config())
+    assert found.name == "gpu-render128"
+    assert found.attributes["type"].value == "amdgpu"
+    assert "memory" not in found.capacity
+    assert not {"numaNode", "driverVersion", "driverVersionFull", "partitionProfile"} & set(found.attributes)
+
+
+# --- which vendors DRA serves -----------------------------------------------------------------------
+
+def test_dra_serves_no_vendor_by_default() -> None:
+    config = parse_config({}, RESOURCE_NAMES)
+    assert config.dra_vendors == ()
+    inventory = nvidia(nvidia_gpu(0))
+    assert Host(host_root=Path("/"), config=config).dra_devices(inventory, Offer()) == {}
+
+
+def test_the_vendors_dra_serves_come_from_the_labeller_section() -> None:
+    config = parse_config({"labeller": {"dra": {"vendors": ["nvidia", "amd"]}}}, RESOURCE_NAMES)
+    assert config.dra_vendors == ("nvidia", "amd")
+    inventory = nvidia(nvidia_gpu(0))
+    found = Host(host_root=Path("/"), config=config).dra_devices(inventory, Offer())
+    assert list(found) == ["gpu.nvidia.com"]  # no AMD GPU here: no AMD driver
+    assert [d.name for d in found["gpu.nvidia.com"]] == ["gpu-0"]
+
+
+@pytest.mark.parametrize(("vendors", "message"), [
+    ("nvidia", "labeller.dra.vendors: must be a list of vendors (known: nvidia, amd), got 'nvidia'"),
+    (["intel"], "labeller.dra.vendors[0]: 'intel' is not a vendor with a DRA driver (known: nvidia, amd)"),
+    (["amd", "amd"], "labeller.dra.vendors[1]: amd is listed twice"),
+])
+def test_a_bad_vendor_list_is_one_line_naming_the_key(vendors: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"labeller": {"dra": {"vendors": vendors}}}, RESOURCE_NAMES)
+    assert str(error.value) == message
+
+
+def test_an_unknown_key_under_dra_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"^labeller\.dra\.vendor: unknown key \(known here: vendors\)$"):
+        parse_config({"labeller": {"dra": {"vendor": ["nvidia"]}}}, RESOURCE_NAMES)

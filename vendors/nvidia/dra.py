@@ -1,0 +1,181 @@
+"""NVIDIA's devices as its DRA driver (``gpu.nvidia.com``, NVIDIA k8s-dra-driver-gpu) publishes them.
+
+A GPU with MIG off is one device, ``gpu-<minor>`` (``type=gpu``); a GPU with MIG on is its MIG
+devices that exist (``type=mig``), never the GPU itself, whatever ``flags.migStrategy`` says
+(that flag is the device plugin's). Attribute and capacity names, types and value forms are
+NVIDIA's, so a DeviceClass or CEL selector written for its driver selects the same devices here.
+
+Where the inventory does not hold a value, the attribute is left out (README, "Dynamic Resource
+Allocation"): ``brand`` and ``addressingMode`` (NVML calls the probe does not make),
+``resource.kubernetes.io/pcieRoot`` (the PCI topology is not read), and a MIG device's
+``memorySlice<i>`` capacities (its placement is not read). A MIG device's name needs its GPU
+instance profile id and placement too, so ours is ``gpu-<minor>-mig-gi<GI id>-ci<CI id>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from labeller.config import Config
+from labeller.inventory import Inventory
+from labeller.offer import Offer
+from labeller.resourceslices import Attribute, Capacity, DraDevice, Version, semver
+from labeller.vendor.dra import AttributeDoc
+from vendors.nvidia.devices import partition, whole
+from vendors.nvidia.facts import MIB
+from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
+
+DRIVER = "gpu.nvidia.com"
+UPSTREAM = "NVIDIA k8s-dra-driver-gpu (gpu.nvidia.com)"
+
+# compute capability -> the architecture NVML reports (as go-nvlib writes nvmlDeviceGetArchitecture);
+# a major not listed leaves the attribute out.
+_ARCHITECTURES: dict[int, Callable[[int], str]] = {
+    3: lambda minor: "Kepler",
+    5: lambda minor: "Maxwell",
+    6: lambda minor: "Pascal",
+    7: lambda minor: "Volta" if minor < 5 else "Turing",
+    8: lambda minor: "Ampere" if minor < 9 else "Ada Lovelace",
+    9: lambda minor: "Hopper",
+    10: lambda minor: "Blackwell",
+    12: lambda minor: "Blackwell",
+}
+_MIG_ENGINES = (  # capacity, MigDevice field, nvmlDeviceGetAttributes field, for people
+    ("copyEngines", "engines_copy", "sharedCopyEngineCount", "copy engines"),
+    ("decoders", "engines_decoder", "sharedDecoderCount", "video decoders"),
+    ("encoders", "engines_encoder", "sharedEncoderCount", "video encoders"),
+    ("jpegEngines", "engines_jpeg", "sharedJpegCount", "JPEG decoders"),
+    ("ofaEngines", "engines_ofa", "sharedOfaCount", "optical flow accelerators"),
+)
+
+
+def _ref(gpu: NvidiaGpu) -> str:
+    return f"GPU {gpu.index} ({gpu.uuid})"
+
+
+def architecture(major: int, minor: int) -> str | None:
+    rule = _ARCHITECTURES.get(major)
+    return rule(minor) if rule else None
+
+
+def gpu_attributes(part: NvidiaInventory, gpu: NvidiaGpu) -> dict[str, Attribute]:
+    """What a whole GPU and each of its MIG devices publish alike: product, architecture, versions."""
+    attributes: dict[str, Attribute] = {}
+    if gpu.name:
+        attributes["productName"] = Attribute(gpu.name, "nvml", f"nvmlDeviceGetName({_ref(gpu)}) = {gpu.name!r}")
+    if gpu.compute_capability is not None:
+        major, minor = gpu.compute_capability
+        source = f"nvmlDeviceGetCudaComputeCapability({_ref(gpu)}) = ({major}, {minor})"
+        attributes["cudaComputeCapability"] = Attribute(Version(f"{major}.{minor}.0"), "nvml", source,
+                                                        "<major>.<minor> as a semantic version")
+        if (arch := architecture(major, minor)) is not None:
+            attributes["architecture"] = Attribute(arch, "nvml", source, f"compute capability {major}.{minor} is "
+                                                   f"{arch} (nvmlDeviceGetArchitecture is not read)")
+    if (driver := semver(part.driver_version)) is not None:
+        attributes["driverVersion"] = Attribute(driver, "nvml", f"nvmlSystemGetDriverVersion() = {part.driver_version!r}",
+                                                "as a semantic version, missing parts 0")
+    if part.cuda_driver_version > 0:
+        cuda = part.cuda_driver_version
+        attributes["cudaDriverVersion"] = Attribute(
+            Version(f"{cuda // 1000}.{cuda % 1000 // 10}.0"), "nvml", f"nvmlSystemGetCudaDriverVersion() = {cuda}",
+            "<n // 1000>.<n % 1000 // 10> as a semantic version")
+    attributes["pcieBusID"] = Attribute(gpu.pci_bus_id, "nvml", f"nvmlDeviceGetPciInfo({_ref(gpu)}).busId",
+                                        "lower-case, 4-digit domain")
+    return attributes
+
+
+def _name(gpu: NvidiaGpu) -> str:
+    """``gpu-<minor>`` (NVIDIA's); ``gpu-nvml<index>`` where NVML gave no minor number."""
+    return f"gpu-{gpu.minor_number}" if gpu.minor_number is not None else f"gpu-nvml{gpu.index}"
+
+
+def gpu_device(part: NvidiaInventory, gpu: NvidiaGpu, config: Config) -> DraDevice:
+    attributes = {
+        "type": Attribute("gpu", "nvml", f"nvmlDeviceGetMigMode({_ref(gpu)}): MIG "
+                          f"{'not supported' if not gpu.mig_capable else 'disabled'}", "a GPU without MIG is one device"),
+        "uuid": Attribute(gpu.uuid, "nvml", f"nvmlDeviceGetUUID(GPU {gpu.index}) = {gpu.uuid!r}"),
+        **gpu_attributes(part, gpu),
+    }
+    capacity = {}
+    if gpu.memory_bytes > 0:
+        capacity["memory"] = Capacity(gpu.memory_bytes, "nvml",
+                                      f"nvmlDeviceGetMemoryInfo({_ref(gpu)}).total = {gpu.memory_bytes} bytes")
+    return DraDevice(_name(gpu), whole(gpu, config), attributes, capacity)
+
+
+def _mig_name(gpu: NvidiaGpu, mig: MigDevice) -> str:
+    if mig.gpu_instance_id is not None and mig.compute_instance_id is not None:
+        return f"{_name(gpu)}-mig-gi{mig.gpu_instance_id}-ci{mig.compute_instance_id}"
+    return f"{_name(gpu)}-mig-{mig.index}"
+
+
+def mig_device(part: NvidiaInventory, gpu: NvidiaGpu, mig: MigDevice, config: Config) -> DraDevice:
+    where = f"MIG {mig.uuid}"
+    attributes = {
+        "type": Attribute("mig", "nvml", f"nvmlDeviceGetMigMode({_ref(gpu)}): MIG enabled",
+                          "a GPU with MIG on is its MIG devices"),
+        "uuid": Attribute(mig.uuid, "nvml", f"nvmlDeviceGetUUID({where}) = {mig.uuid!r}"),
+        "parentUUID": Attribute(gpu.uuid, "nvml", f"nvmlDeviceGetUUID(GPU {gpu.index}) = {gpu.uuid!r}",
+                                "the GPU the MIG device is part of"),
+        "profile": Attribute(mig.profile, "nvml", f"the GPU and compute instance profiles of {where}",
+                             "the profile name go-nvlib gives"),
+        **gpu_attributes(part, gpu),  # the parent's product, architecture and versions, as NVIDIA's
+    }
+    capacity = {name: Capacity(getattr(mig, field), "nvml", f"nvmlDeviceGetAttributes({where}).{call}")
+                for name, field, call, _ in _MIG_ENGINES}
+    if mig.multiprocessors > 0:
+        capacity["multiprocessors"] = Capacity(mig.multiprocessors, "nvml",
+                                               f"nvmlDeviceGetAttributes({where}).multiprocessorCount")
+    if mig.memory_mib > 0:
+        capacity["memory"] = Capacity(mig.memory_mib * MIB, "nvml",
+                                      f"nvmlDeviceGetAttributes({where}).memorySizeMB = {mig.memory_mib}", "MiB * 2^20")
+    return DraDevice(_mig_name(gpu, mig), partition(gpu, mig, config), attributes, capacity)
+
+
+def devices(inventory: Inventory, offer: Offer, config: Config) -> list[DraDevice]:
+    """Every GPU with MIG off, and every MIG device of the others, in NVML index order."""
+    part = inventory.part(NvidiaInventory)
+    if part is None:
+        return []
+    out: list[DraDevice] = []
+    for gpu in sorted(part.gpus, key=lambda g: g.index):
+        if gpu.mig_enabled:
+            out.extend(mig_device(part, gpu, mig, config) for mig in gpu.mig_devices)
+        else:
+            out.append(gpu_device(part, gpu, config))
+    return out
+
+
+_SAME = "same name, type and value form"
+_NOT_READ = "not read by gpu-labeller's probe; left out"
+ATTRIBUTE_DOCS: tuple[AttributeDoc, ...] = (
+    AttributeDoc("type", "string", "gpu (a whole GPU, MIG off) or mig (a MIG device)", f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("uuid", "string", "the GPU's or MIG device's UUID (NVML)", f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("parentUUID", "string", "a MIG device's GPU's UUID", f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("profile", "string", "a MIG device's profile, e.g. 1g.10gb", f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("productName", "string", "the GPU's name as NVML gives it (a MIG device: its GPU's)",
+                 f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("architecture", "string", "Kepler ... Blackwell, from the compute capability",
+                 f"{UPSTREAM}: same values; NVIDIA's asks NVML (nvmlDeviceGetArchitecture), ours maps the compute "
+                 "capability, and leaves the attribute out for one it does not know"),
+    AttributeDoc("cudaComputeCapability", "version", "the compute capability, e.g. 9.0.0", f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("driverVersion", "version", "the NVIDIA driver version, e.g. 550.54.15", f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("cudaDriverVersion", "version", "the CUDA version the driver supports, e.g. 12.4.0",
+                 f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("pcieBusID", "string", "the GPU's PCI address, e.g. 0000:18:00.0 (a MIG device: its GPU's)",
+                 f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("brand", "string", "the GPU's brand (nvmlDeviceGetBrand)", f"{UPSTREAM}; {_NOT_READ}"),
+    AttributeDoc("addressingMode", "string", "HMM, ATS or None on coherent-memory systems", f"{UPSTREAM}; {_NOT_READ}"),
+    AttributeDoc("resource.kubernetes.io/pcieRoot", "string", "the GPU's PCIe root complex",
+                 f"Kubernetes' standard attribute, published by {UPSTREAM}; {_NOT_READ}"),
+    AttributeDoc("memory", "capacity", "bytes of memory (NVML); left out when NVML gives none",
+                 f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("multiprocessors", "capacity", "a MIG device's streaming multiprocessors",
+                 f"{UPSTREAM}: same name; NVIDIA's reads its GPU instance profile, ours the MIG device's attributes "
+                 "(the same for the profiles NVIDIA's publishes)"),
+    *(AttributeDoc(name, "capacity", f"a MIG device's {what}",
+                   f"{UPSTREAM}: same name; NVIDIA's reads its GPU instance profile, ours the MIG device's attributes")
+      for name, _, _, what in _MIG_ENGINES),
+    AttributeDoc("memorySlice<i>", "capacity", "the memory slices a MIG device occupies",
+                 f"{UPSTREAM}; the placement is {_NOT_READ}"),
+)
