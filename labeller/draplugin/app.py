@@ -37,17 +37,19 @@ from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
 from labeller.draplugin.publisher import SliceApi, SlicePublisher
 from labeller.draplugin.server import DraService, DriverSockets
-from labeller.draplugin.standin import DraDevice, dra_devices, healthy, vendor_of
 from labeller.host import Host
 from labeller.inventory import Inventory, ProbeError
 from labeller.offer import PhysicalDevice
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
+from labeller.resourceslices import DraDevice, healthy
+from labeller.vendor import Vendor
 from labeller.vendor.plugin import Checker
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
 
 Obj = dict[str, Any]
 
@@ -63,7 +65,7 @@ class DraSettings:
     node_name: str
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
     registry_dir: Path = DEFAULT_REGISTRY_DIR
-    cdi_spec_dir: Path = Path("/var/run/cdi")
+    cdi_spec_dir: Path = DEFAULT_CDI_SPEC_DIR
     recovery_seconds: float = 60.0
     health_poll_seconds: float = 0.25
     tick_seconds: float = 0.1
@@ -75,7 +77,6 @@ class DraSettings:
 class _Driver:
     """What the plugin runs for one driver."""
 
-    vendor: str
     sockets: DriverSockets
     snapshot: Devices
 
@@ -102,14 +103,18 @@ class DraPlugin:
         self._watched: tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]] | None = None
         self._next_tick = 0.0
         self.probes = 0  # probes done (a test awaits the next one)
+        self._served: tuple[str, ...] | None = None  # the drivers served, as last said
 
     # --- the Service ---------------------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
-        """Something is published, every driver is registered with the kubelet, and the slices are written."""
+        """Every driver served is registered with the kubelet and its slices are written; with none
+        served, because the config serves no vendor through DRA, ready too (the device plugin serves them)."""
         drivers = list(self.drivers.values())
-        return bool(drivers) and all(d.sockets.registered for d in drivers) and self.publisher.in_sync
+        if not drivers and (self._served is None or self.host.config.dra_vendors):
+            return False
+        return all(d.sockets.registered for d in drivers) and self.publisher.in_sync
 
     def begin(self, wake: Callable[[], None], stop: threading.Event) -> None:
         self.publisher.start()
@@ -119,7 +124,7 @@ class DraPlugin:
         try:
             inventory = self.host.probe()
             offer = self.host.offer(inventory)
-            found = dra_devices(self.host, inventory, offer)
+            found = self.host.dra_devices(inventory, offer)
         except ProbeError as exc:
             return str(exc)
         except ConfigError as exc:
@@ -130,13 +135,29 @@ class DraPlugin:
             return f"probe failed: {type(exc).__name__}: {exc}"
         failed = failed_vendors(inventory)
         for driver, devices in self._devices.items():
-            if driver not in found and vendor_of(self.host, driver) in failed:
+            if driver not in found and self._vendor(driver).name in failed:
                 found[driver] = devices  # carried forward: see the module docstring
         self.serve(found)
         troubles = [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
         if troubles:
             return "; ".join(troubles)
-        return None if found else "no GPU of a vendor this node serves through DRA (labeller.dra.vendors)"
+        if found or not self.host.config.dra_vendors:
+            self._say_what_is_served(found)
+            return None
+        vendors = ", ".join(self.host.config.dra_vendors)
+        return f"no GPU of a vendor this node serves through DRA (labeller.dra.vendors: {vendors})"
+
+    def _say_what_is_served(self, found: Mapping[str, Sequence[DraDevice]]) -> None:
+        """One line when the drivers served change; a node whose config serves nothing through DRA
+        (the device plugin serves its GPUs) is not a problem, only idle."""
+        drivers = tuple(sorted(found))
+        if drivers != self._served:
+            if drivers:
+                log.info("serving through DRA", drivers=list(drivers), devices=sum(len(d) for d in found.values()))
+            else:
+                log.info("no vendor is served through DRA on this node (labeller.dra.vendors); publishing nothing",
+                         reason="dra-off")
+            self._served = drivers
 
     def retrying(self, reason: str, attempt: int, delay_s: float) -> None:
         log.warning("nothing to publish yet; probing again", reason="driver-not-ready", detail=reason,
@@ -179,9 +200,11 @@ class DraPlugin:
         self._watch_health((frozenset(physical), host_root, tuple(sorted(self.host.handles.items()))))
         self._publish()
 
+    def _vendor(self, driver: str) -> Vendor:
+        return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)
+
     def _start_driver(self, driver: str, snapshot: Devices) -> _Driver:
-        vendor_name = vendor_of(self.host, driver)
-        vendor = next(v for v in self.host.vendors if v.name == vendor_name)
+        vendor = self._vendor(driver)
         data_dir = self.settings.plugins_dir / driver
         data_dir.mkdir(parents=True, exist_ok=True)
         entry: _Driver | None = None
@@ -194,7 +217,7 @@ class DraPlugin:
                             Checkpoint(data_dir, driver), ClaimSpecs(self.settings.cdi_spec_dir, driver), current)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
-        entry = _Driver(vendor_name, sockets, snapshot)
+        entry = _Driver(sockets, snapshot)
         sockets.start()
         return entry
 

@@ -25,7 +25,7 @@ from labeller.config import Config
 from labeller.offer import AdvertisedDevice, Resource
 from labeller.outputs import write_atomic
 from labeller.vendor import Vendor
-from labeller.draplugin.standin import DraDevice
+from labeller.resourceslices import DraDevice
 
 KIND = "k8s.gpu-labeller.io/gpu"
 FILE_PREFIX = "gpu-labeller-dra_"

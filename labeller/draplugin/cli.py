@@ -13,7 +13,8 @@ import structlog
 from labeller.cluster.connect import connect
 from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options
 from labeller.commands.params import Duration
-from labeller.draplugin.app import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DraPlugin, DraSettings, probe_inputs
+from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DraPlugin,
+                                   DraSettings, probe_inputs)
 from labeller.draplugin.metrics import DraMetrics
 from labeller.host import NodeOptions, open_host
 from labeller.process.configsource import ConfigSource
@@ -23,7 +24,6 @@ from labeller.process.serve import Endpoints, serve
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
 INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a second
 
 

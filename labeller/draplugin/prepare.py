@@ -30,7 +30,7 @@ import structlog
 from labeller.config import Config
 from labeller.draplugin.cdi import ClaimSpecs, cdi_id, claim_spec
 from labeller.draplugin.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from labeller.draplugin.standin import DraDevice
+from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
 
 log = structlog.get_logger(__name__)

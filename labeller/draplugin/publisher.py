@@ -34,7 +34,7 @@ import structlog
 from labeller.cluster.permissions import PermissionLog
 from labeller.cluster.reflector import Reflector
 from labeller.draplugin.metrics import DraMetrics
-from labeller.draplugin.standin import DraDevice, resource_slices
+from labeller.resourceslices import DraDevice, resource_slices
 from labeller.runtime import Backoff
 
 log = structlog.get_logger(__name__)

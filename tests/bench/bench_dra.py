@@ -34,7 +34,6 @@ from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 from tests.fakes.drakubelet import Claim, FakeDraKubelet  # noqa: E402
 
 NODE = "bench-node"
-DRIVER = "gpu.nvidia.com"
 WRITES = ("create", "update", "delete", "patch")
 
 
@@ -59,12 +58,12 @@ def prepare_times(kubelet: FakeDraKubelet, claims: list[Claim], unprepare_each: 
     times = []
     for claim in claims:
         started = time.perf_counter()
-        answer = kubelet.call_prepare(DRIVER, [claim])[claim.uid]
+        answer = kubelet.call_prepare(claim.driver, [claim])[claim.uid]
         times.append((time.perf_counter() - started) * 1000)
         if answer.error:
             raise SystemExit(f"prepare failed: {answer.error}")
         if unprepare_each:
-            kubelet.call_unprepare(DRIVER, [claim])
+            kubelet.call_unprepare(claim.driver, [claim])
     return times
 
 
@@ -79,28 +78,31 @@ def main() -> None:
     with FakeApiServer() as api, FakeDraKubelet(registry) as kubelet:
         api.create_node(NODE)
         kubeconfig = api.write_kubeconfig(work / "kubeconfig")
+        config = work / "config.yaml"
+        config.write_text("version: v1\nlabeller: {dra: {vendors: [nvidia, amd]}}\n")
         started = time.monotonic()
         process = subprocess.Popen(
             [sys.executable, "-m", "labeller.cli", "--log-level", "warning", "dra-plugin", "--simulate", args.profile,
-             "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--registry-dir", str(registry),
+             "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--config", str(config), "--registry-dir", str(registry),
              "--plugins-dir", str(plugins), "--cdi-spec-dir", str(cdi), "--metrics-port", "0",
              "--metrics-bind", "127.0.0.1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "GRPC_VERBOSITY": "ERROR"})
         try:
-            wait(lambda: api.slices(NODE, DRIVER))
+            wait(lambda: api.slices(NODE))
             published = time.monotonic() - started
-            wait(lambda: kubelet.registered(DRIVER))
+            driver = api.slices(NODE)[0]["spec"]["driver"]
+            wait(lambda: kubelet.registered(driver))
             registered = time.monotonic() - started
-            devices = [d["name"] for s in api.slices(NODE, DRIVER) for d in s["spec"]["devices"]]
-            print(f"{args.profile}: {len(devices)} devices; start -> slices published {published * 1000:.0f} ms, "
+            devices = [d["name"] for s in api.slices(NODE, driver) for d in s["spec"]["devices"]]
+            print(f"{args.profile}: {len(devices)} {driver} devices; start -> slices published {published * 1000:.0f} ms, "
                   f"-> registered with the kubelet {registered * 1000:.0f} ms (interpreter start included)")
 
             def claims(prefix: str) -> list[Claim]:
                 made = []
                 for i in range(args.claims):
                     obj = api.create_resource_claim(f"{prefix}-{i}", results=[
-                        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": devices[i % len(devices)]}])
-                    made.append(Claim("default", f"{prefix}-{i}", obj["metadata"]["uid"], DRIVER))
+                        {"request": "gpu", "driver": driver, "pool": NODE, "device": devices[i % len(devices)]}])
+                    made.append(Claim("default", f"{prefix}-{i}", obj["metadata"]["uid"], driver))
                 return made
 
             for label, unprepare_each in (("each unprepared before the next", True), ("all kept prepared", False)):

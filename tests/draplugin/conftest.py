@@ -23,11 +23,17 @@ from labeller.runtime import Backoff
 from tests.builders import wait_for
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet
+from tests.plugin.profile_files import write_yaml
 
 NODE = "gpu-node-1"
 NVIDIA = "gpu.nvidia.com"
 AMD = "gpu.amd.com"
 Obj = dict[str, Any]
+
+
+def dra_config(*vendors: str) -> dict[str, Any]:
+    """A config document that serves ``vendors`` through DRA (every vendor by default)."""
+    return {"version": "v1", "labeller": {"dra": {"vendors": list(vendors or ("nvidia", "amd"))}}}
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,11 @@ def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host
 @contextmanager
 def simulated_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, profile: str, *,
                      config_path: Path | None = None, **options: Any) -> Iterator[Running]:
-    """The plugin on a simulated node (a built-in profile or a profile file)."""
+    """The plugin on a simulated node (a built-in profile or a profile file), with ``config_path``, else
+    a config that serves every vendor through DRA."""
+    if config_path is None:
+        config_path = dirs.plugins.parent / "dra-config.yaml"
+        write_yaml(config_path, dra_config())
     with open_host(NodeOptions(simulate=profile, config_path=config_path)) as host, \
             running_plugin(api, kubelet, dirs, host, config_path=config_path, **options) as run:
         yield run

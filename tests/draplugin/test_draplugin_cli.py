@@ -15,9 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from labeller.cli import main
-from tests.draplugin.conftest import NODE, NVIDIA, Dirs
+from labeller.namedconfigs import CONFIG_LABEL
+from tests.builders import config_map_volume
+from tests.draplugin.conftest import NODE, NVIDIA, Dirs, dra_config
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet
+from tests.plugin.profile_files import write_yaml
 from tests.plugin.test_plugin_cli import PluginProcess
 
 
@@ -45,7 +48,10 @@ def test_without_a_node_name_it_is_one_line_and_exit_2(dirs: Dirs) -> None:
 def dra_process(api: FakeApiServer, dirs: Dirs, *args: str) -> PluginProcess:
     """A real ``gpu-labeller dra-plugin`` process for node ``NODE`` on the fake API server."""
     kubeconfig = api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")
-    return PluginProcess("--node-name", NODE, "--kubeconfig", str(kubeconfig), "--registry-dir", str(dirs.registry),
+    config = dirs.plugins.parent / "dra-config.yaml"
+    write_yaml(config, dra_config("nvidia"))
+    return PluginProcess("--node-name", NODE, "--kubeconfig", str(kubeconfig), "--config", str(config),
+                         "--registry-dir", str(dirs.registry),
                          "--plugins-dir", str(dirs.plugins), "--cdi-spec-dir", str(dirs.cdi), *args,
                          command="dra-plugin")
 
@@ -100,3 +106,29 @@ def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer,
         assert list((dirs.plugins / NVIDIA / "claims").iterdir()) == []
         assert second.stop() == 0
     assert sorted(p.name for p in (dirs.plugins / NVIDIA).iterdir()) == ["claims"]
+
+
+@pytest.mark.slow
+def test_the_node_label_moves_the_node_between_the_device_plugin_and_dra(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
+    api.create_node(NODE)
+    directory = config_map_volume(tmp_path / "configs", {"default": {"version": "v1"}, "dra": dra_config("nvidia")})
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    with PluginProcess("--simulate", "dgx-h100", "--config-dir", str(directory), "--node-name", NODE,
+                       "--kubeconfig", str(kubeconfig), "--registry-dir", str(dirs.registry), "--plugins-dir",
+                       str(dirs.plugins), "--cdi-spec-dir", str(dirs.cdi), command="dra-plugin") as plugin:
+        assert plugin.event("no vendor is served through DRA on this node (labeller.dra.vendors); publishing nothing")
+        assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200, 5)  # idle is not a problem
+        assert api.slices(NODE) == [] and drakubelet.seen("registered") == []
+        labelled = time.monotonic()
+        api.set_labels(NODE, {CONFIG_LABEL: "dra"})
+        assert drakubelet.wait_for(lambda: len(api.slices(NODE, NVIDIA)) == 1, 5)
+        assert time.monotonic() - labelled < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 5)
+        labelled = time.monotonic()
+        api.set_labels(NODE, {CONFIG_LABEL: "default"})  # back to the device plugin
+        assert drakubelet.wait_for(lambda: api.slices(NODE) == [], 5)
+        assert time.monotonic() - labelled < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", NVIDIA), 5)
+        assert plugin.status("/readyz") == 200 and plugin.count("nothing to publish yet; probing again") == 0
+        assert plugin.stop() == 0

@@ -16,11 +16,11 @@ import pytest
 from labeller.cluster.kube import Kube
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.publisher import SlicePublisher, content, quantity
-from labeller.draplugin.standin import DraDevice
 from labeller.host import NodeOptions, open_host
 from labeller.offer import PhysicalDevice
+from labeller.resourceslices import DraDevice
 from tests.builders import nvidia_part, wait_for
-from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, running_plugin, simulated_plugin
+from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
 from tests.fakes.apiserver import Fault, FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.plugin.profile_files import l40s_node, write_yaml
@@ -123,28 +123,44 @@ def test_an_amd_gpu_whose_kfd_node_goes_leaves_the_slice(api: FakeApiServer, dra
 def test_a_changed_inventory_is_published_within_a_second(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                           dirs: Dirs, tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
-    write_yaml(profile, l40s_node(2))
+    write_yaml(profile, l40s_node(2, config=dra_config()))
     with open_host(NodeOptions(simulate=str(profile))) as host, running_plugin(api, drakubelet, dirs, host) as run:
         assert len(run.devices()) == 2
-        write_yaml(profile, l40s_node(3))  # a GPU appears (no SIGHUP: the profile file is watched)
+        write_yaml(profile, l40s_node(3, config=dra_config()))  # a GPU appears (no SIGHUP: the profile file is watched)
         assert published_within(run, lambda: len(run.devices()) == 3) < 1.0
         assert generation(run) == 2
-        write_yaml(profile, l40s_node(3, amd_gpus=2))  # a second vendor: its driver registers and publishes
+        write_yaml(profile, l40s_node(3, amd_gpus=2, config=dra_config()))  # a second vendor: its driver registers
         assert published_within(run, lambda: len(run.devices(AMD)) == 2) < 1.0
         assert drakubelet.wait_for(lambda: drakubelet.seen("registered", AMD))
 
 
-def test_a_driver_no_longer_served_deregisters_and_its_slices_go(api: FakeApiServer, drakubelet: FakeDraKubelet,
-                                                                 dirs: Dirs, tmp_path: Path) -> None:
-    profile = tmp_path / "node.yaml"
-    write_yaml(profile, l40s_node(2, amd_gpus=2))
-    with open_host(NodeOptions(simulate=str(profile))) as host, running_plugin(api, drakubelet, dirs, host) as run:
-        assert run.slices(AMD)
+def test_a_vendor_moved_back_to_the_device_plugin_deregisters_and_its_slices_go(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    write_yaml(config, dra_config("nvidia", "amd"))
+    with simulated_plugin(api, drakubelet, dirs, "mixed-l40s-mi210", config_path=config) as run:
+        assert run.slices(AMD) and run.slices(NVIDIA)
         since = time.monotonic()
-        write_yaml(profile, l40s_node(2))
+        write_yaml(config, dra_config("nvidia"))
+        run.loop.request_reload()  # SIGHUP
         assert published_within(run, lambda: run.slices(AMD) == []) < 1.0
         assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", AMD, since=since))
         assert not (dirs.registry / f"{AMD}-reg.sock").exists() and len(run.devices()) == 2
+        write_yaml(config, dra_config("nvidia", "amd"))  # and back to DRA
+        run.loop.request_reload()
+        assert published_within(run, lambda: len(run.devices(AMD)) == 2) < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.seen("registered", AMD, since=since))
+
+
+def test_a_gpu_that_goes_leaves_the_slice(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs,
+                                          tmp_path: Path) -> None:
+    profile = tmp_path / "node.yaml"
+    write_yaml(profile, l40s_node(2, amd_gpus=2, config=dra_config()))
+    with open_host(NodeOptions(simulate=str(profile))) as host, running_plugin(api, drakubelet, dirs, host) as run:
+        since = time.monotonic()
+        write_yaml(profile, l40s_node(1, config=dra_config()))
+        assert published_within(run, lambda: run.slices(AMD) == [] and len(run.devices()) == 1) < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", AMD, since=since))
 
 
 def test_slices_are_written_again_once_the_api_answers(api: FakeApiServer, drakubelet: FakeDraKubelet,
@@ -212,3 +228,12 @@ def test_what_the_api_leaves_out_is_no_difference() -> None:
             "devices": [{"name": "gpu-0", "attributes": {}, "capacity": {"memory": {"value": "80Gi"}}}]}
     assert content(written) == content(kept)
     assert content(written) != content({**kept, "devices": [{"name": "gpu-1"}]})
+
+
+def test_a_config_that_serves_a_vendor_absent_here_is_not_ready(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                                 dirs: Dirs, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    write_yaml(config, dra_config("amd"))
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100", config_path=config, ready=False) as run:
+        wait_for(lambda: run.plugin.probes >= 2)  # probed again: the GPUs may yet come
+        assert not run.plugin.ready and run.slices() == [] and drakubelet.seen("registered") == []
