@@ -16,6 +16,7 @@ from labeller.config import Config
 from labeller.inventory import BackendReport
 from tests.builders import (
     FIRMWARE_INFO,
+    PATIENCE_S,
     MI210,
     MI300X_CPX,
     RX7900XTX,
@@ -489,7 +490,7 @@ def test_without_kfd_the_drm_cards_still_give_device_family_product_and_driver(t
 def test_cli_labels_a_node_without_kfd_from_its_drm_cards(tmp_path: Path) -> None:
     root = no_kfd_node(tmp_path)
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--host-root", str(root)],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     lines = set(result.stdout.splitlines())
     assert {"amd.com/gpu.device-id=740f", "amd.com/gpu.family=AI", "amd.com/gpu.product-name=AMD_Instinct_MI210",

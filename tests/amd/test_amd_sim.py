@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from labeller.config import Config
-from tests.builders import MI210, amd_labels_of, amd_probe_of, pci_scan, promptly
+from tests.builders import MI210, PATIENCE_S, amd_labels_of, amd_probe_of, pci_scan, promptly
 from vendors.amd import simulate as amd_sim
 from vendors.simulate import builtin_profiles, load_profile, resolve, simulated_node
 
@@ -119,7 +119,7 @@ def test_mi300x_spx_profile_gives_the_real_label_set() -> None:
 
 def test_cli_labels_simulate_mi300x_cpx_end_to_end() -> None:
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--simulate", "mi300x-x8-cpx"],
-                            capture_output=True, text=True, timeout=60, check=True)
+                            capture_output=True, text=True, timeout=PATIENCE_S, check=True)
     lines = set(result.stdout.splitlines())
     assert {
         "amd.com/gpu.present=true", "amd.com/gpu.cu-count=38", "amd.com/gpu.simd-count=152",
@@ -135,7 +135,7 @@ FIRMWARE_ON = "version: v1\nlabeller:\n  labels:\n    firmware: true\n"
 
 
 def gpu_labeller(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True, timeout=PATIENCE_S)
 
 
 def test_builtin_firmware_profile_replays_the_real_debugfs_capture() -> None:

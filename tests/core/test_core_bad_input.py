@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import PATIENCE_S
 from tests.core.cli import error_line, gpu_labeller
 
 BINARY = b"\x7fELF\x02\x01\x01\x00\x00\x00\xff\xfe\x00garbage"
@@ -228,7 +229,7 @@ def test_run_with_its_metrics_port_in_use(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         line = refused(*features_file_run(tmp_path, "--metrics-bind", "127.0.0.1", "--metrics-port", str(port)),
-                       timeout=30)
+                       timeout=PATIENCE_S)
     assert line == f"Error: --metrics-port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 

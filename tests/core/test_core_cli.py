@@ -13,7 +13,7 @@ import pytest
 
 from labeller import __version__
 from tests.core.cli import gpu_labeller
-from tests.builders import add_pci_device, config_map_volume, empty_node
+from tests.builders import PATIENCE_S, add_pci_device, config_map_volume, empty_node
 
 
 def test_version() -> None:
@@ -97,7 +97,7 @@ def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'google')\n"
         "             or m.startswith('labeller.plugin') or m.rsplit('.', 1)[-1] in ('allocate', 'health')))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
@@ -146,7 +146,7 @@ def test_a_simulated_node_never_consults_this_machines_nvml(tmp_path: Path) -> N
         "    return real.nvmlInit(*args, **kwargs)\n"
     )
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--simulate", "mi210-x8"],
-                            capture_output=True, text=True, timeout=60,
+                            capture_output=True, text=True, timeout=PATIENCE_S,
                             env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path.cwd()}"})
     assert result.returncode == 0, result.stderr
     assert not marker.exists()

@@ -19,7 +19,7 @@ from labeller.configwatch import ConfigFollower, ConfigMetrics
 from labeller.labels import owns
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Chooser, ConfigDir, NoConfig, Selection
 from labeller.node import open_node
-from tests.builders import config_map_volume, label_set_of, promptly
+from tests.builders import AT_ONCE_S, PATIENCE_S, config_map_volume, label_set_of, promptly
 from tests.core.cli import gpu_labeller
 
 WHOLE = {"version": "v1"}
@@ -158,7 +158,7 @@ class Following:
         self.news.set()
 
     def await_news(self) -> None:
-        assert self.news.wait(5), "the follower saw no change"
+        assert self.news.wait(PATIENCE_S), "the follower saw no change"
         self.news.clear()
 
     def metric(self, name: str, **labels: str) -> float:
@@ -224,7 +224,8 @@ def test_bootstrap_reads_the_label_before_the_first_probe_and_gives_up_in_time(t
     def unreachable() -> dict[str, str]:
         raise OSError("connection refused")
 
-    assert promptly(lambda: run.follower.bootstrap(unreachable, threading.Event(), timeout_s=0.3), 3) is False
+    # gives up after its 0.3 s and one more wait of at most 2 s, not never
+    assert promptly(lambda: run.follower.bootstrap(unreachable, threading.Event(), timeout_s=0.3), AT_ONCE_S) is False
     assert run.follower.selection.name == "ts4"
 
 

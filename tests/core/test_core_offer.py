@@ -18,7 +18,7 @@ from labeller.config import Config, parse_config
 from labeller.inventory import Inventory
 from labeller.node import open_node
 from labeller.offer import Offer, Resource
-from tests.builders import label_set_of, mps_ready, offer_of
+from tests.builders import PATIENCE_S, label_set_of, mps_ready, offer_of
 from vendors.nvidia.model import NvidiaInventory
 from vendors.simulate import builtin_profiles
 
@@ -199,7 +199,7 @@ def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str,
 
 def cli(*args: str) -> Any:
     result = subprocess.run([sys.executable, "-m", "labeller.cli", *args, "--format", "json"], capture_output=True,
-                            text=True, timeout=60, check=True)
+                            text=True, timeout=PATIENCE_S, check=True)
     return json.loads(result.stdout)
 
 

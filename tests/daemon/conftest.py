@@ -15,6 +15,7 @@ from labeller.daemon.reconcile import owned, FightGuard, ProbeResult
 from labeller.daemon.sinks import EventSink, NodeSink, Sink
 from labeller.kube import Kube
 from labeller.daemon.metrics import Metrics
+from tests.builders import PATIENCE_S
 from tests.fakes.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"
@@ -62,7 +63,7 @@ class Running:
 
     def stop(self) -> None:
         self.daemon.stop()
-        self.thread.join(timeout=3)
+        self.thread.join(timeout=PATIENCE_S)
         assert not self.thread.is_alive()
 
     def metric(self, name: str, **labels: str) -> float:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from labeller.fleet import pod_requests
+from tests.builders import PATIENCE_S
 from tests.core.cli import error_line, gpu_labeller
 from tests.fakes.apiserver import FakeApiServer
 
@@ -114,7 +115,7 @@ def complete(*words: str, env: dict[str, str] | None = None) -> list[str]:
                    "COMP_CWORD": str(len(line) - 1), **(env or {})}
     # as the installed entry point runs it: click names the variable after the program
     program = [sys.executable, "-c", "from labeller.cli import main; main(prog_name='gpu-labeller')"]
-    result = subprocess.run(program, env=environment, capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(program, env=environment, capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     lines = [line for line in result.stdout.splitlines() if line]
     assert all(line.startswith(("plain,", "file,", "dir,")) for line in lines), result.stdout  # nothing else on stdout

@@ -15,7 +15,7 @@ from labeller.outputs import render
 from labeller.daemon.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
 from labeller.kube import Kube, NotFound
 from labeller.runtime import start_http_server
-from tests.builders import wait_for
+from tests.builders import PATIENCE_S, wait_for
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer
 
@@ -96,7 +96,7 @@ def test_events_are_recorded_when_labels_change(api: FakeApiServer, start: Start
 
 def get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
+        with urllib.request.urlopen(url, timeout=PATIENCE_S) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
@@ -111,7 +111,7 @@ def test_health_ready_and_metrics_endpoints(api: FakeApiServer, start: Start) ->
         assert get(f"{base}/healthz")[0] == 200
         assert get(f"{base}/readyz")[0] == 503  # the node does not exist yet
         api.create_node(NODE, OTHERS)
-        wait_for(lambda: get(f"{base}/readyz")[0] == 200, timeout=5)
+        wait_for(lambda: get(f"{base}/readyz")[0] == 200)
         _, text = get(f"{base}/metrics")
         for name in ("gpu_labeller_probe_duration_seconds_bucket", 'gpu_labeller_reconciles_total{outcome="applied"}',
                      'gpu_labeller_api_requests_total{code="200",verb="patch"}', 'gpu_labeller_writes_total{outcome="success"}',

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import PATIENCE_S
 from tests.deploy import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -45,7 +46,7 @@ def last(keyword: str) -> str:
 def test_hadolint_reports_nothing() -> None:
     # No rule is ignored: any finding, even style or info, fails.
     result = subprocess.run([hadolint(), "--no-color", "--format", "json", "--failure-threshold", "style", str(DOCKERFILE)],
-                            capture_output=True, text=True, timeout=30, check=False)
+                            capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert json.loads(result.stdout or "[]") == [], result.stdout
     assert result.returncode == 0, result.stderr
 

@@ -10,7 +10,7 @@ import pytest
 
 from labeller.gpushare import RESOURCE_MEM
 from labeller.kube import Conflict, Gone, Kube, KubeError, NotFound
-from tests.builders import wait_for
+from tests.builders import PATIENCE_S, wait_for
 from tests.fakes.apiserver import FakeApiServer
 
 
@@ -79,7 +79,7 @@ def test_pod_watch_sees_binding_as_added_to_a_node_filter_and_deletion(api: Fake
     seen: list[tuple[str, str]] = []
 
     def follow() -> None:
-        for kind, obj in kube.watch_pods(rv, field_selector="spec.nodeName=n1", timeout_s=3):
+        for kind, obj in kube.watch_pods(rv, field_selector="spec.nodeName=n1", timeout_s=int(PATIENCE_S)):
             if kind != "BOOKMARK":
                 seen.append((kind, obj["metadata"]["name"]))
             if kind == "DELETED":
@@ -91,7 +91,7 @@ def test_pod_watch_sees_binding_as_added_to_a_node_filter_and_deletion(api: Fake
     kube.bind_pod("default", "p", uid, "n1")
     api.set_pod_annotations("p", {"a": "b"})
     api.delete_pod("p")
-    thread.join(timeout=5)
+    thread.join(timeout=PATIENCE_S)
     assert seen == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p")]
 
 
@@ -116,14 +116,14 @@ def test_nodes_list_in_pages_with_status_and_watch(api: FakeApiServer, kube: Kub
     events: list[tuple[str, str]] = []
 
     def follow() -> None:
-        for kind, obj in kube.watch_nodes(rv, timeout_s=2):
+        for kind, obj in kube.watch_nodes(rv, timeout_s=int(PATIENCE_S)):
             events.append((kind, obj["metadata"]["name"]))
             return
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
     api.create_pod("not-a-node")
     api.set_node_status("n3", capacity={RESOURCE_MEM: "8"})
-    thread.join(timeout=5)
+    thread.join(timeout=PATIENCE_S)
     assert events == [("MODIFIED", "n3")]
 
 

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from labeller.cli import main
-from tests.builders import h100, section
+from tests.builders import PATIENCE_S, h100, section
 
 NVIDIA_PROFILES = ("dgx-h100", "dgx-a100-mig-mixed", "a100-mig-single", "t4-time-slicing", "h100-pcie-driver-2part")
 
@@ -28,7 +28,7 @@ def parse(text: str) -> dict[str, str]:
 
 
 def test_dgx_h100_end_to_end() -> None:
-    result = subprocess.run([*cli(), "labels", "--simulate", "dgx-h100"], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([*cli(), "labels", "--simulate", "dgx-h100"], capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     found = parse(result.stdout)
     expected = {
@@ -106,7 +106,7 @@ BAD_MESSAGE = "nvidia.gpus[2].memory_bytes: must be a positive integer"
 
 def test_bad_profile_exits_2_through_the_real_cli(tmp_path: Path) -> None:
     path = write_profile(tmp_path, BAD)
-    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 2 and BAD_MESSAGE in result.stderr and result.stdout == ""
     assert "Traceback" not in result.stderr
 
@@ -130,7 +130,7 @@ def test_mig_media_extension_profile_keeps_its_plus_as_a_dot_in_the_product(tmp_
     profile["config"] = {"version": "v1", "flags": {"migStrategy": "mixed"}}
     path = tmp_path / "h100-me.yaml"
     path.write_text(yaml.safe_dump(profile))
-    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     found = parse(result.stdout)
     assert found["nvidia.com/mig-1g.10gb.me.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me"

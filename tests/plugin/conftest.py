@@ -18,7 +18,7 @@ from labeller.inventory import Inventory
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.prober import Prober
 from labeller.runtime import Backoff
-from tests.builders import offer_of
+from tests.builders import PATIENCE_S, offer_of
 from tests.fakes.kubelet import FakeKubelet
 
 
@@ -87,4 +87,4 @@ def probing_plugin(sock_dir: Path, node: Node, config_path: Path | None = None, 
             yield Probing(plugin, node, reload, exit_code)
         finally:
             stop.set()
-            thread.join(5)
+            thread.join(PATIENCE_S)

@@ -220,7 +220,7 @@ def test_the_device_plugin_process_serves_memory_sharing_with_its_node_and_kubec
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         with PluginProcess("--simulate", PROFILE, "--socket-dir", str(sock_dir), "--node-name", NODE,
                            "--kubeconfig", str(kubeconfig)) as plugin:
-            assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU, 20)
+            assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU)
             annotations = gpushare.placement_annotations(3, 6, UNITS_PER_GPU, next(_clock))
             api.create_pod("p", node=NODE, containers={"main": cuda(6)}, annotations=annotations)
             responses, (ids,) = kubelet.admit_each(MEM, [6])
@@ -241,7 +241,7 @@ def test_a_node_labelled_into_a_memory_sharing_pool_switches_without_a_restart(
         with PluginProcess("--simulate", PROFILE, "--config-dir", str(configs), "--socket-dir", str(sock_dir),
                            "--node-name", NODE, "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig"))) \
                 as plugin:
-            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, 20)
+            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4)
             api.set_labels(NODE, {CONFIG_LABEL: "gpushare"})
             assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU
                                     and kubelet.allocatable(COUNT) == 4, 10)
@@ -251,5 +251,5 @@ def test_a_node_labelled_into_a_memory_sharing_pool_switches_without_a_restart(
             responses, _ = kubelet.admit_each(MEM, [2])
             assert dict(responses[0].envs)["ALIYUN_COM_GPU_MEM_IDX"] == "1"
             api.set_labels(NODE, {CONFIG_LABEL: None})  # back to whole GPUs
-            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, 10)
+            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4)
             assert plugin.proc.poll() is None and plugin.stop() == 0
