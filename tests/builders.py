@@ -333,7 +333,8 @@ def config_map_volume(directory: Path, configs: dict[str, Any]) -> Path:
     version = directory / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
     version.mkdir()
     for name, document in configs.items():
-        (version / name).write_text(document if isinstance(document, str) else yaml.safe_dump(document, sort_keys=False))
+        (version / name).write_text(document if isinstance(document, str)
+                                    else yaml.safe_dump(document, sort_keys=False))
     link = directory / "..data"
     try:
         old: str | None = os.readlink(link)

@@ -15,6 +15,8 @@ from labeller import __version__
 from tests.core.cli import gpu_labeller
 from tests.builders import PATIENCE_S, add_pci_device, config_map_volume, empty_node
 
+pytestmark = pytest.mark.slow  # every test runs the CLI as a process
+
 
 def test_version() -> None:
     result = gpu_labeller("--version")
@@ -73,7 +75,8 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", [["labels"], ["resources"], ["probe"], ["labels", "--simulate", "dgx-h100"],
                                      ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"],
-                                     ["labels", "--simulate", "dgx-h100", "--config-dir", "CONFIGS", "--config-name", "a"],
+                                     ["labels", "--simulate", "dgx-h100", "--config-dir", "CONFIGS",
+                                      "--config-name", "a"],
                                      ["resources", "--simulate", "dgx-h100", "--config-dir", "CONFIGS"],
                                      ["labels", "--simulate", "t4-x4-gpushare"],
                                      ["resources", "--simulate", "t4-x4-gpushare", "--format", "json"],

@@ -231,6 +231,7 @@ def test_bootstrap_reads_the_label_before_the_first_probe_and_gives_up_in_time(t
 
 # --- the dry run: what a node with a given label would get ---------------------------------------
 
+@pytest.mark.slow
 def test_labels_and_resources_show_what_a_node_labelled_with_the_name_gets(tmp_path: Path) -> None:
     configs = config_map_volume(tmp_path / "configs", {"default": WHOLE, "ts4": TS4})
     named = gpu_labeller("labels", "--simulate", "dgx-h100", "--config-dir", str(configs), "--config-name", "ts4")

@@ -190,8 +190,9 @@ def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str,
         assert all("MIG" in h.reason for h in offer.held), offer.held  # only what MPS can never share
     check_amd_nodes(labels, offer, config)
     # every device the node offers unshared is offered, once, whatever the sharing config
+    naming = {"resourceNamingStrategy": config.amd_resource_naming}
     plain = offer_of(inventory, parse_config({"flags": {"migStrategy": config.mig_strategy},
-                                              "labeller": {"amd": {"resourceNamingStrategy": config.amd_resource_naming}}}))
+                                              "labeller": {"amd": naming}}))
     held = {d.physical.health_key for h in offer.held for d in h.resource.devices}
     assert {d.physical.health_key for r in offer.resources for d in r.devices} | held == \
            {d.physical.health_key for r in plain.resources for d in r.devices}
@@ -203,6 +204,7 @@ def cli(*args: str) -> Any:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("profile", "config"), [
     ("a100-mig-single", {"flags": {"migStrategy": "none"},
                          "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}),

@@ -13,12 +13,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 
 from labeller.labels import FIELD_MANAGER
 from tests.builders import PATIENCE_S, wait_for
 from tests.daemon.conftest import NODE, OTHERS
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
+
+pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 GPU_PROFILE = "mi210-x8"  # a built-in simulated node with 8 AMD GPUs
 
@@ -115,7 +118,8 @@ def test_dry_run_logs_the_change_and_writes_nothing(api: FakeApiServer, kubeconf
     assert api.log.writes() == [] and api.labels(NODE) == OTHERS
 
 
-def test_no_gpu_node_ends_with_none_of_ours_and_keeps_a_users(api: FakeApiServer, kubeconfig: Path, tmp_path: Path) -> None:
+def test_no_gpu_node_ends_with_none_of_ours_and_keeps_a_users(api: FakeApiServer, kubeconfig: Path,
+                                                              tmp_path: Path) -> None:
     api.create_node(NODE, OTHERS)
     assert run_once(kubeconfig).returncode == 0
     api.set_labels(NODE, {"nvidia.com/gpu.product": "by-hand"})  # under our prefix, but a user's
@@ -124,7 +128,8 @@ def test_no_gpu_node_ends_with_none_of_ours_and_keeps_a_users(api: FakeApiServer
     assert api.labels(NODE) == {**OTHERS, "nvidia.com/gpu.product": "by-hand"}
 
 
-ADMIN = {"nvidia.com/vgpu.config": "A100-4C", "nvidia.com/vgpu.config.state": "success", "nvidia.com/gpu.imex-domain": "x"}
+ADMIN = {"nvidia.com/vgpu.config": "A100-4C", "nvidia.com/vgpu.config.state": "success",
+         "nvidia.com/gpu.imex-domain": "x"}
 OPERATOR = {"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/mig.config": "all-disabled",
             "nvidia.com/mig.config.state": "success", "nvidia.com/gpu.workload.config": "container",
             "nvidia.com/device-plugin.config": "default"}
@@ -162,7 +167,8 @@ def test_cleanup_removes_only_what_gpu_labeller_set(api: FakeApiServer, kubeconf
     every = cleanup(kubeconfig, "--all-nodes")
     assert every.returncode == 0, every.stderr
     assert api.labels("node-2") == {"nvidia.com/gpu.present": "true", "team": "x"}
-    assert "node-2: left nvidia.com/gpu.present (set by kubelet; --include-foreign removes it)" in every.stdout.splitlines()
+    assert ("node-2: left nvidia.com/gpu.present (set by kubelet; --include-foreign removes it)"
+            in every.stdout.splitlines())
     usage = cleanup(kubeconfig)
     assert usage.returncode == 2
 
@@ -180,8 +186,9 @@ def test_cleanup_include_foreign_removes_other_managers_keys_but_never_the_gpu_o
     assert api.log.writes() == []
     done = cleanup(kubeconfig, "--node", NODE, "--include-foreign")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[:2] == [f"{NODE}: removed nvidia.com/gpu.imex-domain (set by gpu-feature-discovery)",
-                                            f"{NODE}: removed nvidia.com/gpu.product (set by gpu-feature-discovery)"]
+    assert done.stdout.splitlines()[:2] == [
+        f"{NODE}: removed nvidia.com/gpu.imex-domain (set by gpu-feature-discovery)",
+        f"{NODE}: removed nvidia.com/gpu.product (set by gpu-feature-discovery)"]
     assert api.labels(NODE) == {**OTHERS, **OPERATOR, "nvidia.com/vgpu.config": "A100-4C",
                                 "nvidia.com/vgpu.config.state": "success"}
 
@@ -193,7 +200,8 @@ def test_cleanup_names_the_missing_permission_once(api: FakeApiServer, kubeconfi
     result = cleanup(kubeconfig, "--node", NODE, "--node", "node-2")
     assert result.returncode == 1
     lines = [json.loads(line) for line in result.stderr.splitlines() if "permission missing" in line]
-    assert [line["event"] for line in lines] == ["permission missing: grant verb 'get' on resource 'nodes' to user labeller"]
+    assert [line["event"] for line in lines] == [
+        "permission missing: grant verb 'get' on resource 'nodes' to user labeller"]
 
 
 def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
@@ -201,7 +209,8 @@ def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
             f"r = CliRunner().invoke(main, ['labels', '--simulate', '{no_gpu_profile(tmp_path)}']); "
             "assert r.exit_code == 0, r.output; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'prometheus_client') "
-            "or m in ('labeller.kube', 'labeller.daemon', 'labeller.daemon.sinks')); print(bad); sys.exit(1 if bad else 0)")
+            "or m in ('labeller.kube', 'labeller.daemon', 'labeller.daemon.sinks')); "
+            "print(bad); sys.exit(1 if bad else 0)")
     result = finished([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert result.returncode == 0, result.stdout + result.stderr
 

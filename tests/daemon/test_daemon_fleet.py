@@ -9,10 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from labeller.fleet import pod_requests
 from tests.builders import PATIENCE_S
 from tests.core.cli import error_line, gpu_labeller
 from tests.fakes.apiserver import FakeApiServer
+
+pytestmark = pytest.mark.slow  # the CLI as processes against the fake API server
 
 
 def profile_labels(profile: str) -> dict[str, str]:
@@ -101,7 +105,8 @@ def test_match_on_live_nodes_is_one_list_call(tmp_path: Path) -> None:
 
 def test_pod_requests_default_to_limits_and_count_init_containers() -> None:
     pod = {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1"}}},
-                                   {"resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}],
+                                   {"resources": {"requests": {"nvidia.com/gpu": "1"},
+                                                  "limits": {"nvidia.com/gpu": "1"}}}],
                     "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
     assert pod_requests(pod) == {"nvidia.com/gpu": 4}
 

@@ -21,6 +21,8 @@ from tests.daemon.test_daemon_cli import free_port, run_args, run_options
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
 
+pytestmark = pytest.mark.slow  # gpu-labeller run as a process
+
 PROFILE = "dgx-a100-mig-mixed"  # 8 A100: 0-3 whole, 4-5 all 1g.5gb, 6-7 balanced
 WHOLE = {"version": "v1"}
 TS4 = {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
@@ -32,7 +34,8 @@ SWITCH_S = 20.0
 
 
 def ts(replicas: int) -> dict[str, Any]:
-    return {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}}
+    return {"version": "v1",
+            "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}}
 
 
 class Labeller(LoggedProcess):
@@ -96,7 +99,8 @@ def test_the_node_label_switches_labels_live_and_a_bad_name_changes_nothing(
     assert api.labels(NODE)["nvidia.com/mig.strategy"] == "mixed"  # the last good config stays in force
     assert run.metric("gpu_labeller_config_failed") == "1.0"
     warning = next(e for e in api.events() if e["reason"] == "GPUConfigFailed")
-    assert warning["type"] == "Warning" and warning["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
+    assert warning["type"] == "Warning"
+    assert warning["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
     assert f"{CONFIG_LABEL}=ts-typo: no config named 'ts-typo'" in warning["message"]
 
     api.set_labels(NODE, {CONFIG_LABEL: None})  # the label removed: the default

@@ -67,7 +67,8 @@ def test_users_and_gpu_operator_labels_are_never_touched(api: FakeApiServer, sta
     assert api.labels(NODE) == {**OTHERS, "team": "infra", "nvidia.com/gpu.deploy.driver": "false"}
     for write in api.log.writes():
         if write.content_type.startswith("application/apply-patch"):
-            assert all(key.startswith("nvidia.com/gpu.") and "deploy" not in key for key in write.body["metadata"]["labels"])
+            assert all(key.startswith("nvidia.com/gpu.") and "deploy" not in key
+                       for key in write.body["metadata"]["labels"])
 
 
 def test_labels_no_longer_wanted_are_removed(api: FakeApiServer, start: Start) -> None:
@@ -121,6 +122,7 @@ def test_a_node_without_gpus_ends_with_none_of_ours_even_after_a_restart(api: Fa
     wait_for(lambda: api.labels(NODE) == OTHERS)
 
 
+@pytest.mark.slow
 def test_api_down_at_start_then_up(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     api.faults.add(Fault(drop=True))
@@ -132,6 +134,7 @@ def test_api_down_at_start_then_up(api: FakeApiServer, start: Start) -> None:
     wait_for(lambda: daemon.daemon.ready)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", [Fault(verb="patch", status=503, times=3), Fault(verb="patch", status=409, times=2),
                                    Fault(verb="patch", delay_s=1.5, times=1)], ids=["5xx", "409", "timeout"])
 def test_write_faults_back_off_then_catch_up(api: FakeApiServer, start: Start, fault: Fault) -> None:
@@ -164,6 +167,7 @@ def test_node_not_found_waits_then_labels_it(api: FakeApiServer, start: Start) -
     wait_for(lambda: ours(api) == GPU_LABELS)
 
 
+@pytest.mark.slow
 def test_watch_resumes_after_410_and_dropped_streams(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     start(interval_s=60)
@@ -190,6 +194,7 @@ def test_once_reports_a_failed_probe_as_a_failure(api: FakeApiServer, kubeconfig
     kube = Kube(str(kubeconfig))
     failing = Daemon(NODE, FakeProbe(error=RuntimeError("NVML gone")), NodeSink(kube, NODE), Metrics())
     assert _run_once(failing) == 1 and ours(api) == GPU_LABELS
-    untrusted = Daemon(NODE, FakeProbe(error=ProbeError("/x/sys/bus/pci/devices is empty")), NodeSink(kube, NODE), Metrics())
+    untrusted = Daemon(NODE, FakeProbe(error=ProbeError("/x/sys/bus/pci/devices is empty")),
+                       NodeSink(kube, NODE), Metrics())
     assert _run_once(untrusted) == 1 and ours(api) == GPU_LABELS and api.log.writes() == []
     assert _run_once(Daemon(NODE, FakeProbe(), NodeSink(kube, NODE), Metrics())) == 0

@@ -71,7 +71,8 @@ class Client:
         """The ExtenderBindingResult's Error ("" when bound)."""
         metadata = pod["metadata"]
         status, answer = self.call("POST", "/gpushare-scheduler/bind", {
-            "PodName": metadata["name"], "PodNamespace": metadata["namespace"], "PodUID": metadata["uid"], "Node": node})
+            "PodName": metadata["name"], "PodNamespace": metadata["namespace"], "PodUID": metadata["uid"],
+            "Node": node})
         assert status == 200, answer
         return str(answer["Error"])
 

@@ -22,6 +22,8 @@ from tests.extender.conftest import mem_pod, share_node
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
 
+pytestmark = pytest.mark.slow  # every test runs the CLI as a process
+
 
 def cluster(api: FakeApiServer) -> None:
     share_node(api, "n1")
@@ -87,7 +89,8 @@ def test_kubectl_plugin_is_the_same_inspect(api: FakeApiServer, kubeconfig: Path
         script = str(tmp_path / "kubectl-inspect-gpushare")
         os.symlink(str(shutil.which("gpu-labeller", path=bin_dir)), script)
     assert script is not None, "pip install -e . installs the kubectl plugin script"
-    result = subprocess.run([script, "n1", "--kubeconfig", str(kubeconfig)], capture_output=True, text=True, timeout=PATIENCE_S)
+    result = subprocess.run([script, "n1", "--kubeconfig", str(kubeconfig)], capture_output=True, text=True,
+                            timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1].startswith("n1    0    16     9     7")
     assert result.stderr == ""

@@ -9,11 +9,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
 from labeller import gpushare
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import Client, PluginStandIn, Start, mem_pod, share_node
 from labeller.extender.cli import Running
 from tests.fakes.apiserver import FakeApiServer, Fault
+
+pytestmark = pytest.mark.slow  # a real extender (HTTP, watches, threads) for each test
 
 
 def test_filter_keeps_nodes_where_one_gpu_fits_not_where_the_sum_does(api: FakeApiServer, extender: Running,
@@ -26,7 +30,8 @@ def test_filter_keeps_nodes_where_one_gpu_fits_not_where_the_sum_does(api: FakeA
     wait_for(lambda: extender.cache.free("half-full") == [8, 8])
     answer = client.filter(mem_pod(api, "p", 12), ["half-full", "empty", "plain"])
     assert answer["NodeNames"] == ["empty"]
-    assert answer["FailedNodes"] == {"half-full": "no GPU has 12 aliyun.com/gpu-mem free (most free on one GPU: 8 of 16)"}
+    assert answer["FailedNodes"] == {
+        "half-full": "no GPU has 12 aliyun.com/gpu-mem free (most free on one GPU: 8 of 16)"}
     assert answer["FailedAndUnresolvableNodes"] == {
         "plain": "node does not share GPU memory (no aliyun.com/gpu-mem capacity)"}
     assert answer["Error"] == ""
@@ -86,7 +91,8 @@ def test_prioritize_packs_by_default_and_spreads_on_request(api: FakeApiServer, 
     assert spreading.prioritize(pod, ["busy", "idle"]) == {"busy": 6, "idle": 9}
 
 
-def test_bind_writes_gpushares_annotations_then_the_binding(api: FakeApiServer, client: Client, extender: Running) -> None:
+def test_bind_writes_gpushares_annotations_then_the_binding(api: FakeApiServer, client: Client,
+                                                            extender: Running) -> None:
     share_node(api, "n1")
     mem_pod(api, "old", 10, node="n1", annotations={gpushare.ANN_IDX: "1", gpushare.ANN_ASSIGNED: "true"})
     pod = mem_pod(api, "p", 2, 3)
@@ -266,10 +272,12 @@ def test_health_metrics_and_bad_requests(api: FakeApiServer, client: Client, ext
         400, {"Error": "ExtenderBindingArgs without PodNamespace"})
     assert client.call("POST", "/gpushare-scheduler/nope", {})[0] == 404
     assert client.call("POST", "/gpushare-scheduler/filter", [])[1] == {"Error": "body is not a JSON object"}
-    assert client.call("POST", "/gpushare-scheduler/filter", {"NodeNames": []})[1] == {"Error": "ExtenderArgs without a Pod"}
+    assert client.call("POST", "/gpushare-scheduler/filter", {"NodeNames": []})[1] == {
+        "Error": "ExtenderArgs without a Pod"}
 
 
-def test_bind_refuses_a_pod_recreated_under_the_same_name(api: FakeApiServer, client: Client, extender: Running) -> None:
+def test_bind_refuses_a_pod_recreated_under_the_same_name(api: FakeApiServer, client: Client,
+                                                          extender: Running) -> None:
     share_node(api, "n1")
     old = mem_pod(api, "p", 4)
     api.delete_pod("p")

@@ -23,6 +23,8 @@ from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import Client
 from tests.plugin.test_plugin_memory import COUNT, MEM, NODE, UNITS_PER_GPU, Node, cuda, memory_node
 
+pytestmark = pytest.mark.slow  # the extender, the device plugin and the kubelet emulator at work
+
 Obj = dict[str, Any]
 
 
@@ -96,7 +98,8 @@ def schedule(client: Client, pod: Obj, deadline_s: float = PATIENCE_S) -> str:
 def test_pods_created_at_once_each_get_the_gpu_they_were_bound_to(node: Node, extender: Running) -> None:
     client = Client(extender.http.port)
     equal = [node.api.create_pod(f"equal-{i}", containers={"main": cuda(7)}) for i in range(6)]
-    mixed = node.api.create_pod("mixed", containers={"a": cuda(3), "b": cuda(2), "sidecar": {"cpu": "1", "memory": "1Gi"}})
+    mixed = node.api.create_pod("mixed",
+                                containers={"a": cuda(3), "b": cuda(2), "sidecar": {"cpu": "1", "memory": "1Gi"}})
     pods = [*equal, mixed]
     wait_for(lambda: extender.cache.counts[0] == 1)
 

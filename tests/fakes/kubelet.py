@@ -242,7 +242,8 @@ class FakeKubelet:
 
     # --- pods ---------------------------------------------------------------------------------
 
-    def admit_each(self, resource: str, containers: list[int]) -> tuple[list[pb.ContainerAllocateResponse], list[list[str]]]:
+    def admit_each(self, resource: str,
+                   containers: list[int]) -> tuple[list[pb.ContainerAllocateResponse], list[list[str]]]:
         """Admit a pod as a real kubelet's device manager does (``allocateContainerResources``): one
         GetPreferredAllocation and one Allocate call per container that asks for ``resource``, in
         order; the first failure fails the pod (AdmissionError) and frees what it took."""
@@ -275,7 +276,8 @@ class FakeKubelet:
             ids = self._preferred(endpoint, free, count) or free[:count]
             chosen.append(ids)
             free = [i for i in free if i not in ids]
-        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in chosen])
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)
+                                                         for ids in chosen])
         try:
             response = endpoint.stub.Allocate(request, timeout=PATIENCE_S)
         except grpc.RpcError as exc:  # the pod fails with UnexpectedAdmissionError

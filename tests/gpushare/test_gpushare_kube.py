@@ -34,8 +34,10 @@ def test_list_pods_spans_namespaces_in_pages_and_filters_by_field_and_label(api:
     assert len(items) == 7 and rv
     assert api.log.count("list", "pods") == 4  # 2 + 2 + 2 + 1
     assert names(kube.list_pods(field_selector="spec.nodeName=n1")[0]) == ["team-a/p1", "team-b/p0", "team-b/p2"]
-    assert names(kube.list_pods(field_selector="spec.nodeName=n1,status.phase!=Running")[0]) == ["team-a/p1", "team-b/p2"]
-    assert names(kube.list_pods(field_selector="spec.nodeName=")[0]) == ["team-a/p3", "team-a/p5", "team-b/p4", "team-b/p6"]
+    assert names(kube.list_pods(field_selector="spec.nodeName=n1,status.phase!=Running")[0]) == ["team-a/p1",
+                                                                                                 "team-b/p2"]
+    assert names(kube.list_pods(field_selector="spec.nodeName=")[0]) == ["team-a/p3", "team-a/p5",
+                                                                         "team-b/p4", "team-b/p6"]
     assert names(kube.list_pods(label_selector="app in (serve)")[0]) == ["team-a/p5", "team-b/p6"]
     assert names(kube.list_pods(label_selector="app!=train,app")[0]) == ["team-a/p5", "team-b/p6"]
     assert names(kube.list_pods(field_selector="metadata.name=p3")[0]) == ["team-a/p3"]

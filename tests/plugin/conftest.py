@@ -45,7 +45,8 @@ class Running:
 
 
 @contextmanager
-def simulated(profile: str, config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, dict[str, Any]]]:
+def simulated(profile: str,
+              config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, dict[str, Any]]]:
     with open_node(Path("/"), profile, None) as node:
         yield node.probe(), parse_config(config) if config is not None else node.config, node.host_root, node.handles
 

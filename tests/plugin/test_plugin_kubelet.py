@@ -93,7 +93,8 @@ def test_allocate_amd_partitions(sock_dir: Path, kubelet: FakeKubelet) -> None:
         renders = {n.render_minor for g in amd_part(running.inventory).gpus for n in g.nodes}
         paths = [(d.container_path, d.permissions) for d in response.container_responses[0].devices]
         assert paths[0] == ("/dev/kfd", "rwm") and len(paths) == 3
-        assert all(p.startswith("/dev/dri/renderD") and int(p[16:]) in renders and perm == "rwm" for p, perm in paths[1:])
+        assert all(p.startswith("/dev/dri/renderD") and int(p[16:]) in renders and perm == "rwm"
+                   for p, perm in paths[1:])
         assert ids[0][:-1] == ids[1][:-1]  # two partitions of one GPU
 
 
@@ -129,6 +130,7 @@ def _wait_health(kubelet: FakeKubelet, resource: str, healthy: int) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_xid_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "dgx-h100", recovery_seconds=0.5) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
@@ -140,6 +142,7 @@ def test_xid_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
         assert 0.3 < _wait_health(kubelet, GPU, 8) < AT_ONCE_S  # back after the 0.5 s recovery window
 
 
+@pytest.mark.slow
 def test_lost_gpu_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "t4-time-slicing", recovery_seconds=0.3) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
@@ -163,6 +166,7 @@ def test_amd_kfd_node_disappears_and_returns(sock_dir: Path, kubelet: FakeKubele
         _wait_health(kubelet, AMD, 8)
 
 
+@pytest.mark.slow
 def test_health_checks_disabled(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "dgx-h100", health_env={"DP_DISABLE_HEALTHCHECKS": "all"}) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
@@ -183,6 +187,7 @@ def test_kubelet_restart_re_registers(sock_dir: Path, kubelet: FakeKubelet) -> N
         assert (sock_dir / "nvidia-mig-1g.5gb.sock").exists()
 
 
+@pytest.mark.slow
 def test_a_kubelet_restarting_again_mid_registration(sock_dir: Path, kubelet: FakeKubelet) -> None:
     # A crash-looping kubelet empties the directory while the plugin is still re-creating sockets
     # and registering; supervision must survive every interleaving and end up fully registered.
@@ -231,11 +236,13 @@ def test_emulator_rejects_a_bare_resource_name(sock_dir: Path, kubelet: FakeKube
     registration = pb_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
     (sock_dir / "x.sock").touch()
     with pytest.raises(grpc.RpcError) as caught:
-        registration.Register(pb.RegisterRequest(version="v1beta1", endpoint="x.sock", resource_name="gpu"), timeout=PATIENCE_S)
+        registration.Register(pb.RegisterRequest(version="v1beta1", endpoint="x.sock", resource_name="gpu"),
+                              timeout=PATIENCE_S)
     assert 'the ResourceName "gpu" is invalid' in caught.value.details()
     shutil.rmtree(sock_dir / "x.sock", ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_missing_kubelet_socket_is_logged_after_a_second_then_periodically(sock_dir: Path) -> None:
     manager = PluginManager(sock_dir / "kubelet.sock", PluginMetrics(), missing_log_seconds=0.2)
     with structlog.testing.capture_logs() as logs:
