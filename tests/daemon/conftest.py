@@ -13,7 +13,7 @@ import pytest
 from labeller.daemon.loop import Daemon, Options
 from labeller.daemon.reconcile import owned, FightGuard, ProbeResult
 from labeller.daemon.sinks import EventSink, NodeSink, Sink
-from labeller.kube import Kube
+from labeller.kube import REQUEST_TIMEOUT, Kube
 from labeller.daemon.metrics import Metrics
 from tests.builders import PATIENCE_S
 from tests.fakes.apiserver import FakeApiServer
@@ -45,10 +45,11 @@ class Running:
 
     def __init__(self, api: FakeApiServer, kubeconfig: Path, probe: Callable[[], ProbeResult], node: str = NODE,
                  sink: Callable[[Kube], Sink] | None = None, fights: FightGuard | None = None,
-                 events: bool = False, inputs: Callable[[], object] | None = None, **options: Any) -> None:
+                 events: bool = False, inputs: Callable[[], object] | None = None,
+                 request_timeout: tuple[float, float] = REQUEST_TIMEOUT, **options: Any) -> None:
         self.api, self.probe, self.node = api, probe, node
         self.metrics = Metrics()
-        self.kube = Kube(str(kubeconfig), observer=self.metrics.observe_request, request_timeout=(1.0, 1.0))
+        self.kube = Kube(str(kubeconfig), observer=self.metrics.observe_request, request_timeout=request_timeout)
         made = NodeSink(self.kube, node, watch=True, watch_timeout_s=30) if sink is None else sink(self.kube)
         if events:
             made = EventSink(made, self.kube, node, "default")

@@ -140,7 +140,8 @@ def test_api_down_at_start_then_up(api: FakeApiServer, start: Start) -> None:
 def test_write_faults_back_off_then_catch_up(api: FakeApiServer, start: Start, fault: Fault) -> None:
     api.create_node(NODE, OTHERS)
     api.faults.add(fault)
-    daemon = start()
+    # the delayed answer must come after the client gave up: a 1 s read timeout against the fault's 1.5 s
+    daemon = start(request_timeout=(1.0, 1.0)) if fault.delay_s else start()
     wait_for(lambda: ours(api) == GPU_LABELS)
     assert daemon.metric("gpu_labeller_writes_total", outcome="error") >= 1
     assert len(api.log.writes()) <= 5
