@@ -29,7 +29,6 @@ class LoggedProcess:
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, stdout: int | IO[Any] | None = subprocess.DEVNULL
                  ) -> None:
-        self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "labeller.cli", "--log-format", "json", *args],
                                      stderr=subprocess.PIPE, stdout=stdout, text=True,
                                      env={**os.environ, "GRPC_VERBOSITY": "ERROR", **(env or {})})
@@ -75,9 +74,10 @@ class LoggedProcess:
         with self._changed:
             self._changed.wait_for(lambda: enough(self.matching(name, **fields)) or self._ended, timeout)
             found, ended = self.matching(name, **fields), self._ended
-        wanted = f"{name!r} {fields}" if fields else repr(name)
-        why = f"before the process exited with {self.proc.wait(PATIENCE_S)}" if ended else f"within {timeout} s"
-        assert enough(found), f"no {wanted} in the log {why}:\n{self.log}"
+        if not enough(found):
+            wanted = f"{name!r} {fields}" if fields else repr(name)
+            why = f"before the process exited with {self.proc.wait(PATIENCE_S)}" if ended else f"within {timeout} s"
+            raise AssertionError(f"no {wanted} in the log {why}:\n{self.log}")
         return found
 
     def count(self, name: str | None, **fields: Any) -> int:
