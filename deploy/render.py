@@ -6,8 +6,9 @@
 
 gpu-labeller.yaml is the chart with its default values, plus createNamespace=true so that
 `kubectl apply -f` works without Helm, and two example named configs (EXAMPLE_CONFIGS: whole GPUs
-by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4). validating-admission-policy.yaml holds only the optional
-ValidatingAdmissionPolicy and its binding (admissionPolicy.enabled=true), scheduler-extender.yaml only
+by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4).
+validating-admission-policy.yaml holds only the optional ValidatingAdmissionPolicy and its binding
+(admissionPolicy.enabled=true), scheduler-extender.yaml only
 the scheduler extender's objects (extender.enabled=true). All are rendered as
 release "gpu-labeller" in namespace "gpu-labeller". Needs helm-python-sdk (the project's test extra).
 """

@@ -9,7 +9,7 @@ import re
 import stat
 import tempfile
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 FORMATS = ("text", "json", "yaml", "nfd")
@@ -28,7 +28,7 @@ def render(labels: Mapping[str, str], fmt: str, expiry: datetime | None = None) 
     if fmt == "nfd":
         header = ["# Written by gpu-labeller; NFD local source (features.d) format."]
         if expiry is not None:
-            stamp = expiry.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            stamp = expiry.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             header.append(f"# +expiry-time={stamp}")
         lines = header + lines
     elif fmt != "text":

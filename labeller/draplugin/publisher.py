@@ -22,6 +22,7 @@ about a second of the API answering.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import threading
 import time
@@ -260,14 +261,14 @@ class SlicePublisher:
             body["spec"]["pool"]["generation"] = generation
             existing = live.get(_name(body))
             if existing is None:
-                answer = self._write("create", lambda: self.api.create_resource_slice(body))
+                answer = self._write("create", functools.partial(self.api.create_resource_slice, body))
             else:
                 body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-                answer = self._write("update", lambda: self.api.update_resource_slice(_name(body), body))
+                answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body), body))
             self._remember(body, answer)
         for name in sorted(set(live) - {_name(s) for s in wanted}):
             try:
-                self._write("delete", lambda: self.api.delete_resource_slice(name, live[name]["metadata"].get("uid")))
+                self._write("delete", functools.partial(self.api.delete_resource_slice, name, live[name]["metadata"].get("uid")))
             except NotFound:
                 pass
             with self._lock:

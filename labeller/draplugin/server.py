@@ -94,7 +94,7 @@ class DraService(dra_grpc.DRAPluginServicer):
         for claim in self._claims(request):
             try:
                 self.preparer.unprepare(claim)
-            except Exception as exc:  # ClaimError, or a bug: that claim's answer says so
+            except Exception as exc:  # noqa: BLE001 - ClaimError, or a bug: that claim's answer says so
                 self.metrics.unprepares.labels(driver=driver, outcome="failed").inc()
                 log.warning("claim not unprepared", reason="unprepare-failed", driver=driver, claim=str(claim),
                             uid=claim.uid, error=str(exc))

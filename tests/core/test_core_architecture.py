@@ -294,7 +294,8 @@ def test_the_vendors_plugin_parts_load_on_first_use() -> None:
 def test_named_configs_read_files_with_the_model_only() -> None:
     """Choosing a named config is part of the dry run: no Kubernetes, no threads, no click."""
     assert ours(modules()["labeller.namedconfigs"]) <= MODEL
-    assert not {i for i in modules()["labeller.namedconfigs"] if i.split(".")[0] in ("threading", "click", "kubernetes")}
+    assert not {i for i in modules()["labeller.namedconfigs"]
+                if i.split(".")[0] in ("threading", "click", "kubernetes")}
 
 
 def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
@@ -305,7 +306,8 @@ def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
     assert ours(modules()["labeller.extender.placement"]) - packages <= {"labeller.gpushare"}
     assert ours(modules()["labeller.extender.cache"]) - packages <= {"labeller.gpushare", "labeller.extender.placement"}
     for module in ("labeller.gpushare", "labeller.extender.placement", "labeller.extender.cache"):
-        assert not {i for i in modules()[module] if i.split(".")[0] in ("kubernetes", "urllib3", "click", "grpc")}, module
+        assert not {i for i in modules()[module]
+                    if i.split(".")[0] in ("kubernetes", "urllib3", "click", "grpc")}, module
 
 
 @pytest.mark.parametrize("module", ["labeller.explain", "labeller.selectors", "labeller.snippets", "labeller.fleet",

@@ -30,6 +30,7 @@ def test_regen_command_is_the_documented_one() -> None:
     assert load_render_script().REGEN_COMMAND == REGEN
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_plain_manifests_are_valid_kubernetes(kube_version: str) -> None:
     kinds = []
@@ -70,4 +71,5 @@ def test_plain_manifests_show_two_named_configs_that_the_labeller_accepts() -> N
     assert sorted(configs) == ["default", "time-sliced-4"]
     assert configs["time-sliced-4"].sharing.replicas_for("nvidia.com/gpu") == 4
     for ds in (o for o in objects if o["kind"] == "DaemonSet"):
-        assert "--config-label=nvidia.com/device-plugin.config" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--config-label=nvidia.com/device-plugin.config" in args

@@ -156,7 +156,7 @@ def test_each_bad_claim_fails_alone_naming_its_device(api: FakeApiServer, drakub
         assert errors["elsewhere"] == ("gpu.nvidia.com: claim default/elsewhere: device gpu-1 is in pool gpu-node-2, "
                                        f"not this node's ({NODE})")
         assert errors["unallocated"] == "gpu.nvidia.com: claim default/unallocated: not allocated"
-        assert f"the ResourceClaim has UID" in errors["replaced"] and replaced.uid in errors["replaced"]
+        assert "the ResourceClaim has UID" in errors["replaced"] and replaced.uid in errors["replaced"]
         assert errors["absent"].startswith("gpu.nvidia.com: claim default/absent: cannot read the ResourceClaim: 404")
         assert sorted(p.name for p in dirs.cdi.iterdir()) == [spec_file(dirs, good).name]
         assert list(checkpoint(dirs)) == [good.uid]

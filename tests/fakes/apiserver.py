@@ -134,7 +134,8 @@ class Ownership:
         for key, entries in sorted(self.owners.items()):
             for entry in entries:
                 per_entry.setdefault(entry, {})[f"f:{key}"] = {}
-        return [{"manager": manager, "operation": operation, "apiVersion": "v1", "time": self.times.get((manager, operation), _now()),
+        return [{"manager": manager, "operation": operation, "apiVersion": "v1",
+                 "time": self.times.get((manager, operation), _now()),
                  "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": fields}}}
                 for (manager, operation), fields in sorted(per_entry.items())]
 
@@ -191,7 +192,8 @@ def page(items: Iterator[tuple[str, Obj]], rv: str, limit: str | None,
                 break
     more = size > 0 and len(chosen) > size
     chosen = chosen[:size] if more else chosen
-    next_token = base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": chosen[-1][0]}).encode()).decode() if more else None
+    next_token = (base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": chosen[-1][0]}).encode()).decode()
+                  if more else None)
     return [copy.deepcopy(obj) for _, obj in chosen], rv, next_token
 
 
@@ -475,9 +477,11 @@ class ObjectStore:
     def list(self, namespace: str | None, match: Match = _everything, limit: str | None = None,
              token: str | None = None) -> tuple[list[Obj], str, str | None]:
         with self.store.lock:
-            keyed = sorted(((f"{ns}/{name}", obj) for (ns, name), obj in self.objects.items() if namespace in (None, ns)),
+            keyed = sorted(((f"{ns}/{name}", obj) for (ns, name), obj in self.objects.items()
+                            if namespace in (None, ns)),
                            key=lambda pair: pair[0])
-            return page(((key, obj) for key, obj in keyed if match(obj)), str(self.store.resource_version), limit, token)
+            return page(((key, obj) for key, obj in keyed if match(obj)),
+                        str(self.store.resource_version), limit, token)
 
     def change(self, namespace: str, name: str, edit: Callable[[Obj], None], stale_rv: str | None = None) -> Obj:
         """Run ``edit`` on the object; a new resourceVersion and a MODIFIED event when anything changed."""
@@ -893,8 +897,8 @@ class Handler(BaseHTTPRequestHandler):
                 with api.store.lock:
                     return 200, api.store.get(name)
             if verb == "list":
-                return 200, self._list("NodeList", *api.store.list_nodes(api.selector(resource, query), query.get("limit"),
-                                                                          query.get("continue")))
+                nodes = api.store.list_nodes(api.selector(resource, query), query.get("limit"), query.get("continue"))
+                return 200, self._list("NodeList", *nodes)
             if verb == "patch":
                 assert name is not None
                 return 200, self._patch_node(name, body, query)
