@@ -61,7 +61,7 @@ def scheduler_extender(port: int, bind_address: str, kubeconfig: str | None, pol
         raise BadInput(str(exc)) from None
     log.info("started", reason="start", port=running.http.port, policy=policy)
     run_until_signalled(running.stop.wait, running.stop.set, lambda: None)
-    log.info("stopped", reason="sigterm")
+    log.info("stopped", reason="stop")
 
 
 @dataclass

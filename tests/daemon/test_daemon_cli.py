@@ -83,7 +83,7 @@ def test_run_labels_the_node_serves_metrics_and_exits_promptly_on_sigterm(api: F
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=PATIENCE_S) as answer:
             assert b"gpu_labeller_labels_owned" in answer.read()
         assert daemon.stop() == 0
-    daemon.event("stopped", reason="sigterm")
+    daemon.event("stopped", reason="stop")
     assert {entry["node"] for entry in daemon.events} == {NODE} and all("reason" in entry for entry in daemon.events)
 
 
