@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -10,7 +10,7 @@ class NodePrepareResourcesRequest(_message.Message):
     __slots__ = ("claims",)
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.RepeatedCompositeFieldContainer[Claim]
-    def __init__(self, claims: _Iterable[Claim | _Mapping] | None = ...) -> None: ...
+    def __init__(self, claims: _Optional[_Iterable[_Union[Claim, _Mapping]]] = ...) -> None: ...
 
 class NodePrepareResourcesResponse(_message.Message):
     __slots__ = ("claims",)
@@ -20,10 +20,10 @@ class NodePrepareResourcesResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: NodePrepareResourceResponse
-        def __init__(self, key: str | None = ..., value: NodePrepareResourceResponse | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NodePrepareResourceResponse, _Mapping]] = ...) -> None: ...
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.MessageMap[str, NodePrepareResourceResponse]
-    def __init__(self, claims: _Mapping[str, NodePrepareResourceResponse] | None = ...) -> None: ...
+    def __init__(self, claims: _Optional[_Mapping[str, NodePrepareResourceResponse]] = ...) -> None: ...
 
 class NodePrepareResourceResponse(_message.Message):
     __slots__ = ("devices", "error")
@@ -31,7 +31,7 @@ class NodePrepareResourceResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     error: str
-    def __init__(self, devices: _Iterable[Device | _Mapping] | None = ..., error: str | None = ...) -> None: ...
+    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("request_names", "pool_name", "device_name", "cdi_device_ids")
@@ -43,13 +43,13 @@ class Device(_message.Message):
     pool_name: str
     device_name: str
     cdi_device_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_names: _Iterable[str] | None = ..., pool_name: str | None = ..., device_name: str | None = ..., cdi_device_ids: _Iterable[str] | None = ...) -> None: ...
+    def __init__(self, request_names: _Optional[_Iterable[str]] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ..., cdi_device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeUnprepareResourcesRequest(_message.Message):
     __slots__ = ("claims",)
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.RepeatedCompositeFieldContainer[Claim]
-    def __init__(self, claims: _Iterable[Claim | _Mapping] | None = ...) -> None: ...
+    def __init__(self, claims: _Optional[_Iterable[_Union[Claim, _Mapping]]] = ...) -> None: ...
 
 class NodeUnprepareResourcesResponse(_message.Message):
     __slots__ = ("claims",)
@@ -59,16 +59,16 @@ class NodeUnprepareResourcesResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: NodeUnprepareResourceResponse
-        def __init__(self, key: str | None = ..., value: NodeUnprepareResourceResponse | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NodeUnprepareResourceResponse, _Mapping]] = ...) -> None: ...
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.MessageMap[str, NodeUnprepareResourceResponse]
-    def __init__(self, claims: _Mapping[str, NodeUnprepareResourceResponse] | None = ...) -> None: ...
+    def __init__(self, claims: _Optional[_Mapping[str, NodeUnprepareResourceResponse]] = ...) -> None: ...
 
 class NodeUnprepareResourceResponse(_message.Message):
     __slots__ = ("error",)
     ERROR_FIELD_NUMBER: _ClassVar[int]
     error: str
-    def __init__(self, error: str | None = ...) -> None: ...
+    def __init__(self, error: _Optional[str] = ...) -> None: ...
 
 class Claim(_message.Message):
     __slots__ = ("namespace", "uid", "name")
@@ -78,4 +78,4 @@ class Claim(_message.Message):
     namespace: str
     uid: str
     name: str
-    def __init__(self, namespace: str | None = ..., uid: str | None = ..., name: str | None = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...

@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar
+from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -16,7 +16,7 @@ class PluginInfo(_message.Message):
     name: str
     endpoint: str
     supported_versions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, type: str | None = ..., name: str | None = ..., endpoint: str | None = ..., supported_versions: _Iterable[str] | None = ...) -> None: ...
+    def __init__(self, type: _Optional[str] = ..., name: _Optional[str] = ..., endpoint: _Optional[str] = ..., supported_versions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegistrationStatus(_message.Message):
     __slots__ = ("plugin_registered", "error")
@@ -24,7 +24,7 @@ class RegistrationStatus(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     plugin_registered: bool
     error: str
-    def __init__(self, plugin_registered: bool | None = ..., error: str | None = ...) -> None: ...
+    def __init__(self, plugin_registered: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RegistrationStatusResponse(_message.Message):
     __slots__ = ()
