@@ -123,6 +123,7 @@ def test_dra_plugin_mounts_only_what_it_needs() -> None:
         "/sys": {"mountPath": "/host/sys", **read_only},
         "/dev": {"mountPath": "/host/dev", **read_only},
         "/usr": {"mountPath": "/host/usr", **read_only},  # the driver files an NVIDIA claim's CDI spec mounts
+        "/proc/driver": {"mountPath": "/host/proc/driver", **read_only},  # MIG capability minors: its caps nodes
     }
     assert {path: {k: v for k, v in m.items() if k not in ("name", "type")} for path, m in mounts.items()} == expected
     assert mounts["/var/lib/kubelet/plugins_registry"]["type"] == "Directory"  # the kubelet's: never made up
