@@ -6,11 +6,12 @@
 
 gpu-labeller.yaml is the chart with its default values, plus createNamespace=true so that
 `kubectl apply -f` works without Helm, and two example named configs (EXAMPLE_CONFIGS: whole GPUs
-by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4). validating-admission-policy.yaml holds only the optional
-ValidatingAdmissionPolicy and its binding (admissionPolicy.enabled=true), scheduler-extender.yaml only
-the scheduler extender's objects (extender.enabled=true), kubelet-dra-plugin.yaml only the DRA objects
-(dra.enabled=true with the same example configs, admissionPolicy.enabled=true: the DRA plugin, its
-RBAC and its ResourceSlice policy, the DeviceClasses). All are rendered as
+by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4).
+validating-admission-policy.yaml holds only the optional ValidatingAdmissionPolicy and its binding
+(admissionPolicy.enabled=true), scheduler-extender.yaml only the scheduler extender's objects
+(extender.enabled=true), kubelet-dra-plugin.yaml only the DRA objects (dra.enabled=true with the same
+example configs, admissionPolicy.enabled=true: the DRA plugin, its RBAC and its ResourceSlice policy,
+the DeviceClasses). All are rendered as
 release "gpu-labeller" in namespace "gpu-labeller". Needs helm-python-sdk (the project's test extra).
 """
 
@@ -95,8 +96,9 @@ def manifests() -> dict[str, str]:
             documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; apply after "
             "gpu-labeller.yaml and configure the kube-scheduler (README)"),
         "kubelet-dra-plugin.yaml": join(
-            documents(dra), "dra.enabled=true, admissionPolicy.enabled=true, the same config.data: the DRA plugin, "
-            "its RBAC and ResourceSlice policy, the DeviceClasses only; Kubernetes >= 1.34; apply after gpu-labeller.yaml"),
+            documents(dra), "dra.enabled=true, admissionPolicy.enabled=true, the same config.data: the DRA "
+            "plugin, its RBAC and ResourceSlice policy, the DeviceClasses only; Kubernetes >= 1.34; apply after "
+            "gpu-labeller.yaml"),
     }
 
 

@@ -25,6 +25,8 @@ LAZY_COMMANDS = {
     "run": ("labeller.daemon.cli:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
     "cleanup": ("labeller.daemon.cli:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
     "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
+    "dra-plugin": ("labeller.draplugin.cli:dra_plugin",
+                   "Publish this node's GPUs as ResourceSlices and prepare their claims (kubelet DRA plugin)."),
     "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon", "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
     "scheduler-extender": ("labeller.extender.cli:scheduler_extender",
                            "Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible."),

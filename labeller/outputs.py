@@ -9,7 +9,7 @@ import re
 import stat
 import tempfile
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 FORMATS = ("text", "json", "yaml", "nfd")
@@ -28,7 +28,7 @@ def render(labels: Mapping[str, str], fmt: str, expiry: datetime | None = None) 
     if fmt == "nfd":
         header = ["# Written by gpu-labeller; NFD local source (features.d) format."]
         if expiry is not None:
-            stamp = expiry.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            stamp = expiry.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             header.append(f"# +expiry-time={stamp}")
         lines = header + lines
     elif fmt != "text":
@@ -36,7 +36,7 @@ def render(labels: Mapping[str, str], fmt: str, expiry: datetime | None = None) 
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644, *, make_parents: bool = True) -> None:
+def write_atomic(path: Path, text: str, mode: int = 0o644, *, make_parents: bool = True, durable: bool = True) -> None:
     """Write ``text`` to ``path`` without destroying anything that lives there.
 
     - A regular file (or a new one) is replaced atomically: a temporary file in the same directory,
@@ -46,6 +46,9 @@ def write_atomic(path: Path, text: str, mode: int = 0o644, *, make_parents: bool
     - Anything else (a character device such as /dev/null, a FIFO, /dev/stdout) is written through,
       appending, never replaced.
     - A missing parent directory is created with ``make_parents``, else FileNotFoundError.
+    - ``durable``: the data reaches the disk (fsync) before the rename. Without it a process that
+      dies at any moment still leaves the old content or the new (the page cache has it); only a
+      machine that loses power may find the new file empty.
     """
     if _writes_through(path):
         with open(path, "a", encoding="utf-8") as stream:
@@ -66,7 +69,8 @@ def write_atomic(path: Path, text: str, mode: int = 0o644, *, make_parents: bool
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:

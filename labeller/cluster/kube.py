@@ -31,6 +31,7 @@ APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 JSON = "application/json"
 NFD_GROUP, NFD_VERSION, NFD_PLURAL = "nfd.k8s-sigs.io", "v1alpha1", "nodefeatures"
+RESOURCE_API = "/apis/resource.k8s.io/v1"  # Dynamic Resource Allocation, GA in Kubernetes 1.34
 REQUEST_TIMEOUT = (3.0, 10.0)  # connect, read (seconds)
 LIST_PAGE_SIZE = 500
 
@@ -150,8 +151,8 @@ def _config_problem(exc: Exception) -> str:
 
 
 class Kube:
-    """Nodes, Pods (for memory sharing), ConfigMaps, NodeFeature objects and Events: what gpu-labeller
-    needs, nothing more.
+    """Nodes, Pods (for memory sharing), ConfigMaps, NodeFeature objects, Events, and ResourceSlices
+    and ResourceClaims (the DRA plugin): what gpu-labeller needs, nothing more.
 
     Requests go through the client's generic ``ApiClient`` (credentials, TLS, token refresh) rather
     than the generated ``CoreV1Api``, whose pydantic-validated methods cost about 20 MiB of memory.
@@ -354,6 +355,43 @@ class Kube:
     def create_event(self, namespace: str, body: Obj) -> Obj:
         return self._request("create", "events", "POST", f"/api/v1/namespaces/{quote(namespace)}/events",
                              None, body, JSON)
+
+    # -- ResourceSlices and ResourceClaims (resource.k8s.io/v1)
+    @staticmethod
+    def _slice_selector(node_name: str | None, driver: str | None) -> dict[str, str | None]:
+        terms = [f"spec.nodeName={node_name}"] if node_name else []
+        terms += [f"spec.driver={driver}"] if driver else []
+        return {"fieldSelector": ",".join(terms) or None}
+
+    def list_resource_slices(self, node_name: str | None = None, driver: str | None = None) -> tuple[list[Obj], str]:
+        """The ResourceSlices of one node and/or one driver (paginated), and the list's resourceVersion."""
+        return self._list("resourceslices", f"{RESOURCE_API}/resourceslices", self._slice_selector(node_name, driver))
+
+    def watch_resource_slices(self, resource_version: str, node_name: str | None = None, driver: str | None = None,
+                              timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
+        """The same ResourceSlices' events from ``resource_version`` on: see ``watch_node``."""
+        return self._watch("resourceslices", f"{RESOURCE_API}/resourceslices", resource_version, timeout_s,
+                           self._slice_selector(node_name, driver))
+
+    def create_resource_slice(self, body: Obj) -> Obj:
+        return self._request("create", "resourceslices", "POST", f"{RESOURCE_API}/resourceslices",
+                             {"fieldManager": FIELD_MANAGER}, body, JSON)
+
+    def update_resource_slice(self, name: str, body: Obj) -> Obj:
+        """Replace the slice; with ``metadata.resourceVersion`` in ``body``, a slice changed since then
+        answers 409 (Conflict) and nothing is written."""
+        return self._request("update", "resourceslices", "PUT", f"{RESOURCE_API}/resourceslices/{quote(name)}",
+                             {"fieldManager": FIELD_MANAGER}, body, JSON)
+
+    def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
+        """Delete the slice; with ``uid``, only that object (409 when the name now holds another one)."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
+        self._request("delete", "resourceslices", "DELETE", f"{RESOURCE_API}/resourceslices/{quote(name)}",
+                      None, body, JSON if body else None)
+
+    def get_resource_claim(self, namespace: str, name: str) -> Obj:
+        return self._request("get", "resourceclaims", "GET",
+                             f"{RESOURCE_API}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}")
 
 
 def _watch_events(response: Any) -> Iterator[tuple[str, Obj]]:

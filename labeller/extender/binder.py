@@ -113,7 +113,7 @@ class Binder:
     def _annotate(self, pod: Obj, request: int, node: str) -> tuple[Obj, int]:
         """Write the placement with the pod's resourceVersion (retrying on conflicts); (pod, GPU)."""
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        for attempt in range(self.options.attempts):
+        for _ in range(self.options.attempts):
             if (pod.get("spec") or {}).get("nodeName"):
                 raise BindError(f"pod {namespace}/{name}: already bound to node {pod['spec']['nodeName']}")
             choice = self.cache.choose(node, request, self.options.policy)

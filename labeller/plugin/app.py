@@ -30,7 +30,7 @@ from labeller.gpushare import RESOURCE_COUNT
 from labeller.offer import PhysicalDevice, Resource
 from labeller.plugin.allocate import Allocator, ResourceAllocator
 from labeller.plugin.cdi import CdiSpecs
-from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
+from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.server import DevicePluginService, SocketServer

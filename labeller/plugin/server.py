@@ -16,7 +16,7 @@ import structlog
 from labeller.plugin.allocate import RequestError, ResourceAllocator, Unmatched
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
-from labeller.plugin.health import HEALTHY, UNHEALTHY, HealthBoard
+from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard
 from labeller.plugin.metrics import PluginMetrics
 from labeller.offer import Resource
 

@@ -133,7 +133,7 @@ class ConfigFollower:
             while not stop.wait(self.poll_s):
                 try:
                     self.check_files()
-                except Exception:  # noqa: BLE001 - a bad poll must not end following: the next one retries
+                except Exception:  # a bad poll must not end following: the next one retries
                     log.exception("config directory check failed", reason="config-files-changed")
 
         thread = threading.Thread(target=loop, name="config-poll", daemon=True)

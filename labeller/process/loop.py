@@ -37,7 +37,7 @@ log = structlog.get_logger(__name__)
 INPUTS_POLL_S = 1.0
 
 
-class Exit(Exception):  # noqa: N818 - it is a request, not an error
+class Exit(Exception):
     """Raised by a service to end the process with ``code`` (``flags.failOnInitError``)."""
 
     def __init__(self, code: int) -> None:

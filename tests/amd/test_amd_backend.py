@@ -16,6 +16,7 @@ from labeller.config import Config
 from labeller.inventory import BackendReport
 from tests.builders import (
     FIRMWARE_INFO,
+    PATIENCE_S,
     MI210,
     MI300X_CPX,
     RX7900XTX,
@@ -135,7 +136,8 @@ def test_garbage_properties_is_a_problem(tmp_path: Path) -> None:
 def test_gpu_node_missing_required_keys_is_a_problem(tmp_path: Path) -> None:
     root = copy_capture(RX7900XTX, tmp_path)
     path = root / TOPOLOGY / "1/properties"
-    path.write_text("".join(line + "\n" for line in path.read_text().splitlines() if not line.startswith("simd_per_cu")))
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines()
+                            if not line.startswith("simd_per_cu")))
     inventory, report = amd_probe_of(root)
     assert inventory is None and report.status == "error"
     assert report.problems == ("KFD node 1: properties lacks simd_per_cu",)
@@ -222,7 +224,8 @@ def test_marketing_name_without_revision_needs_a_unique_name() -> None:
 
 def test_enrichment_fills_missing_name_and_vram() -> None:
     def enrich(host_root: Path) -> list[backend.EnrichedGpu]:
-        return [backend.EnrichedGpu(128, None, "Enriched Name", 25 * 2**30), backend.EnrichedGpu(None, "0000:27:00.0", "By Slot", None)]
+        return [backend.EnrichedGpu(128, None, "Enriched Name", 25 * 2**30),
+                backend.EnrichedGpu(None, "0000:27:00.0", "By Slot", None)]
 
     inventory, report = backend.probe(RX7900XTX, (), enricher=enrich)
     assert inventory is not None and report.status == "ok"
@@ -486,10 +489,11 @@ def test_without_kfd_the_drm_cards_still_give_device_family_product_and_driver(t
     assert discover_node(root).partial  # KFD may still be initialising: nothing is removed
 
 
+@pytest.mark.slow
 def test_cli_labels_a_node_without_kfd_from_its_drm_cards(tmp_path: Path) -> None:
     root = no_kfd_node(tmp_path)
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--host-root", str(root)],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     lines = set(result.stdout.splitlines())
     assert {"amd.com/gpu.device-id=740f", "amd.com/gpu.family=AI", "amd.com/gpu.product-name=AMD_Instinct_MI210",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from labeller.config import Config
-from tests.builders import MI210, amd_labels_of, amd_probe_of, pci_scan, promptly
+from tests.builders import MI210, PATIENCE_S, amd_labels_of, amd_probe_of, pci_scan, promptly
 from vendors.amd import simulate as amd_sim
 from vendors.simulate import builtin_profiles, load_profile, resolve, simulated_node
 
@@ -117,9 +117,10 @@ def test_mi300x_spx_profile_gives_the_real_label_set() -> None:
     assert all(len([t for _, t in g.nodes[0].links if t == 11]) == 7 for g in inventory.gpus)
 
 
+@pytest.mark.slow
 def test_cli_labels_simulate_mi300x_cpx_end_to_end() -> None:
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--simulate", "mi300x-x8-cpx"],
-                            capture_output=True, text=True, timeout=60, check=True)
+                            capture_output=True, text=True, timeout=PATIENCE_S, check=True)
     lines = set(result.stdout.splitlines())
     assert {
         "amd.com/gpu.present=true", "amd.com/gpu.cu-count=38", "amd.com/gpu.simd-count=152",
@@ -135,9 +136,11 @@ FIRMWARE_ON = "version: v1\nlabeller:\n  labels:\n    firmware: true\n"
 
 
 def gpu_labeller(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True,
+                          timeout=PATIENCE_S)
 
 
+@pytest.mark.slow
 def test_builtin_firmware_profile_replays_the_real_debugfs_capture() -> None:
     result = gpu_labeller("labels", "--simulate", "mi25-firmware")
     assert result.returncode == 0, result.stderr
@@ -151,9 +154,11 @@ def test_builtin_firmware_profile_replays_the_real_debugfs_capture() -> None:
     assert "amd.com/gpu.product-name=AMD_Radeon_Instinct_MI25" in result.stdout.splitlines()
     with simulated_node("mi25-firmware") as node:
         written = (node.host_root / "sys/kernel/debug/dri/0/amdgpu_firmware_info").read_text()
-    assert written == (Path(__file__).parents[1] / "fixtures/amd/debugfs-firmware-info/amdgpu_firmware_info").read_text()
+    assert written == (Path(__file__).parents[1] / "fixtures/amd/debugfs-firmware-info"
+                       / "amdgpu_firmware_info").read_text()
 
 
+@pytest.mark.slow
 def test_probe_says_why_there_is_no_firmware_data(tmp_path: Path) -> None:
     config = tmp_path / "firmware.yaml"
     config.write_text(FIRMWARE_ON)
@@ -195,7 +200,8 @@ def test_firmware_info_next_to_the_profile(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "message"), [
     ("../vega10", "amd.gpus[0].firmware_info: a file name next to the profile, without '/', got '../vega10'"),
-    ("nothing", "amd.gpus[0].firmware_info: 'nothing' is neither a file next to the profile nor a built-in capture (vega10)"),
+    ("nothing",
+     "amd.gpus[0].firmware_info: 'nothing' is neither a file next to the profile nor a built-in capture (vega10)"),
 ])
 def test_bad_firmware_info_names_the_key(tmp_path: Path, name: str, message: str) -> None:
     with pytest.raises(ValueError) as info:

@@ -106,7 +106,8 @@ def bench_switches(switches: int, edits: int) -> None:
             configs = config_map_volume(work / "configs", CONFIGS)
             common = ("--simulate", PROFILE, "--config-dir", str(configs), "--kubeconfig", str(kubeconfig),
                       "--node-name", NODE, "--metrics-port", "0")
-            processes.append(subprocess.Popen(cli("run", *common, "--interval", "3600", "--start-jitter", "0"), cwd=ROOT))
+            processes.append(subprocess.Popen(cli("run", *common, "--interval", "3600", "--start-jitter", "0"),
+                                              cwd=ROOT))
             processes.append(subprocess.Popen(cli("device-plugin", *common, "--socket-dir", str(sock_dir),
                                                   "--metrics-bind", "127.0.0.1"), cwd=ROOT,
                                               env={**os.environ, "GRPC_VERBOSITY": "ERROR"}))

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 
 NODE = "bench-node"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -119,10 +119,12 @@ def busy_run(api: FakeApiServer, kubeconfig: Path, profile: str, seconds: float,
         process.terminate()
         process.wait(timeout=5)
     hours = probes * 60 / 3600  # each probe stands for one default 60 s interval
-    print(f"start -> labels applied: {start_to_labels:.2f} s   (budget <= 2 s; {len(labels)} labels, profile {profile})")
+    print(f"start -> labels applied: {start_to_labels:.2f} s   "
+          f"(budget <= 2 s; {len(labels)} labels, profile {profile})")
     print(f"unchanged hardware: {probes:.0f} re-probes in {seconds:.0f} s (= {hours:.1f} node-hours at 60 s), "
           f"{writes} write requests -> {writes / max(hours, 1e-9):.2f} writes per node-hour   (budget 0)")
-    print(f"requests during that window by verb: {other or '{}'}; max open watches: {api.max_open_watches}   (budget 1)")
+    print(f"requests during that window by verb: {other or '{}'}; "
+          f"max open watches: {api.max_open_watches}   (budget 1)")
     print(f"drift repair over {repairs} removals: median {statistics.median(repair_times) * 1000:.1f} ms, "
           f"p95 {sorted(repair_times)[int(len(repair_times) * 0.95) - 1] * 1000:.1f} ms, "
           f"max {max(repair_times) * 1000:.1f} ms   (budget median <= 1000 ms)")

@@ -82,14 +82,16 @@ def main() -> int:
     commands = args.commands or ["labels", "resources"]
     print(f"cold `gpu-labeller <command> --simulate <profile>`, {args.runs} runs each, {os.cpu_count()} CPUs")
     print(f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
-    print(f"{'command':<10} {'profile':<22} {'mode':<10} {'median s':>9} {'p90 s':>7} {'max RSS MiB':>12} {'k8s/grpc':>9}  verdict")
+    print(f"{'command':<10} {'profile':<22} {'mode':<10} {'median s':>9} {'p90 s':>7} {'max RSS MiB':>12} "
+          f"{'k8s/grpc':>9}  verdict")
     worst = 0
     for name in commands:
         for profile in args.profiles:
             heavy = heavy_imported(name, profile)
             with tempfile.TemporaryDirectory() as prefix:
                 compile_imports(name, profile, prefix)
-                for mode, env in (("source", dict(os.environ)), ("installed", {**os.environ, "PYTHONPYCACHEPREFIX": prefix})):
+                for mode, env in (("source", dict(os.environ)),
+                                  ("installed", {**os.environ, "PYTHONPYCACHEPREFIX": prefix})):
                     one_run(name, profile, env)  # warm the page cache, not the process
                     runs = [one_run(name, profile, env) for _ in range(args.runs)]
                     walls = sorted(w for w, _ in runs)
@@ -98,9 +100,10 @@ def main() -> int:
                     p90 = walls[int(0.9 * (len(walls) - 1))]
                     ok = median <= WALL_BUDGET_S and rss <= RSS_BUDGET_MIB and not heavy
                     worst |= not ok
-                    print(f"{name:<10} {profile:<22} {mode:<10} {median:>9.3f} {p90:>7.3f} {rss:>12.1f} {str(heavy):>9}  "
-                          f"{'ok' if ok else 'OVER BUDGET'}")
-    print(f"budget: median <= {WALL_BUDGET_S} s, peak RSS <= {RSS_BUDGET_MIB} MiB, neither kubernetes nor grpc imported")
+                    print(f"{name:<10} {profile:<22} {mode:<10} {median:>9.3f} {p90:>7.3f} {rss:>12.1f} "
+                          f"{str(heavy):>9}  {'ok' if ok else 'OVER BUDGET'}")
+    print(f"budget: median <= {WALL_BUDGET_S} s, peak RSS <= {RSS_BUDGET_MIB} MiB, "
+          "neither kubernetes nor grpc imported")
     return worst
 
 

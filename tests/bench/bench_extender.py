@@ -51,7 +51,8 @@ def build_cluster(api: FakeApiServer, nodes: int, pods: int) -> list[dict[str, o
     for n in range(nodes):
         name = f"node-{n:04}"
         api.create_node(name, labels={"gpushare": "true"})
-        api.set_node_status(name, capacity={gpushare.RESOURCE_MEM: str(GPUS * UNITS), gpushare.RESOURCE_COUNT: str(GPUS)})
+        api.set_node_status(name,
+                            capacity={gpushare.RESOURCE_MEM: str(GPUS * UNITS), gpushare.RESOURCE_COUNT: str(GPUS)})
     created = []
     for p in range(pods):
         node, gpu = f"node-{p % nodes:04}", (p // nodes) % GPUS
@@ -102,7 +103,8 @@ def main() -> None:
         cache = ShareCache()
         started = time.perf_counter()
         cache.replace_pods(placed, "0")
-        print(f"cache build from {len(placed)} listed pods (in memory): {(time.perf_counter() - started) * 1000:.0f} ms")
+        built_ms = (time.perf_counter() - started) * 1000
+        print(f"cache build from {len(placed)} listed pods (in memory): {built_ms:.0f} ms")
 
         kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
         kube, cache = Kube(str(kubeconfig)), ShareCache()
@@ -113,8 +115,9 @@ def main() -> None:
         kube.close()
         port = free_port()
         started = time.perf_counter()
-        process = subprocess.Popen([sys.executable, "-m", "labeller.cli", "--log-level", "warning", "scheduler-extender",
-                                    "--port", str(port), "--bind", "127.0.0.1", "--kubeconfig", str(kubeconfig)],
+        process = subprocess.Popen([sys.executable, "-m", "labeller.cli", "--log-level", "warning",
+                                    "scheduler-extender", "--port", str(port), "--bind", "127.0.0.1",
+                                    "--kubeconfig", str(kubeconfig)],
                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             client = wait_ready(port)
@@ -152,7 +155,8 @@ def bench_filter(client: Client, nodes: int, calls: int) -> None:
     pod = {"metadata": {"name": "probe", "namespace": "default", "uid": "u"},
            "spec": {"containers": [{"name": "main", "resources": {"limits": {gpushare.RESOURCE_MEM: "8"}}}]}}
     plain = {"metadata": {"name": "web", "namespace": "default"}, "spec": {"containers": [{"name": "main"}]}}
-    nowhere = {**pod, "spec": {"containers": [{"name": "main", "resources": {"limits": {gpushare.RESOURCE_MEM: "16"}}}]}}
+    nowhere = {**pod,
+               "spec": {"containers": [{"name": "main", "resources": {"limits": {gpushare.RESOURCE_MEM: "16"}}}]}}
     for label, body in (("gpu-mem pod", pod), ("gpu-mem pod that fits nowhere (a reason per node)", nowhere),
                         ("pod without gpu-mem (passthrough)", plain)):
         latencies = []
@@ -188,7 +192,8 @@ def bench_lock(api: FakeApiServer, client: Client, kubeconfig: Path, binds: int 
     """Back-to-back binds to one node: each waits for the stand-in plugin to allocate the previous pod."""
     kube = Kube(str(kubeconfig))
     stop = threading.Event()
-    pods = [api.create_pod(f"same-node-{i:03}", containers={"main": {gpushare.RESOURCE_MEM: "1"}}) for i in range(binds)]
+    pods = [api.create_pod(f"same-node-{i:03}", containers={"main": {gpushare.RESOURCE_MEM: "1"}})
+            for i in range(binds)]
     for pod in api.pods.list(None, lambda p: p["spec"].get("nodeName") == "node-0000")[0]:
         api.delete_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])  # room for all of them
     thread = threading.Thread(target=plugin_stand_in, args=(kube, stop), daemon=True)

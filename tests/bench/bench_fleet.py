@@ -6,7 +6,8 @@ rate at start-up (per second) and in steady state. With ``--outage-seconds N`` i
 answering for N seconds (a label of every node is deleted meanwhile) and reports the retry rate
 during the outage and how long after it every node is repaired.
 
-    python tests/bench/bench_fleet.py [--nodes 200] [--jitter 2] [--interval 60] [--steady-seconds 20] [--outage-seconds 0]
+    python tests/bench/bench_fleet.py [--nodes 200] [--jitter 2] [--interval 60]
+                                      [--steady-seconds 20] [--outage-seconds 0]
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.daemon.service import Daemon, Options
-from labeller.process.loop import ProcessLoop
-from labeller.daemon.reconcile import ProbeResult, owned
-from labeller.daemon.sinks import NodeSink
-from labeller.cluster.kube import Kube
-from labeller.log import configure
-from labeller.daemon.metrics import Metrics
-from tests.fakes.apiserver import FakeApiServer, Fault
+from labeller.daemon.service import Daemon, Options  # noqa: E402
+from labeller.process.loop import ProcessLoop  # noqa: E402
+from labeller.daemon.reconcile import ProbeResult, owned  # noqa: E402
+from labeller.daemon.sinks import NodeSink  # noqa: E402
+from labeller.cluster.kube import Kube  # noqa: E402
+from labeller.log import configure  # noqa: E402
+from labeller.daemon.metrics import Metrics  # noqa: E402
+from tests.fakes.apiserver import FakeApiServer, Fault  # noqa: E402
 
-LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8",
+          "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
           "nvidia.com/gpu.memory": "81559", "nvidia.com/cuda.driver.major": "550"}
 
 
@@ -111,13 +113,15 @@ def main() -> None:
         after_outage = outage(api, options.nodes, options.outage_seconds) if options.outage_seconds else ""
         for daemon in daemons:
             daemon.stop()
-    print(f"fleet: {options.nodes} daemons (threads in one process, {options.nodes} clients) against one fake API server; "
+    print(f"fleet: {options.nodes} daemons (threads in one process, {options.nodes} clients) "
+          "against one fake API server; "
           f"start jitter {options.jitter} s, interval {options.interval} s; spawned in {spawned:.1f} s")
     print(f"start-up: all nodes labelled after {all_labelled:.2f} s; requests by verb {dict(startup_verbs)}")
     print(f"start-up requests/s, second by second: {startup}; peak {max(startup)} req/s, "
           f"mean {sum(startup) / len(startup):.0f} req/s")
     print(f"steady state over {options.steady_seconds:.0f} s: {steady_total} requests = "
-          f"{steady_total / options.steady_seconds:.2f} req/s ({dict(steady) or 'none'}); writes: {steady.get('patch', 0)}; "
+          f"{steady_total / options.steady_seconds:.2f} req/s ({dict(steady) or 'none'}); "
+          f"writes: {steady.get('patch', 0)}; "
           f"open watches: {watches} (one per node)")
     if after_outage:
         print(after_outage)

@@ -7,8 +7,9 @@ to the node (Running and assigned; the kubelet's default limit is 110 pods a nod
 only the node's Pending pods)
 and ``--pods-elsewhere`` on other nodes. Each round places one assumed pod (as the extender does at
 bind, not timed), admits it as a real kubelet does: GetPreferredAllocation, then Allocate (each
-timed: one pod LIST each, and Allocate's merge patch marking the pod ASSIGNED), and deletes it. Budget: Allocate p99 <= 5 ms as for whole GPUs (issue 4); the lookup
-makes it an API round trip, so the figure is reported against that budget rather than assumed.
+timed: one pod LIST each, and Allocate's merge patch marking the pod ASSIGNED), and deletes it.
+Budget: Allocate p99 <= 5 ms as for whole GPUs (issue 4); the lookup makes it an API round trip,
+so the figure is reported against that budget rather than assumed.
 
     python tests/bench/bench_memory_sharing.py [--calls 300] [--pods-on-node 50] [--pods-elsewhere 2000]
 """
@@ -27,14 +28,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import grpc
+import grpc  # noqa: E402
 
-from labeller import gpushare
-from labeller.plugin.api import api_pb2 as pb
-from labeller.plugin.api import api_pb2_grpc as pb_grpc
-from tests.bench.bench_plugin import pct, rss_mib
-from tests.fakes.apiserver import FakeApiServer
-from tests.fakes.kubelet import FakeKubelet
+from labeller import gpushare  # noqa: E402
+from labeller.plugin.api import api_pb2 as pb  # noqa: E402
+from labeller.plugin.api import api_pb2_grpc as pb_grpc  # noqa: E402
+from tests.bench.bench_plugin import pct, rss_mib  # noqa: E402
+from tests.fakes.apiserver import FakeApiServer  # noqa: E402
+from tests.fakes.kubelet import FakeKubelet  # noqa: E402
 
 NODE = "gpu-node-1"
 PROFILE = "t4-x4-gpushare"
@@ -100,8 +101,8 @@ def main() -> None:
                     api.delete_pod(f"bench-{i}")
                     kubelet.release(gpushare.RESOURCE_MEM, chosen)
                 channel.close()
-                print(f"[{PROFILE}] memory sharing, {args.calls} pods admitted one by one, {args.pods_on_node} other pods "
-                      f"on the node, {args.pods_elsewhere} elsewhere (fake API server):")
+                print(f"[{PROFILE}] memory sharing, {args.calls} pods admitted one by one, "
+                      f"{args.pods_on_node} other pods on the node, {args.pods_elsewhere} elsewhere (fake API server):")
                 print(f"  Allocate (pod LIST + match + ASSIGNED patch): p50 {statistics.median(allocate_ms):.2f} ms, "
                       f"p99 {pct(allocate_ms, 0.99):.2f} ms, max {max(allocate_ms):.2f} ms  (budget p99 <= 5 ms)")
                 print(f"  GetPreferredAllocation (pod LIST + match): p50 {statistics.median(preferred_ms):.2f} ms, "

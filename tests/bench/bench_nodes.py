@@ -25,10 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 
 WALL_BUDGET_S = 2.0  # a cold process on the 2-core machine, 1,000 GPU nodes
-PROFILES = {"dgx-h100": {"nvidia.com/gpu": "8"}, "dgx-h100-4of8-shared": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "16"},
+PROFILES = {"dgx-h100": {"nvidia.com/gpu": "8"},
+            "dgx-h100-4of8-shared": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "16"},
             "mi300x-x8-spx": {"amd.com/gpu": "8"}, "t4-time-slicing": {"nvidia.com/gpu": "4"}}
 PHASES = ("Running", "Running", "Pending", "Succeeded")
 

@@ -28,17 +28,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import grpc
+import grpc  # noqa: E402
 
-from labeller.plugin.api import api_pb2 as pb
-from labeller.plugin.api import api_pb2_grpc as pb_grpc
-from labeller.host import NodeOptions, open_host
-from labeller.plugin.app import PluginSettings
-from tests.fakes.kubelet import FakeKubelet
-from tests.builders import amd_part, nvidia_part
-from tests.plugin.conftest import running_plugin
-from vendors.nvidia import mps
-from vendors.nvidia.model import NvidiaInventory
+from labeller.plugin.api import api_pb2 as pb  # noqa: E402
+from labeller.plugin.api import api_pb2_grpc as pb_grpc  # noqa: E402
+from labeller.host import NodeOptions, open_host  # noqa: E402
+from labeller.plugin.app import PluginSettings  # noqa: E402
+from tests.fakes.kubelet import FakeKubelet  # noqa: E402
+from tests.builders import amd_part, nvidia_part  # noqa: E402
+from tests.plugin.conftest import running_plugin  # noqa: E402
+from vendors.nvidia import mps  # noqa: E402
+from vendors.nvidia.model import NvidiaInventory  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 POLL = PluginSettings(Path()).health_poll_seconds  # the production health poll interval
@@ -112,7 +112,8 @@ def bench_sharing(calls: int) -> None:
             proc = start_plugin(profile, sock_dir, *extra)
             try:
                 with FakeKubelet(sock_dir) as kubelet:
-                    assert kubelet.wait_for(lambda: kubelet.allocatable(resource) > 0, 20), f"{kind}: not served"
+                    served = kubelet.wait_for(lambda: kubelet.allocatable(resource) > 0, 20)  # noqa: B023 - awaited here
+                    assert served, f"{kind}: not served"
                     latencies = allocate_latencies(sock_dir, kubelet, resource, calls)
                     print(f"[{profile}] {kind}: Allocate, {calls} calls ({resource}, "
                           f"{kubelet.allocatable(resource)} devices): p50 {statistics.median(latencies):.2f} ms, "
@@ -190,7 +191,8 @@ def bench_health(trials: int) -> None:
             run.nvml.set_lost(uuid, False)
         with FakeKubelet(sock_dir) as kubelet, running_plugin(sock_dir, "mi210-x8", poll_seconds=POLL) as run:
             assert kubelet.wait_for(lambda: kubelet.allocatable("amd.com/gpu") == 8)
-            node = run.host_root / "sys/class/kfd/kfd/topology/nodes" / str(amd_part(run.inventory).gpus[0].nodes[0].kfd_node)
+            kfd_node = amd_part(run.inventory).gpus[0].nodes[0].kfd_node
+            node = run.host_root / "sys/class/kfd/kfd/topology/nodes" / str(kfd_node)
             started = time.monotonic()
             node.rename(node.with_name("gone"))
             assert kubelet.wait_for(lambda: kubelet.allocatable("amd.com/gpu") == 7, 5)

@@ -6,12 +6,14 @@ import subprocess
 import sys
 from typing import Any
 
+from tests.builders import PATIENCE_S
+
 COMMAND = [sys.executable, "-m", "labeller.cli"]
 
 
 def gpu_labeller(*args: str, **popen: Any) -> subprocess.CompletedProcess[str]:
-    """Run the CLI to completion; ``popen`` overrides the defaults (output captured, 60 s timeout)."""
-    options: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 60}
+    """Run the CLI to completion; ``popen`` overrides the defaults (output captured, PATIENCE_S timeout)."""
+    options: dict[str, Any] = {"capture_output": True, "text": True, "timeout": PATIENCE_S}
     if "stdout" in popen or "stderr" in popen:
         options.pop("capture_output")
         options.setdefault("stderr", subprocess.PIPE)

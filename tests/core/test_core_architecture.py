@@ -1,9 +1,9 @@
 """The layers hold. From the bottom: base plumbing, the model, the vendors, the host (probing it,
 and the tools that read its labels), the cluster layer, the process layer (one loop), the
-applications (daemon, device plugin, extender, MPS supervisor: never one another), and the
-command line on top. A module imports its own tier and those below, never one above. Also: one
-adapter talks to the API, only the plugin speaks gRPC, only the command line imports click, and
-nothing on a real node imports a simulation.
+applications (daemon, device plugin, DRA plugin, extender, MPS supervisor: never one another), and
+the command line on top. A module imports its own tier and those below, never one above. Also: one
+adapter talks to the API, only the two kubelet plugins speak gRPC, only the command line imports
+click, and nothing on a real node imports a simulation.
 
 Imports are read from the source (function-level and TYPE_CHECKING imports included), and so are
 the modules named in strings for ``importlib`` (the lazy command table), so a lazy import cannot
@@ -49,7 +49,10 @@ def named_in_strings(tree: ast.AST) -> set[str]:
 
 def sources() -> list[Path]:
     return [path for path in sorted([*ROOT.glob("labeller/**/*.py"), *ROOT.glob("vendors/**/*.py")])
-            if "plugin/api/" not in str(path.relative_to(ROOT))]  # generated gRPC code
+            if not str(path.relative_to(ROOT)).startswith(GENERATED)]
+
+
+GENERATED = ("labeller/plugin/api/", "labeller/draplugin/api/")  # gRPC code protoc wrote
 
 
 @cache
@@ -97,7 +100,7 @@ def test_the_inventory_sits_at_the_bottom() -> None:
     assert ours(modules()["labeller.inventory"]) <= {"labeller.errors"}
 
 
-PROCESSES = ("labeller.daemon", "labeller.plugin", "labeller.extender", "labeller.mps")
+PROCESSES = ("labeller.daemon", "labeller.plugin", "labeller.draplugin", "labeller.extender", "labeller.mps")
 BASE = {"labeller", "labeller.errors", "labeller.log", "labeller.outputs", "labeller.runtime"}
 HOST = {"labeller.host", "labeller.discovery", "labeller.explain", "labeller.selectors", "labeller.snippets",
         "labeller.fleet"}
@@ -253,10 +256,12 @@ def test_the_cluster_layer_imports_no_process_and_no_command_line() -> None:
         assert not {i for i in ours(imports) if i in ("labeller.cli", "labeller.commands.options", "labeller.process.follow")}, module
 
 
-def test_only_the_plugin_speaks_grpc() -> None:
+def test_only_the_plugins_speak_grpc() -> None:
+    """The device plugin and the DRA plugin (each its own generated code: no process imports another)."""
     users = {module for module, imports in modules().items()
-             if any(i.startswith(("grpc", "labeller.plugin.api")) for i in imports)}
-    assert users and all(module.startswith("labeller.plugin.") for module in users)
+             if any(i.startswith(("grpc", "labeller.plugin.api", "labeller.draplugin.api")) for i in imports)}
+    assert users and all(module.startswith(("labeller.plugin.", "labeller.draplugin.")) for module in users)
+    assert {m for m in users if m.startswith("labeller.draplugin.")}, "the DRA plugin serves gRPC"
 
 
 def vendor_packages() -> set[str]:
@@ -289,7 +294,8 @@ def test_the_vendors_plugin_parts_load_on_first_use() -> None:
 def test_named_configs_read_files_with_the_model_only() -> None:
     """Choosing a named config is part of the dry run: no Kubernetes, no threads, no click."""
     assert ours(modules()["labeller.namedconfigs"]) <= MODEL
-    assert not {i for i in modules()["labeller.namedconfigs"] if i.split(".")[0] in ("threading", "click", "kubernetes")}
+    assert not {i for i in modules()["labeller.namedconfigs"]
+                if i.split(".")[0] in ("threading", "click", "kubernetes")}
 
 
 def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
@@ -300,7 +306,8 @@ def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
     assert ours(modules()["labeller.extender.placement"]) - packages <= {"labeller.gpushare"}
     assert ours(modules()["labeller.extender.cache"]) - packages <= {"labeller.gpushare", "labeller.extender.placement"}
     for module in ("labeller.gpushare", "labeller.extender.placement", "labeller.extender.cache"):
-        assert not {i for i in modules()[module] if i.split(".")[0] in ("kubernetes", "urllib3", "click", "grpc")}, module
+        assert not {i for i in modules()[module]
+                    if i.split(".")[0] in ("kubernetes", "urllib3", "click", "grpc")}, module
 
 
 @pytest.mark.parametrize("module", ["labeller.explain", "labeller.selectors", "labeller.snippets", "labeller.fleet",

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import PATIENCE_S
 from tests.core.cli import error_line, gpu_labeller
+
+pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 BINARY = b"\x7fELF\x02\x01\x01\x00\x00\x00\xff\xfe\x00garbage"
 TEMPLATE_GPU = ('{{name: Tesla T4, uuid: "{uuid}", pci_bus_id: "0000:{{i:02x}}:00.0", memory_bytes: 15843721216, '
@@ -67,7 +70,8 @@ def test_a_config_without_version(tmp_path: Path) -> None:
 def test_a_profiles_config_section_without_version(tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     profile.write_text("config:\n  flags: {migStrategy: mixed}\n")
-    assert refused("labels", "--simulate", str(profile)) == f"Error: {profile}: config: version: required; add 'version: v1' (the only version)"
+    assert refused("labels", "--simulate", str(profile)) == (
+        f"Error: {profile}: config: version: required; add 'version: v1' (the only version)")
 
 
 @pytest.mark.parametrize(("devices", "problem"), [
@@ -119,14 +123,16 @@ def test_a_sysfs_path_that_leaves_the_profiles_directory(tmp_path: Path, sysfs: 
     (tmp_path / "outside").mkdir()
     profile = amd_profile(tmp_path, sysfs)
     line = refused("labels", "--simulate", str(profile))
-    assert line.startswith(f"Error: {profile}: amd.sysfs: {sysfs!r} must name a directory inside the profile's directory")
+    assert line.startswith(f"Error: {profile}: amd.sysfs: {sysfs!r} must name a directory inside the profile's "
+                           "directory")
 
 
 def test_a_sysfs_tree_that_is_a_symlink_out(tmp_path: Path) -> None:
     profile = amd_profile(tmp_path, "tree")
     (profile.parent / "tree").symlink_to("/etc")
     line = refused("labels", "--simulate", str(profile))
-    assert line == f"Error: {profile}: amd.sysfs: 'tree' leads outside {profile.parent} (through {profile.parent / 'tree'})"
+    assert line == (f"Error: {profile}: amd.sysfs: 'tree' leads outside {profile.parent} "
+                    f"(through {profile.parent / 'tree'})")
 
 
 def test_a_sysfs_tree_with_a_symlink_out_inside_it(tmp_path: Path) -> None:
@@ -174,7 +180,8 @@ def clean_env() -> Iterator[dict[str, str]]:
 
 def test_run_without_a_node_name_mentions_node_name(clean_env: dict[str, str]) -> None:
     line = refused("run", "--simulate", "dgx-h100", env=clean_env)
-    assert line == "Error: no node name: give --node-name NAME or set NODE_NAME (a DaemonSet sets it from spec.nodeName)"
+    assert line == ("Error: no node name: give --node-name NAME or set NODE_NAME "
+                    "(a DaemonSet sets it from spec.nodeName)")
 
 
 def test_run_without_credentials_suggests_a_kubeconfig_or_the_features_file(clean_env: dict[str, str]) -> None:
@@ -228,7 +235,7 @@ def test_run_with_its_metrics_port_in_use(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         line = refused(*features_file_run(tmp_path, "--metrics-bind", "127.0.0.1", "--metrics-port", str(port)),
-                       timeout=30)
+                       timeout=PATIENCE_S)
     assert line == f"Error: --metrics-port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 

@@ -13,7 +13,9 @@ import pytest
 
 from labeller import __version__
 from tests.core.cli import gpu_labeller
-from tests.builders import add_pci_device, config_map_volume, empty_node
+from tests.builders import PATIENCE_S, add_pci_device, config_map_volume, empty_node
+
+pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 
 def test_version() -> None:
@@ -73,7 +75,8 @@ def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", [["labels"], ["resources"], ["probe"], ["labels", "--simulate", "dgx-h100"],
                                      ["resources", "--simulate", "dgx-a100-mig-mixed", "--format", "json"],
-                                     ["labels", "--simulate", "dgx-h100", "--config-dir", "CONFIGS", "--config-name", "a"],
+                                     ["labels", "--simulate", "dgx-h100", "--config-dir", "CONFIGS",
+                                      "--config-name", "a"],
                                      ["resources", "--simulate", "dgx-h100", "--config-dir", "CONFIGS"],
                                      ["labels", "--simulate", "t4-x4-gpushare"],
                                      ["resources", "--simulate", "t4-x4-gpushare", "--format", "json"],
@@ -100,7 +103,7 @@ def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'google')\n"
         "             or m.startswith(('labeller.plugin', 'labeller.draplugin')) or m.rsplit('.', 1)[-1] in ('allocate', 'health')))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
@@ -149,7 +152,7 @@ def test_a_simulated_node_never_consults_this_machines_nvml(tmp_path: Path) -> N
         "    return real.nvmlInit(*args, **kwargs)\n"
     )
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--simulate", "mi210-x8"],
-                            capture_output=True, text=True, timeout=60,
+                            capture_output=True, text=True, timeout=PATIENCE_S,
                             env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path.cwd()}"})
     assert result.returncode == 0, result.stderr
     assert not marker.exists()

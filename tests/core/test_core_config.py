@@ -67,7 +67,8 @@ def test_mps_is_read_as_nvidia_reads_it() -> None:
 
 def test_devices_and_rename_are_read() -> None:
     config = parse_config({"sharing": {"timeSlicing": {"resources": [
-        {"name": "gpu", "replicas": 2, "devices": [0, "1:0", "GPU-8f3a9c1e-6b2d-4e7f-a5c8-1d2e3f4a5b6c"], "rename": "gpu-ts"},
+        {"name": "gpu", "replicas": 2, "devices": [0, "1:0", "GPU-8f3a9c1e-6b2d-4e7f-a5c8-1d2e3f4a5b6c"],
+         "rename": "gpu-ts"},
         {"name": "amd.com/gpu", "replicas": 3, "devices": 2, "rename": "gpu-ts"}]}}}, RESOURCE_NAMES)
     nvidia, amd = config.sharing.resources
     assert nvidia.devices.refs == ("0", "1:0", "GPU-8f3a9c1e-6b2d-4e7f-a5c8-1d2e3f4a5b6c")
@@ -123,9 +124,12 @@ def test_label_groups() -> None:
          "sharing.timeSlicing.resources[0].devices: must be 'all', a positive count, or a list"),
         ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": 0}]}}},
          "sharing.timeSlicing.resources[0].devices: must be 'all', a positive count"),
-        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "x", "devices": ["gpu0"]}]}}},
-         "sharing.timeSlicing.resources[0].devices[0]: 'gpu0' is not a GPU index (0), a MIG index (0:1), a GPU-/MIG- UUID"),
-        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "x", "devices": [1, "1"]}]}}},
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "x",
+                                                     "devices": ["gpu0"]}]}}},
+         "sharing.timeSlicing.resources[0].devices[0]: 'gpu0' is not a GPU index (0), a MIG index (0:1), "
+         "a GPU-/MIG- UUID"),
+        ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "x",
+                                                     "devices": [1, "1"]}]}}},
          "sharing.timeSlicing.resources[0].devices: 1 is listed twice"),
         ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "rename": "gpu"}]}}},
          "sharing.timeSlicing.resources[0].rename: nvidia.com/gpu is the resource's own name"),

@@ -81,8 +81,8 @@ def test_the_keys_added_recently_are_explained() -> None:
 def test_sources_name_the_call_the_gpu_and_the_rule() -> None:
     inventory, config = profile("dgx-h100-4of8-shared")
     label_set = label_set_of(inventory, config)
-    found = {e.key: e for e in explain(["nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu.shared-count",
-                                        "nvidia.com/gpu.present"], label_set, inventory, config, VENDORS)}
+    keys = ["nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu.shared-count", "nvidia.com/gpu.present"]
+    found = {e.key: e for e in explain(keys, label_set, inventory, config, VENDORS)}
     product = found["nvidia.com/gpu.product"].provenance
     assert product is not None and product.source.startswith("nvmlDeviceGetName(GPU 0 (GPU-")
     assert "sanitise" in product.rule
@@ -142,6 +142,7 @@ def test_an_invalid_value_dropped_is_explained_with_its_source() -> None:
     assert item.provenance is not None and "nvmlDeviceGetName" in item.provenance.source
 
 
+@pytest.mark.slow
 def test_cli_text_json_and_an_unknown_key_with_the_closest() -> None:
     result = gpu_labeller("explain", "--simulate", "dgx-h100", "--format", "json", "nvidia.com/gpu.product")
     assert result.returncode == 0, result.stderr
@@ -156,17 +157,19 @@ def test_cli_text_json_and_an_unknown_key_with_the_closest() -> None:
     assert [line for line in every.stdout.splitlines() if not line.startswith(" ")] == labels.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line_and_exit_2() -> None:
     result = gpu_labeller("explain", "--simulate", "no-such-profile")
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_state_labels_are_explained_with_named_configs_and_why_not_without(tmp_path: Path) -> None:
     from tests.builders import config_map_volume
 
     configs = config_map_volume(tmp_path / "configs", {"default": "version: v1\n", "ts": "version: v1\n"})
-    result = gpu_labeller("explain", "--simulate", "t4-time-slicing", "--config-dir", str(configs), "--config-name", "ts",
-                          "--format", "json", "nvidia.com/device-plugin.config.applied")
+    result = gpu_labeller("explain", "--simulate", "t4-time-slicing", "--config-dir", str(configs), "--config-name",
+                          "ts", "--format", "json", "nvidia.com/device-plugin.config.applied")
     assert result.returncode == 0, result.stderr
     [doc] = json.loads(result.stdout)
     assert (doc["value"], doc["backend"]) == ("ts", "config") and "'ts' is in force" in doc["source"]

@@ -19,7 +19,7 @@ from labeller.process.follow import ConfigFollower, ConfigMetrics
 from labeller.labels import owns
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Chooser, ConfigDir, NoConfig, Selection
 from labeller.host import NodeOptions, open_host
-from tests.builders import config_map_volume, label_set_of, promptly
+from tests.builders import AT_ONCE_S, PATIENCE_S, config_map_volume, label_set_of, promptly
 from tests.core.cli import gpu_labeller
 from vendors import RESOURCE_NAMES
 
@@ -159,7 +159,7 @@ class Following:
         self.news.set()
 
     def await_news(self) -> None:
-        assert self.news.wait(5), "the follower saw no change"
+        assert self.news.wait(PATIENCE_S), "the follower saw no change"
         self.news.clear()
 
     def metric(self, name: str, **labels: str) -> float:
@@ -225,12 +225,14 @@ def test_bootstrap_reads_the_label_before_the_first_probe_and_gives_up_in_time(t
     def unreachable() -> dict[str, str]:
         raise OSError("connection refused")
 
-    assert promptly(lambda: run.follower.bootstrap(unreachable, threading.Event(), timeout_s=0.3), 3) is False
+    # gives up after its 0.3 s and one more wait of at most 2 s, not never
+    assert promptly(lambda: run.follower.bootstrap(unreachable, threading.Event(), timeout_s=0.3), AT_ONCE_S) is False
     assert run.follower.selection.name == "ts4"
 
 
 # --- the dry run: what a node with a given label would get ---------------------------------------
 
+@pytest.mark.slow
 def test_labels_and_resources_show_what_a_node_labelled_with_the_name_gets(tmp_path: Path) -> None:
     configs = config_map_volume(tmp_path / "configs", {"default": WHOLE, "ts4": TS4})
     named = gpu_labeller("labels", "--simulate", "dgx-h100", "--config-dir", str(configs), "--config-name", "ts4")

@@ -18,7 +18,7 @@ from labeller.config import Config, parse_config
 from labeller.inventory import Inventory
 from labeller.host import NodeOptions, open_host
 from labeller.offer import Offer, Resource
-from tests.builders import label_set_of, mps_ready, offer_of
+from tests.builders import PATIENCE_S, label_set_of, mps_ready, offer_of
 from vendors import RESOURCE_NAMES
 from vendors.nvidia.model import NvidiaInventory
 from vendors.simulate import builtin_profiles
@@ -191,9 +191,9 @@ def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str,
         assert all("MIG" in h.reason for h in offer.held), offer.held  # only what MPS can never share
     check_amd_nodes(labels, offer, config)
     # every device the node offers unshared is offered, once, whatever the sharing config
-    unshared = {"flags": {"migStrategy": config.mig_strategy},
-                "labeller": {"amd": {"resourceNamingStrategy": config.amd_resource_naming}}}
-    plain = offer_of(inventory, parse_config(unshared, RESOURCE_NAMES))
+    naming = {"resourceNamingStrategy": config.amd_resource_naming}
+    plain = offer_of(inventory, parse_config({"flags": {"migStrategy": config.mig_strategy},
+                                              "labeller": {"amd": naming}}, RESOURCE_NAMES))
     held = {d.physical.health_key for h in offer.held for d in h.resource.devices}
     assert {d.physical.health_key for r in offer.resources for d in r.devices} | held == \
            {d.physical.health_key for r in plain.resources for d in r.devices}
@@ -201,10 +201,11 @@ def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str,
 
 def cli(*args: str) -> Any:
     result = subprocess.run([sys.executable, "-m", "labeller.cli", *args, "--format", "json"], capture_output=True,
-                            text=True, timeout=60, check=True)
+                            text=True, timeout=PATIENCE_S, check=True)
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("profile", "config"), [
     ("a100-mig-single", {"flags": {"migStrategy": "none"},
                          "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}),

@@ -13,7 +13,12 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
+from tests.builders import PATIENCE_S
 from tests.core.cli import COMMAND, error_line, gpu_labeller
+
+pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 PROFILE = "t4-time-slicing"
 FIRST_LABEL = "nvidia.com/cuda.driver-version.full=535.183.01"
@@ -114,7 +119,7 @@ def test_a_fifo_is_written_through_to_its_reader(tmp_path: Path) -> None:
     reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
     reader.start()
     result = labels_to(fifo)
-    reader.join(timeout=30)
+    reader.join(timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     assert received == [expected_text()]
     assert stat.S_ISFIFO(fifo.stat().st_mode)
@@ -162,7 +167,7 @@ def test_a_closed_pipe_is_one_line_and_exit_code_1_without_interpreter_noise() -
 
 def test_a_closed_stdout_is_one_line_and_exit_code_1() -> None:
     result = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *COMMAND, "labels", "--simulate", PROFILE],
-                            capture_output=True, text=True, timeout=60, check=False)
+                            capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert result.returncode == 1
     assert error_line(result) == "Error: cannot write to standard output: standard output is closed"
 

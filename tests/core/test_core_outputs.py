@@ -1,7 +1,7 @@
 """Dry-run output formats and atomic writes."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ def test_json_and_yaml_round_trip() -> None:
 
 
 def test_nfd_features_file_has_expiry_directive() -> None:
-    text = render(LABELS, "nfd", expiry=datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc))
+    text = render(LABELS, "nfd", expiry=datetime(2026, 11, 22, 10, 0, tzinfo=UTC))
     lines = text.splitlines()
     assert "# +expiry-time=2026-11-22T10:00:00Z" in lines
     assert [line for line in lines if not line.startswith("#")] == [

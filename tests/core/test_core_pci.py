@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -15,7 +16,7 @@ import pytest
 
 from labeller.config import Config
 from labeller.inventory import ProbeError
-from tests.builders import add_pci_device, discover_node, empty_node, label_set_of, pci_scan, promptly
+from tests.builders import PATIENCE_S, add_pci_device, discover_node, empty_node, label_set_of, pci_scan, promptly
 from vendors import sysfs
 from vendors.pci import normalise_bdf
 
@@ -24,8 +25,8 @@ HINT = "is the host's /sys mounted at --host-root (HOST_ROOT)?"
 
 
 def gpu_labeller(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True, timeout=60,
-                          env=env)
+    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True,
+                          timeout=PATIENCE_S, env=env)
 
 
 def test_finds_nvidia_and_amd_gpus_and_ignores_other_devices(tmp_path: Path) -> None:
@@ -96,6 +97,7 @@ def test_a_host_root_without_a_pci_device_list_is_a_failed_probe(tmp_path: Path,
     assert "\n" not in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["labels", "probe"])
 def test_cli_on_a_wrong_host_root_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
     result = gpu_labeller(command, "--host-root", str(tmp_path / "nonexistent"))
@@ -103,6 +105,7 @@ def test_cli_on_a_wrong_host_root_exits_2_with_one_line(tmp_path: Path, command:
     assert result.stderr == f"Error: {tmp_path / 'nonexistent' / DEVICES} does not exist: {HINT}\n"
 
 
+@pytest.mark.slow
 def test_cli_reads_the_host_root_from_host_root_env(tmp_path: Path) -> None:
     (tmp_path / DEVICES).mkdir(parents=True)  # an empty hostPath mount, as DirectoryOrCreate leaves it
     result = gpu_labeller("labels", env={**os.environ, "HOST_ROOT": str(tmp_path)})
@@ -147,6 +150,7 @@ def test_an_oversized_file_where_the_scan_reads_is_reported(tmp_path: Path) -> N
         "cannot tell whether it is a GPU",)
 
 
+@pytest.mark.slow
 def test_cli_probe_with_a_fifo_in_sysfs_answers_promptly_and_reports_it(tmp_path: Path) -> None:
     device = add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
     (device / "vendor").unlink()
@@ -170,7 +174,7 @@ def test_readers_refuse_what_is_not_a_regular_file(tmp_path: Path) -> None:
         for name, kind in (("fifo", "a FIFO"), ("device", "a character device"), ("socket", "a socket"),
                            ("dir", "a directory")):
             with pytest.raises(sysfs.Untrusted, match=f"{kind}, not a regular file"):
-                promptly(lambda: sysfs.read_text(tmp_path / name))
+                promptly(functools.partial(sysfs.read_text, tmp_path / name))
     with pytest.raises(sysfs.Untrusted, match="Too many levels of symbolic links"):
         sysfs.read_text(tmp_path / "loop")
     assert sysfs.read_text(tmp_path / "missing") is None
@@ -214,6 +218,7 @@ def test_a_fifo_for_the_dmi_product_name_is_reported_not_read(tmp_path: Path) ->
     assert (dmi.status, dmi.detail) == ("error", f"machine name unreadable: {product_name}: a FIFO, not a regular file")
 
 
+@pytest.mark.slow
 def test_a_simulated_node_without_gpus_is_a_genuine_empty_node(tmp_path: Path) -> None:
     profile = tmp_path / "no-gpu.yaml"
     profile.write_text("name: no-gpu\nmachine: PowerEdge R650\n")

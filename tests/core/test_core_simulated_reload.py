@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import structlog
 
 from labeller.host import Host, NodeOptions, open_host
 from vendors.nvidia.model import NvidiaInventory
+from tests.builders import PATIENCE_S, wait_for
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
 
 
@@ -81,6 +83,7 @@ def _roots(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith("gpu-labeller-sim-"))
 
 
+@pytest.mark.slow
 def test_a_sigkilled_simulation_leaves_its_root_only_until_the_next_start(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"  # TMPDIR: where roots go instead of /dev/shm, so the test owns the directory
     scratch.mkdir()
@@ -92,21 +95,21 @@ def test_a_sigkilled_simulation_leaves_its_root_only_until_the_next_start(tmp_pa
                                "--metrics-bind", "127.0.0.1"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while not any(n.startswith(f"gpu-labeller-sim-{killed.pid}-") for n in _roots(scratch)):
-            assert time.monotonic() < deadline and killed.poll() is None, "the plugin never built its root"
-            time.sleep(0.05)
+        wait_for(lambda: killed.poll() is not None or any(n.startswith(f"gpu-labeller-sim-{killed.pid}-")
+                                                          for n in _roots(scratch)))
+        assert killed.poll() is None, "the plugin exited before it was killed"
     finally:
         killed.send_signal(signal.SIGKILL)
         killed.wait()
     left = [n for n in _roots(scratch) if n.startswith(f"gpu-labeller-sim-{killed.pid}-")]
     assert len(left) == 1  # SIGKILL: no chance to clean up
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--simulate", "dgx-h100"], env=env,
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     assert _roots(scratch) == sorted([f"gpu-labeller-sim-{os.getpid()}-alive", "gpu-labeller-sim-unrelated"])
 
 
+@pytest.mark.slow
 def test_the_daemon_follows_the_profile_file(tmp_path: Path) -> None:
     profile, features = tmp_path / "node.yaml", tmp_path / "features.d" / "gpu-labeller"
     write_yaml(profile, l40s_node(1))
@@ -116,10 +119,8 @@ def test_the_daemon_follows_the_profile_file(tmp_path: Path) -> None:
          "--metrics-port", "0", "--metrics-bind", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait_for_line(line: str) -> None:
-        deadline = time.monotonic() + 30
-        while not (features.exists() and line in features.read_text().splitlines()):
-            assert time.monotonic() < deadline and daemon.poll() is None, f"never written: {line}"
-            time.sleep(0.05)
+        wait_for(lambda: daemon.poll() is not None or (features.exists() and line in features.read_text().splitlines()))
+        assert daemon.poll() is None, f"the daemon exited before it wrote {line}"
 
     try:
         wait_for_line("nvidia.com/gpu.count=1")
@@ -127,4 +128,4 @@ def test_the_daemon_follows_the_profile_file(tmp_path: Path) -> None:
         wait_for_line("nvidia.com/gpu.count=2")
     finally:
         daemon.terminate()
-        daemon.wait(10)
+        daemon.wait(PATIENCE_S)

@@ -14,8 +14,9 @@ from labeller.daemon.service import Daemon, Options
 from labeller.process.loop import ProcessLoop
 from labeller.daemon.reconcile import owned, FightGuard, ProbeResult
 from labeller.daemon.sinks import EventSink, NodeSink, Sink
-from labeller.cluster.kube import Kube
+from labeller.cluster.kube import REQUEST_TIMEOUT, Kube
 from labeller.daemon.metrics import Metrics
+from tests.builders import PATIENCE_S
 from tests.fakes.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"
@@ -45,10 +46,11 @@ class Running:
 
     def __init__(self, api: FakeApiServer, kubeconfig: Path, probe: Callable[[], ProbeResult], node: str = NODE,
                  sink: Callable[[Kube], Sink] | None = None, fights: FightGuard | None = None,
-                 events: bool = False, inputs: Callable[[], object] | None = None, **options: Any) -> None:
+                 events: bool = False, inputs: Callable[[], object] | None = None,
+                 request_timeout: tuple[float, float] = REQUEST_TIMEOUT, **options: Any) -> None:
         self.api, self.probe, self.node = api, probe, node
         self.metrics = Metrics()
-        self.kube = Kube(str(kubeconfig), observer=self.metrics.observe_request, request_timeout=(1.0, 1.0))
+        self.kube = Kube(str(kubeconfig), observer=self.metrics.observe_request, request_timeout=request_timeout)
         made = NodeSink(self.kube, node, watch=True, watch_timeout_s=30) if sink is None else sink(self.kube)
         if events:
             made = EventSink(made, self.kube, node, "default")
@@ -65,7 +67,7 @@ class Running:
 
     def stop(self) -> None:
         self.loop.stop()
-        self.thread.join(timeout=3)
+        self.thread.join(timeout=PATIENCE_S)
         assert not self.thread.is_alive()
 
     def metric(self, name: str, **labels: str) -> float:

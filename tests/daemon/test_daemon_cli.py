@@ -8,18 +8,20 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from labeller.labels import FIELD_MANAGER
-from tests.builders import wait_for
+from tests.builders import PATIENCE_S, wait_for
 from tests.daemon.conftest import NODE, OTHERS
 from tests.fakes.apiserver import FakeApiServer
+from tests.processes import LoggedProcess
+
+pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 GPU_PROFILE = "mi210-x8"  # a built-in simulated node with 8 AMD GPUs
 
@@ -28,9 +30,22 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "labeller.cli", "--log-format", "json", *args]
 
 
+def run_options(kubeconfig: Path, *extra: str, profile: str = GPU_PROFILE) -> list[str]:
+    return ["run", "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--simulate", profile, "--start-jitter", "0",
+            "--metrics-port", "0", *extra]
+
+
 def run_args(kubeconfig: Path, *extra: str, profile: str = GPU_PROFILE) -> list[str]:
-    return cli("run", "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--simulate", profile,
-               "--start-jitter", "0", "--metrics-port", "0", *extra)
+    return cli(*run_options(kubeconfig, *extra, profile=profile))
+
+
+def run_once(kubeconfig: Path, *extra: str, profile: str = GPU_PROFILE) -> subprocess.CompletedProcess[str]:
+    """``gpu-labeller run --once`` to completion."""
+    return finished(run_args(kubeconfig, "--once", *extra, profile=profile))
+
+
+def finished(args: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=PATIENCE_S, check=False, **options)
 
 
 def no_gpu_profile(tmp_path: Path) -> Path:
@@ -43,16 +58,6 @@ def ours(api: FakeApiServer) -> dict[str, str]:
     return {k: v for k, v in api.labels(NODE).items() if k not in OTHERS}
 
 
-@pytest.fixture
-def daemon_process(kubeconfig: Path) -> Iterator[list[subprocess.Popen[str]]]:
-    processes: list[subprocess.Popen[str]] = []
-    yield processes
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -61,92 +66,83 @@ def free_port() -> int:
 
 def http_status(url: str) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
+        with urllib.request.urlopen(url, timeout=PATIENCE_S) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         return exc.code
 
 
-def test_run_labels_the_node_serves_metrics_and_exits_on_sigterm_within_2s(
-        api: FakeApiServer, kubeconfig: Path, daemon_process: list[subprocess.Popen[str]]) -> None:
+def test_run_labels_the_node_serves_metrics_and_exits_promptly_on_sigterm(api: FakeApiServer, kubeconfig: Path) -> None:
     api.create_node(NODE, OTHERS)
     port = free_port()
-    args = run_args(kubeconfig, "--interval", "0.5", "--metrics-port", str(port))  # the last one wins
-    process = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
-    daemon_process.append(process)
-    wait_for(lambda: "amd.com/gpu.present" in ours(api), timeout=10)
-    # ready once the write's answer is back: milliseconds after the labels show on the Node
-    wait_for(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, timeout=2)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
-        assert b"gpu_labeller_labels_owned" in answer.read()
-    process.send_signal(signal.SIGTERM)
-    began = time.monotonic()
-    _, stderr = process.communicate(timeout=5)
-    assert time.monotonic() - began < 2.0 and process.returncode == 0
-    logs = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
-    assert {entry["node"] for entry in logs} == {NODE} and all("reason" in entry for entry in logs)
+    options = run_options(kubeconfig, "--interval", "0.5", "--metrics-port", str(port))  # the last port wins
+    with LoggedProcess(*options) as daemon:
+        wait_for(lambda: "amd.com/gpu.present" in ours(api))
+        # ready once the write's answer is back: milliseconds after the labels show on the Node
+        wait_for(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=PATIENCE_S) as answer:
+            assert b"gpu_labeller_labels_owned" in answer.read()
+        assert daemon.stop() == 0
+    daemon.event("stopped", reason="sigterm")
+    assert {entry["node"] for entry in daemon.events} == {NODE} and all("reason" in entry for entry in daemon.events)
 
 
-def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_path: Path,
-                                     daemon_process: list[subprocess.Popen[str]]) -> None:
+def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_path: Path) -> None:
     api.create_node(NODE, OTHERS)
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\n")
-    process = subprocess.Popen(run_args(kubeconfig, "--interval", "3600", "--config", str(config)),
-                               stderr=subprocess.PIPE, text=True)
-    daemon_process.append(process)
-    wait_for(lambda: "amd.com/gpu.present" in ours(api), timeout=10)
-    process.send_signal(signal.SIGHUP)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=5)
-    assert '"reason": "sighup"' in stderr and process.returncode == 0
+    with LoggedProcess(*run_options(kubeconfig, "--interval", "3600", "--config", str(config))) as daemon:
+        wait_for(lambda: "amd.com/gpu.present" in ours(api))
+        daemon.proc.send_signal(signal.SIGHUP)
+        daemon.event("config reloaded", reason="sighup")  # the SIGHUP was taken: the config file read again
+        assert daemon.proc.poll() is None
+        assert daemon.stop() == 0  # promptly, though the next probe is an hour away
+    assert daemon.count("reloading config and re-probing", reason="sighup") == 1
 
 
 def test_once_exit_codes(api: FakeApiServer, kubeconfig: Path) -> None:
-    missing = subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, text=True, timeout=30, check=False)
+    missing = run_once(kubeconfig)
     assert missing.returncode == 1 and "node not found" in missing.stderr
     api.create_node(NODE, OTHERS)
-    done = subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, text=True, timeout=30, check=False)
+    done = run_once(kubeconfig)
     assert done.returncode == 0, done.stderr
     assert ours(api)["amd.com/gpu.present"] == "true"
 
 
 def test_dry_run_logs_the_change_and_writes_nothing(api: FakeApiServer, kubeconfig: Path) -> None:
     api.create_node(NODE, OTHERS)
-    result = subprocess.run(run_args(kubeconfig, "--once", "--dry-run"), capture_output=True, text=True, timeout=30, check=False)
+    result = run_once(kubeconfig, "--dry-run")
     assert result.returncode == 0, result.stderr
-    line = next(json.loads(l) for l in result.stderr.splitlines() if "would apply" in l)
+    line = next(json.loads(text) for text in result.stderr.splitlines() if "would apply" in text)
     assert "amd.com/gpu.present" in line["added"] and line["reason"] == "dry-run"
     assert api.log.writes() == [] and api.labels(NODE) == OTHERS
 
 
-def test_no_gpu_node_ends_with_none_of_ours_and_keeps_a_users(api: FakeApiServer, kubeconfig: Path, tmp_path: Path) -> None:
+def test_no_gpu_node_ends_with_none_of_ours_and_keeps_a_users(api: FakeApiServer, kubeconfig: Path,
+                                                              tmp_path: Path) -> None:
     api.create_node(NODE, OTHERS)
-    assert subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, timeout=30, check=False).returncode == 0
+    assert run_once(kubeconfig).returncode == 0
     api.set_labels(NODE, {"nvidia.com/gpu.product": "by-hand"})  # under our prefix, but a user's
-    result = subprocess.run(run_args(kubeconfig, "--once", profile=str(no_gpu_profile(tmp_path))),
-                            capture_output=True, text=True, timeout=30, check=False)
+    result = run_once(kubeconfig, profile=str(no_gpu_profile(tmp_path)))
     assert result.returncode == 0, result.stderr
     assert api.labels(NODE) == {**OTHERS, "nvidia.com/gpu.product": "by-hand"}
 
 
-ADMIN = {"nvidia.com/vgpu.config": "A100-4C", "nvidia.com/vgpu.config.state": "success", "nvidia.com/gpu.imex-domain": "x"}
+ADMIN = {"nvidia.com/vgpu.config": "A100-4C", "nvidia.com/vgpu.config.state": "success",
+         "nvidia.com/gpu.imex-domain": "x"}
 OPERATOR = {"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/mig.config": "all-disabled",
             "nvidia.com/mig.config.state": "success", "nvidia.com/gpu.workload.config": "container",
             "nvidia.com/device-plugin.config": "default"}
 
 
 def cleanup(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli("cleanup", "--kubeconfig", str(kubeconfig), *args), capture_output=True, text=True,
-                          timeout=30, check=False)
+    return finished(cli("cleanup", "--kubeconfig", str(kubeconfig), *args))
 
 
 def test_admin_labels_survive_run_and_cleanup(api: FakeApiServer, kubeconfig: Path) -> None:
     api.create_node(NODE, OTHERS)
     api.set_labels(NODE, {**ADMIN, **OPERATOR}, manager="kubectl-label")
-    run = subprocess.run(run_args(kubeconfig, "--once", profile="dgx-h100"), capture_output=True, text=True, timeout=30,
-                         check=False)
+    run = run_once(kubeconfig, profile="dgx-h100")
     assert run.returncode == 0, run.stderr
     assert api.labels(NODE)["nvidia.com/vgpu.present"] == "false"
     assert "foreign-labels" in run.stderr and "nvidia.com/gpu.imex-domain" in run.stderr
@@ -162,7 +158,7 @@ def test_admin_labels_survive_run_and_cleanup(api: FakeApiServer, kubeconfig: Pa
 def test_cleanup_removes_only_what_gpu_labeller_set(api: FakeApiServer, kubeconfig: Path) -> None:
     api.create_node(NODE, OTHERS)
     api.create_node("node-2", {"nvidia.com/gpu.present": "true", "team": "x"})  # set by whoever created the Node
-    assert subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, timeout=30, check=False).returncode == 0
+    assert run_once(kubeconfig).returncode == 0
     api.apply_as(NODE, "other-applier", {"amd.com/gpu.present": "true"})  # co-owned: same value
     one = cleanup(kubeconfig, "--node", NODE)
     assert one.returncode == 0, one.stderr
@@ -171,7 +167,8 @@ def test_cleanup_removes_only_what_gpu_labeller_set(api: FakeApiServer, kubeconf
     every = cleanup(kubeconfig, "--all-nodes")
     assert every.returncode == 0, every.stderr
     assert api.labels("node-2") == {"nvidia.com/gpu.present": "true", "team": "x"}
-    assert "node-2: left nvidia.com/gpu.present (set by kubelet; --include-foreign removes it)" in every.stdout.splitlines()
+    assert ("node-2: left nvidia.com/gpu.present (set by kubelet; --include-foreign removes it)"
+            in every.stdout.splitlines())
     usage = cleanup(kubeconfig)
     assert usage.returncode == 2
 
@@ -189,8 +186,9 @@ def test_cleanup_include_foreign_removes_other_managers_keys_but_never_the_gpu_o
     assert api.log.writes() == []
     done = cleanup(kubeconfig, "--node", NODE, "--include-foreign")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[:2] == [f"{NODE}: removed nvidia.com/gpu.imex-domain (set by gpu-feature-discovery)",
-                                            f"{NODE}: removed nvidia.com/gpu.product (set by gpu-feature-discovery)"]
+    assert done.stdout.splitlines()[:2] == [
+        f"{NODE}: removed nvidia.com/gpu.imex-domain (set by gpu-feature-discovery)",
+        f"{NODE}: removed nvidia.com/gpu.product (set by gpu-feature-discovery)"]
     assert api.labels(NODE) == {**OTHERS, **OPERATOR, "nvidia.com/vgpu.config": "A100-4C",
                                 "nvidia.com/vgpu.config.state": "success"}
 
@@ -202,7 +200,8 @@ def test_cleanup_names_the_missing_permission_once(api: FakeApiServer, kubeconfi
     result = cleanup(kubeconfig, "--node", NODE, "--node", "node-2")
     assert result.returncode == 1
     lines = [json.loads(line) for line in result.stderr.splitlines() if "permission missing" in line]
-    assert [line["event"] for line in lines] == ["permission missing: grant verb 'get' on resource 'nodes' to user labeller"]
+    assert [line["event"] for line in lines] == [
+        "permission missing: grant verb 'get' on resource 'nodes' to user labeller"]
 
 
 def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
@@ -210,9 +209,9 @@ def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
             f"r = CliRunner().invoke(main, ['labels', '--simulate', '{no_gpu_profile(tmp_path)}']); "
             "assert r.exit_code == 0, r.output; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'prometheus_client') "
-            "or m in ('labeller.cluster.kube', 'labeller.daemon', 'labeller.daemon.sinks')); print(bad); sys.exit(1 if bad else 0)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+            "or m in ('labeller.cluster.kube', 'labeller.daemon', 'labeller.daemon.sinks')); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = finished([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -221,8 +220,7 @@ def test_a_bad_profile_is_exit_2_and_touches_nothing(api: FakeApiServer, kubecon
     api.create_node(NODE, {**OTHERS, "amd.com/gpu.present": "true"})
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: broken\namd:\n  sysfs: no-such-capture\n")
-    result = subprocess.run(run_args(kubeconfig, "--once", profile=str(broken)), capture_output=True, text=True,
-                            timeout=30, check=False)
+    result = run_once(kubeconfig, profile=str(broken))
     assert result.returncode == 2 and "no-such-capture" in result.stderr
     assert api.labels(NODE)["amd.com/gpu.present"] == "true" and api.log.writes() == []
 
@@ -232,9 +230,9 @@ def test_features_file_output_needs_no_cluster_credentials(tmp_path: Path) -> No
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
     env["KUBECONFIG"] = str(tmp_path / "no-such-kubeconfig")
     env["HOME"] = str(tmp_path)  # no ~/.kube/config either
-    result = subprocess.run(cli("run", "--node-name", NODE, "--simulate", GPU_PROFILE, "--start-jitter", "0",
-                                "--metrics-port", "0", "--output", "features-file", "--features-file", str(features),
-                                "--once"), capture_output=True, text=True, timeout=30, check=False, env=env)
+    result = finished(cli("run", "--node-name", NODE, "--simulate", GPU_PROFILE, "--start-jitter", "0",
+                          "--metrics-port", "0", "--output", "features-file", "--features-file", str(features),
+                          "--once"), env=env)
     assert result.returncode == 0, result.stderr
     assert "amd.com/gpu.present=true" in features.read_text().splitlines()
 
@@ -242,14 +240,12 @@ def test_features_file_output_needs_no_cluster_credentials(tmp_path: Path) -> No
 def test_a_memory_sharing_node_gets_gpushare_and_loses_it_when_sharing_stops(api: FakeApiServer, kubeconfig: Path,
                                                                               tmp_path: Path) -> None:
     api.create_node(NODE, {**OTHERS})
-    assert subprocess.run(run_args(kubeconfig, "--once", profile="t4-x4-gpushare"), capture_output=True,
-                          timeout=30, check=False).returncode == 0
+    assert run_once(kubeconfig, profile="t4-x4-gpushare").returncode == 0
     labels = ours(api)
     assert (labels["gpushare"], labels["nvidia.com/gpu.sharing-strategy"], labels["nvidia.com/gpu.replicas"]) == \
         ("true", "memory", "14")
     assert api.managers_of(NODE, "gpushare") == {(FIELD_MANAGER, "Apply")}
     whole = tmp_path / "whole.yaml"
     whole.write_text("version: v1\n")
-    assert subprocess.run(run_args(kubeconfig, "--once", "--config", str(whole), profile="t4-x4-gpushare"),
-                          capture_output=True, timeout=30, check=False).returncode == 0
+    assert run_once(kubeconfig, "--config", str(whole), profile="t4-x4-gpushare").returncode == 0
     assert "gpushare" not in api.labels(NODE) and ours(api)["nvidia.com/gpu.sharing-strategy"] == "none"

@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from labeller.fleet import pod_requests
+from tests.builders import PATIENCE_S
 from tests.core.cli import error_line, gpu_labeller
 from tests.fakes.apiserver import FakeApiServer
+
+pytestmark = pytest.mark.slow  # the CLI as processes against the fake API server
 
 
 def profile_labels(profile: str) -> dict[str, str]:
@@ -100,7 +105,8 @@ def test_match_on_live_nodes_is_one_list_call(tmp_path: Path) -> None:
 
 def test_pod_requests_default_to_limits_and_count_init_containers() -> None:
     pod = {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1"}}},
-                                   {"resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}],
+                                   {"resources": {"requests": {"nvidia.com/gpu": "1"},
+                                                  "limits": {"nvidia.com/gpu": "1"}}}],
                     "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
     assert pod_requests(pod) == {"nvidia.com/gpu": 4}
 
@@ -114,7 +120,7 @@ def complete(*words: str, env: dict[str, str] | None = None) -> list[str]:
                    "COMP_CWORD": str(len(line) - 1), **(env or {})}
     # as the installed entry point runs it: click names the variable after the program
     program = [sys.executable, "-c", "from labeller.cli import main; main(prog_name='gpu-labeller')"]
-    result = subprocess.run(program, env=environment, capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(program, env=environment, capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     lines = [line for line in result.stdout.splitlines() if line]
     assert all(line.startswith(("plain,", "file,", "dir,")) for line in lines), result.stdout  # nothing else on stdout

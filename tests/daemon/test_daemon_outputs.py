@@ -15,7 +15,7 @@ from labeller.outputs import render
 from labeller.daemon.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
 from labeller.cluster.kube import Kube, NotFound
 from labeller.runtime import start_http_server
-from tests.builders import wait_for
+from tests.builders import PATIENCE_S, wait_for
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer
 
@@ -31,7 +31,8 @@ def test_features_file_is_written_atomically_with_expiry_and_only_when_changed(t
     expiry_line = next(line for line in text.splitlines() if line.startswith("# +expiry-time="))
     expiry = datetime.strptime(expiry_line.split("=", 1)[1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     assert 250 < (expiry - datetime.now(UTC)).total_seconds() <= 300
-    assert {line for line in text.splitlines() if not line.startswith("#")} == {f"{k}={v}" for k, v in GPU_LABELS.items()}
+    assert {line for line in text.splitlines() if not line.startswith("#")} == {
+        f"{k}={v}" for k, v in GPU_LABELS.items()}
     mtime, calls = path.stat().st_mtime_ns, probe.calls
     wait_for(lambda: probe.calls >= calls + 3)
     assert path.stat().st_mtime_ns == mtime  # unchanged hardware: no rewrite
@@ -46,7 +47,8 @@ def test_node_feature_object_is_created_then_updated_only_when_changed(api: Fake
     name = f"gpu-labeller-{NODE}"
     obj = wait_for(lambda: api.node_feature("gpu-system", name))
     assert obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1" and obj["kind"] == "NodeFeature"
-    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": NODE, "app.kubernetes.io/managed-by": "gpu-labeller"}
+    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": NODE,
+                                         "app.kubernetes.io/managed-by": "gpu-labeller"}
     assert obj["spec"]["labels"] == GPU_LABELS
     wait_for(lambda: api.log.count("get", "nodefeatures") >= 3)  # later passes read it again
     assert api.log.count("update", "nodefeatures") == 0 and api.log.count("create", "nodefeatures") == 1
@@ -83,7 +85,8 @@ def test_a_node_feature_gpu_labeller_did_not_create_is_never_replaced(api: FakeA
     assert api.node_feature("gpu-system", name) == theirs and api.log.count("update", "nodefeatures") == 0
     assert not daemon.daemon.ready
     [line] = [entry for entry in logs if entry.get("reason") == "not-ours"]
-    assert f"NodeFeature gpu-system/{name}" in line["event"] and "app.kubernetes.io/managed-by=gpu-labeller" in line["event"]
+    assert f"NodeFeature gpu-system/{name}" in line["event"]
+    assert "app.kubernetes.io/managed-by=gpu-labeller" in line["event"]
 
 
 def test_events_are_recorded_when_labels_change(api: FakeApiServer, start: Start) -> None:
@@ -96,12 +99,13 @@ def test_events_are_recorded_when_labels_change(api: FakeApiServer, start: Start
 
 def get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
+        with urllib.request.urlopen(url, timeout=PATIENCE_S) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
 
 
+@pytest.mark.slow
 def test_health_ready_and_metrics_endpoints(api: FakeApiServer, start: Start) -> None:
     daemon = start()
     server = start_http_server(0, "127.0.0.1", ready=lambda: daemon.daemon.ready, healthy=daemon.loop.healthy,
@@ -111,10 +115,11 @@ def test_health_ready_and_metrics_endpoints(api: FakeApiServer, start: Start) ->
         assert get(f"{base}/healthz")[0] == 200
         assert get(f"{base}/readyz")[0] == 503  # the node does not exist yet
         api.create_node(NODE, OTHERS)
-        wait_for(lambda: get(f"{base}/readyz")[0] == 200, timeout=5)
+        wait_for(lambda: get(f"{base}/readyz")[0] == 200)
         _, text = get(f"{base}/metrics")
         for name in ("gpu_labeller_probe_duration_seconds_bucket", 'gpu_labeller_reconciles_total{outcome="applied"}',
-                     'gpu_labeller_api_requests_total{code="200",verb="patch"}', 'gpu_labeller_writes_total{outcome="success"}',
+                     'gpu_labeller_api_requests_total{code="200",verb="patch"}',
+                     'gpu_labeller_writes_total{outcome="success"}',
                      "gpu_labeller_labels_owned 4.0", "gpu_labeller_last_success_timestamp_seconds",
                      "gpu_labeller_label_fights_total 0.0"):
             assert name in text, name

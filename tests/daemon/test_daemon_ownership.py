@@ -23,13 +23,15 @@ from tests.fakes.apiserver import FakeApiServer
 
 Start = Callable[..., Running]
 US = (FIELD_MANAGER, "Apply")
-ADMIN = {"nvidia.com/vgpu.config": "A100-4C", "nvidia.com/vgpu.config.state": "success", "nvidia.com/gpu.imex-domain": "x"}
+ADMIN = {"nvidia.com/vgpu.config": "A100-4C", "nvidia.com/vgpu.config.state": "success",
+         "nvidia.com/gpu.imex-domain": "x"}
 
 
 def ours(api: FakeApiServer) -> dict[str, str]:
     return {k: v for k, v in api.labels(NODE).items() if k not in OTHERS and k not in ADMIN}
 
 
+@pytest.mark.slow
 def test_admin_labels_under_our_prefixes_survive_a_node_with_no_gpus(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     api.set_labels(NODE, dict(ADMIN), manager="kubectl-label")
@@ -42,9 +44,11 @@ def test_admin_labels_under_our_prefixes_survive_a_node_with_no_gpus(api: FakeAp
     wait_for(lambda: daemon.metric("gpu_labeller_reconciles_total", outcome="unchanged") >= unchanged + 2)
     assert api.labels(NODE) == {**OTHERS, **ADMIN}
     assert all(write.content_type.startswith("application/apply-patch") for write in api.log.writes())
-    assert daemon.metric("gpu_labeller_foreign_labels") == 1  # gpu.imex-domain; vgpu.config* are not even ours by prefix
+    # gpu.imex-domain; vgpu.config* are not even ours by prefix
+    assert daemon.metric("gpu_labeller_foreign_labels") == 1
 
 
+@pytest.mark.slow
 def test_a_foreign_key_is_logged_once_with_its_manager_and_counted(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     api.set_labels(NODE, {"nvidia.com/gpu.imex-domain": "x"}, manager="kubectl-label")
@@ -118,7 +122,7 @@ def test_a_failed_probe_keeps_foreign_and_own_labels(api: FakeApiServer, start: 
     wait_for(lambda: ours(api) == GPU_LABELS)
     probe.error = RuntimeError("boom")
     calls = probe.calls
-    wait_for(lambda: probe.calls > calls + 2, timeout=10)
+    wait_for(lambda: probe.calls > calls + 2)
     assert ours(api) == GPU_LABELS and api.labels(NODE)["nvidia.com/gpu.imex-domain"] == "x"
 
 
@@ -158,4 +162,5 @@ def test_cleanup_reports_a_key_another_manager_set_meanwhile_as_left() -> None:
     assert cleanup_report("n", before, before, change, dry_run=True) == [
         "n: would remove nvidia.com/gpu.count (set by gpu-labeller)", "n: 1 to remove, 0 to release, 0 left"]
     assert cleanup_report("n", before, after, change, dry_run=False) == [
-        "n: left nvidia.com/gpu.count (set by kubectl-label; --include-foreign removes it)", "n: 0 removed, 0 released, 1 left"]
+        "n: left nvidia.com/gpu.count (set by kubectl-label; --include-foreign removes it)",
+        "n: 0 removed, 0 released, 1 left"]

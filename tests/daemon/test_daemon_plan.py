@@ -13,7 +13,8 @@ from labeller.daemon.reconcile import FightGuard, Live, ProbeResult, desired_aft
 from labeller.runtime import Backoff
 from labeller.cluster.nodes import NodeCache
 
-LIVE = {"team": "ml", "nvidia.com/gpu.deploy.gfd": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}
+LIVE = {"team": "ml", "nvidia.com/gpu.deploy.gfd": "true", "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.present": "true"}
 US = (FIELD_MANAGER, "Apply")
 
 
@@ -57,20 +58,23 @@ def test_only_the_exact_device_plugin_config_key_is_blocked(monkeypatch: pytest.
 
 
 def test_label_managers_reads_real_managed_fields_and_skips_subresources() -> None:
-    fields = [entry(FIELD_MANAGER, "Apply", "nvidia.com/gpu.count"), entry("kubectl-label", "Update", "nvidia.com/gpu.count", "team"),
+    fields = [entry(FIELD_MANAGER, "Apply", "nvidia.com/gpu.count"),
+              entry("kubectl-label", "Update", "nvidia.com/gpu.count", "team"),
               entry("kubelet", "Update", "nvidia.com/gpu.count", subresource="status"), {"manager": "broken"}, "junk"]
     assert label_managers(fields) == {"nvidia.com/gpu.count": {US, ("kubectl-label", "Update")},
                                       "team": {("kubectl-label", "Update")}}
 
 
 def test_no_change_when_everything_is_ours_and_right() -> None:
-    change = plan(ours_only(owned(LIVE)), {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}, probe_ok=True)
+    change = plan(ours_only(owned(LIVE)),
+                  {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}, probe_ok=True)
     assert not change.needed and change.foreign == {}
 
 
 def test_change_lists_added_changed_removed_and_applies_only_owned_keys() -> None:
     # the probe's labels reach plan only through owned(): "team" never gets there
-    change = plan(ours_only(owned(LIVE)), owned({"nvidia.com/gpu.count": "4", "nvidia.com/gpu.product": "A100", "team": "x"}),
+    change = plan(ours_only(owned(LIVE)),
+                  owned({"nvidia.com/gpu.count": "4", "nvidia.com/gpu.product": "A100", "team": "x"}),
                   probe_ok=True)
     assert change.added == {"nvidia.com/gpu.product": "A100"}
     assert change.changed == {"nvidia.com/gpu.count": ("8", "4")}
@@ -97,7 +101,8 @@ def test_foreign_keys_under_our_prefixes_are_left_and_reported() -> None:
 
 
 def test_include_foreign_removes_other_managers_keys_with_a_merge_patch() -> None:
-    live = Live.of_node(node({"nvidia.com/gpu.imex-domain": "x"}, entry("admin", "Update", "nvidia.com/gpu.imex-domain")))
+    live = Live.of_node(node({"nvidia.com/gpu.imex-domain": "x"},
+                             entry("admin", "Update", "nvidia.com/gpu.imex-domain")))
     change = plan(live, {}, probe_ok=True, include_foreign=True)
     assert change.removed == ("nvidia.com/gpu.imex-domain",) and change.foreign == {}
     assert change.patch_out == {"nvidia.com/gpu.imex-domain": ("admin",)} and not change.apply
@@ -119,7 +124,8 @@ def test_keys_only_an_older_gpu_labeller_merge_patched_are_patched_out() -> None
     assert change.removed == ("nvidia.com/gpu.count", "nvidia.com/gpu.family")
     assert set(change.patch_out) == {"nvidia.com/gpu.count", "nvidia.com/gpu.family"}
     assert change.apply  # the apply drops gpu.family from our Apply entry first
-    only_update = Live.of_node(node({"nvidia.com/gpu.count": "8"}, entry(FIELD_MANAGER, "Update", "nvidia.com/gpu.count")))
+    only_update = Live.of_node(node({"nvidia.com/gpu.count": "8"},
+                                    entry(FIELD_MANAGER, "Update", "nvidia.com/gpu.count")))
     assert not plan(only_update, {}, probe_ok=True).apply
 
 
@@ -138,7 +144,8 @@ def test_no_gpus_means_an_empty_owned_set() -> None:
 
 def test_desired_after_each_kind_of_probe() -> None:
     good = {"nvidia.com/gpu.count": "8"}
-    assert desired_after(ProbeResult(owned({"nvidia.com/gpu.count": "4", "team": "x"})), good) == {"nvidia.com/gpu.count": "4"}
+    assert desired_after(ProbeResult(owned({"nvidia.com/gpu.count": "4", "team": "x"})), good) == {
+        "nvidia.com/gpu.count": "4"}
     partial = ProbeResult({"nvidia.com/gpu.count": "7", "nvidia.com/gpu.clique": "c"}, partial=True)
     assert desired_after(partial, good) == {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.clique": "c"}
     assert desired_after(ProbeResult({}, error="boom"), good) == good
@@ -241,8 +248,9 @@ def test_node_cache_ignores_older_resource_versions_and_other_labels() -> None:
     assert cache.put(node({"nvidia.com/gpu.count": "1"}, rv="10"))
     assert not cache.put(node({"nvidia.com/gpu.count": "0"}, rv="9"))
     assert not cache.put(node({"nvidia.com/gpu.count": "1", "team": "x"}, rv="11"))  # not ours to watch
-    assert cache.put(node({"nvidia.com/gpu.count": "1"}, entry("kubectl-label", "Update", "nvidia.com/gpu.count"), rv="12"))
+    assert cache.put(node({"nvidia.com/gpu.count": "1"},
+                          entry("kubectl-label", "Update", "nvidia.com/gpu.count"), rv="12"))
     synced, exists, live = cache.snapshot()
-    assert (synced, exists, live.labels, live.names("nvidia.com/gpu.count")) == (True, True, {"nvidia.com/gpu.count": "1"},
-                                                                                ("kubectl-label",))
+    assert (synced, exists, live.labels, live.names("nvidia.com/gpu.count")) == (
+        True, True, {"nvidia.com/gpu.count": "1"}, ("kubectl-label",))
     assert cache.put(None) and cache.snapshot()[1] is False

@@ -37,7 +37,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     "features-file-events": {"labeller": {"output": "features-file", "events": {"enabled": True}}},
     "named-configs": {"config": {"default": "whole", "data": {
         "whole": {"version": "v1"},
-        "time-sliced-4": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n"}}},
+        "time-sliced-4": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                         "    - {name: nvidia.com/gpu, replicas: 4}\n"}}},
     "existing-configmap": {"config": {"name": "gpu-configs", "create": False, "default": "default"}},
     "named-configs-features-file": {"labeller": {"output": "features-file"},
                                     "config": {"data": {"a": {"version": "v1"}, "b": {"version": "v1"}}}},

@@ -44,7 +44,8 @@ class Policy:
         try:
             for variable in self.spec["variables"]:
                 activation["variables"] = celtypes.MapType(variables)
-                variables[celtypes.StringType(variable["name"])] = self.program(variable["expression"]).evaluate(activation)
+                value = self.program(variable["expression"]).evaluate(activation)
+                variables[celtypes.StringType(variable["name"])] = value
             activation["variables"] = celtypes.MapType(variables)
             messages = []
             for validation in self.spec["validations"]:

@@ -101,7 +101,8 @@ def test_every_expression_compiles(policy: Policy) -> None:
     spec = policy.spec
     expressions = [c["expression"] for c in spec["matchConditions"]] + [v["expression"] for v in spec["variables"]]
     for validation in spec["validations"]:
-        expressions += [validation["expression"], *([validation["messageExpression"]] if "messageExpression" in validation else [])]
+        expressions += [validation["expression"],
+                        *([validation["messageExpression"]] if "messageExpression" in validation else [])]
     for expression in expressions:
         policy.program(expression)
 
@@ -156,7 +157,8 @@ def test_token_without_node_claim_is_denied(policy: Policy) -> None:
         "plugin-config", "gpushare-prefix"])
 def test_foreign_labels_are_denied(policy: Policy, change: dict[str, Any], refused: str) -> None:
     old = node()
-    new = relabel(old, **{"set_": {"nvidia.com/gpu.count": "2"}, **change}) if "set_" in change else relabel(old, **change)
+    new = (relabel(old, **{"set_": {"nvidia.com/gpu.count": "2"}, **change}) if "set_" in change
+           else relabel(old, **change))
     allowed, messages = policy.admit(request(), new, old)
     assert not allowed
     assert messages[0] == f"gpu-labeller may change only the label keys it owns; refused: {refused}"
@@ -175,7 +177,8 @@ REMOVAL_REFUSED = "gpu-labeller may remove only labels it set (managedFields man
 @pytest.mark.parametrize("entries", [
     [fields_entry(FIELD_MANAGER, "Apply", "nvidia.com/gpu.count")],
     [fields_entry(FIELD_MANAGER, "Update", "nvidia.com/gpu.count")],  # an older version's merge patch
-    [fields_entry("kubectl-label", "Update", "team"), fields_entry(FIELD_MANAGER, "Apply", "nvidia.com/gpu.count", "x")],
+    [fields_entry("kubectl-label", "Update", "team"),
+     fields_entry(FIELD_MANAGER, "Apply", "nvidia.com/gpu.count", "x")],
 ], ids=["applied", "updated", "among-others"])
 def test_removing_a_label_gpu_labeller_set_is_allowed(policy: Policy, entries: list[Obj]) -> None:
     old = node(managed_fields=entries)
@@ -185,7 +188,8 @@ def test_removing_a_label_gpu_labeller_set_is_allowed(policy: Policy, entries: l
 @pytest.mark.parametrize("entries", [
     [fields_entry("kubectl-label", "Update", "nvidia.com/gpu.count")],
     [fields_entry(FIELD_MANAGER, "Update", "nvidia.com/gpu.count", subresource="status")],
-    [fields_entry("gpu-feature-discovery", "Apply", "nvidia.com/gpu.count"), {"manager": FIELD_MANAGER, "operation": "Apply"}],
+    [fields_entry("gpu-feature-discovery", "Apply", "nvidia.com/gpu.count"),
+     {"manager": FIELD_MANAGER, "operation": "Apply"}],
     [],
 ], ids=["someone-else", "subresource", "other-applier", "no-managed-fields"])
 def test_removing_a_label_gpu_labeller_did_not_set_is_denied(policy: Policy, entries: list[Obj]) -> None:

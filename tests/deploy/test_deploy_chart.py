@@ -24,6 +24,7 @@ def test_lint_is_clean(name: str, values: dict[str, Any]) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_every_object_is_valid_kubernetes(name: str, values: dict[str, Any], kube_version: str) -> None:
@@ -34,7 +35,8 @@ def test_every_object_is_valid_kubernetes(name: str, values: dict[str, Any], kub
         try:
             kv.validate(obj, kube_version, strict=True)
         except kv.ValidationError as e:  # pragma: no cover - the message is the point
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {kube_version}: {e.message} at {list(e.path)}")
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {kube_version}: {e.message} "
+                        f"at {list(e.path)}")
 
 
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
@@ -116,7 +118,8 @@ def test_named_configs_reach_the_config_map_as_mappings_or_as_nvidias_yaml_text(
     for document in config_map(values).values():
         parse_document(document, RESOURCE_NAMES)
     # NVIDIA's device plugin chart calls it `map`
-    assert config_map({"config": {"map": {"x": text, "y": text}}}) == {"x": yaml.safe_load(text), "y": yaml.safe_load(text)}
+    assert config_map({"config": {"map": {"x": text, "y": text}}}) == {"x": yaml.safe_load(text),
+                                                                       "y": yaml.safe_load(text)}
 
 
 def test_a_config_in_the_former_shape_is_the_one_config_default() -> None:

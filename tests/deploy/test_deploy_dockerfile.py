@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import PATIENCE_S
 from tests.deploy import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -44,8 +45,9 @@ def last(keyword: str) -> str:
 
 def test_hadolint_reports_nothing() -> None:
     # No rule is ignored: any finding, even style or info, fails.
-    result = subprocess.run([hadolint(), "--no-color", "--format", "json", "--failure-threshold", "style", str(DOCKERFILE)],
-                            capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run([hadolint(), "--no-color", "--format", "json",
+                             "--failure-threshold", "style", str(DOCKERFILE)],
+                            capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert json.loads(result.stdout or "[]") == [], result.stdout
     assert result.returncode == 0, result.stderr
 
@@ -84,7 +86,8 @@ def test_oci_labels() -> None:
 
 
 def test_docker_context_allows_every_copied_source() -> None:
-    allowed = {line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    allowed = {line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")}
     sources = []
     for keyword, rest in instructions():
         if keyword == "COPY" and not rest.startswith("--from"):

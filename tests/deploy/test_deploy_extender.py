@@ -19,7 +19,8 @@ def deployment(values: dict[str, Any] | None = None) -> Obj:
 
 def test_off_by_default() -> None:
     objects = render()
-    assert not [o for o in objects if o["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler-extender"]
+    assert not [o for o in objects
+                if o["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler-extender"]
 
 
 def test_rbac_is_what_placement_needs_and_no_more() -> None:
@@ -84,5 +85,6 @@ def test_manifest_holds_only_the_extender() -> None:
 
     kinds = [line.split(": ")[1] for line in (MANIFESTS / "scheduler-extender.yaml").read_text().splitlines()
              if line.startswith("kind: ")]
-    assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment"]
+    assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                     "Service", "Deployment"]
     assert not find(render(), "Deployment")

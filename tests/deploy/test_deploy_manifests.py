@@ -37,6 +37,7 @@ def test_regen_command_is_the_documented_one() -> None:
     assert load_render_script().REGEN_COMMAND == REGEN
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_plain_manifests_are_valid_kubernetes(kube_version: str) -> None:
     kinds = []
@@ -80,7 +81,8 @@ def test_plain_manifests_show_two_named_configs_that_the_labeller_accepts() -> N
     assert sorted(configs) == ["default", "time-sliced-4"]
     assert configs["time-sliced-4"].sharing.replicas_for("nvidia.com/gpu") == 4
     for ds in (o for o in objects if o["kind"] == "DaemonSet"):
-        assert "--config-label=nvidia.com/device-plugin.config" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--config-label=nvidia.com/device-plugin.config" in args
 
 
 def test_dra_file_holds_only_the_dra_objects_and_uses_the_main_files_namespace_and_configs() -> None:

@@ -15,7 +15,8 @@ from tests.deploy.cel import Policy
 Obj = dict[str, Any]
 PLUGIN_USER = "system:serviceaccount:gpu-labeller:gpu-labeller-device-plugin"
 MEMORY_NAMED = "version: v1\nsharing:\n  memory:\n    unit: GiB\n"
-NAMED = {"config": {"default": "whole", "nodeLabel": "", "data": {"whole": {"version": "v1"}, "gpushare": MEMORY_NAMED}}}
+NAMED = {"config": {"default": "whole", "nodeLabel": "",
+                    "data": {"whole": {"version": "v1"}, "gpushare": MEMORY_NAMED}}}
 POD_RULE = ([""], ["pods"], ["get", "list", "watch", "patch"])
 
 
@@ -114,7 +115,8 @@ def test_other_annotations_are_denied(policy: Policy, change: dict[str, str | No
     old = pod()
     allowed, messages = policy.admit(request(), annotate(old, ALIYUN_COM_GPU_MEM_ASSIGNED="true", **change), old)
     assert not allowed
-    assert messages == [f"the gpu-labeller device plugin may change only ALIYUN_COM_GPU_MEM_* annotations; refused: {refused}"]
+    assert messages == [
+        f"the gpu-labeller device plugin may change only ALIYUN_COM_GPU_MEM_* annotations; refused: {refused}"]
 
 
 @pytest.mark.parametrize("edit", ["label", "spec", "finalizer"])

@@ -56,7 +56,7 @@ def host_mounts(ds: Obj, name: str | None = None) -> dict[str, tuple[str, Obj]]:
 
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 def test_no_container_is_privileged_and_all_are_hardened(name: str, values: dict[str, Any]) -> None:
-    for ds, box in ((ds, box) for ds in daemonsets(render(values)) for box in containers(ds)):
+    for ds, box in ((each, box) for each in daemonsets(render(values)) for box in containers(each)):
         spec, ctx = pod(ds), box["securityContext"]
         assert ctx["privileged"] is False
         assert ctx["allowPrivilegeEscalation"] is False
@@ -147,7 +147,8 @@ def test_host_paths_are_read_only_except_the_plugin_socket_dir(name: str, values
     for ds in daemonsets(objects):
         for box in containers(ds):
             for host_path, (_, mount) in host_mounts(ds, box["name"]).items():
-                assert bool(mount.get("readOnly")) is ((box["name"], host_path) not in writable), (box["name"], host_path)
+                read_only = (box["name"], host_path) not in writable
+                assert bool(mount.get("readOnly")) is read_only, (box["name"], host_path)
 
 
 def test_host_mounts_are_the_documented_ones() -> None:
@@ -194,7 +195,8 @@ def test_cluster_role_is_least_privilege(values: dict[str, Any], expected: list[
         assert find(objects, "ClusterRole") == [] and find(objects, "ClusterRoleBinding") == []
         return
     binding = one(objects, "ClusterRoleBinding", "gpu-labeller")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-labeller"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "gpu-labeller"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-labeller", "namespace": "gpu-labeller"}]
 
 
@@ -237,7 +239,8 @@ def test_device_plugin_following_the_config_label_may_only_read_nodes(values: di
     bindings = [b for b in find(objects, "ClusterRoleBinding") if account in [s["name"] for s in b["subjects"]]]
     assert [(b["roleRef"]["name"], b["subjects"]) for b in bindings] == [
         ("gpu-labeller-device-plugin", [{"kind": "ServiceAccount", "name": account, "namespace": "gpu-labeller"}])]
-    assert find(render({**values, "devicePlugin": {"enabled": False}}), "ClusterRole", "gpu-labeller-device-plugin") == []
+    assert find(render({**values, "devicePlugin": {"enabled": False}}), "ClusterRole",
+                "gpu-labeller-device-plugin") == []
 
 
 def test_device_plugin_runs_only_on_nodes_the_labeller_labelled() -> None:
@@ -253,11 +256,12 @@ def test_device_plugin_runs_only_on_nodes_the_labeller_labelled() -> None:
 
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 def test_resources_priority_tolerations_and_rollout(name: str, values: dict[str, Any]) -> None:
-    for ds, box in ((ds, box) for ds in daemonsets(render(values)) for box in containers(ds)):
+    for ds, box in ((each, box) for each in daemonsets(render(values)) for box in containers(each)):
         spec = pod(ds)
         resources = box["resources"]
         request, limit = (mebibytes(resources[kind]["memory"]) for kind in ("requests", "limits"))
-        assert request >= MEASURED_RSS_MIB[ds["metadata"]["name"]] and limit >= 2 * request  # room for a probe's peak, never an OOM kill at rest
+        # room for a probe's peak, never an OOM kill at rest
+        assert request >= MEASURED_RSS_MIB[ds["metadata"]["name"]] and limit >= 2 * request
         assert resources["requests"]["cpu"] == "10m" and "cpu" not in resources["limits"]  # no CPU throttling
         assert spec["priorityClassName"] == "system-node-critical"
         assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}
@@ -365,8 +369,8 @@ def test_mps_runs_the_control_daemon_beside_the_plugin_and_both_see_the_mps_root
     assert [c["name"] for c in containers(plugin)] == ["device-plugin", "mps-control-daemon"]
     daemon = host_mounts(plugin, "mps-control-daemon")
     assert daemon["/run/nvidia/mps"][0] == "/run/nvidia/mps" and daemon["/run/nvidia/mps/shm"][0] == "/dev/shm"
-    assert host_mounts(plugin)["/run/nvidia/mps"] == ("/run/nvidia/mps", {"name": "mps-root",
-                                                                          "mountPath": "/run/nvidia/mps", "readOnly": True})
+    assert host_mounts(plugin)["/run/nvidia/mps"] == (
+        "/run/nvidia/mps", {"name": "mps-root", "mountPath": "/run/nvidia/mps", "readOnly": True})
     assert host_mounts(labeller_ds(objects))["/run/nvidia/mps"][1]["readOnly"] is True
     mps_env = {e["name"]: e.get("value") for e in container(plugin, "mps-control-daemon")["env"]}
     assert mps_env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and mps_env["NVIDIA_VISIBLE_DEVICES"] == "all"

@@ -59,8 +59,8 @@ EXPECTED: dict[str | None, tuple[str, str, str]] = {None: ("1", GPU, "8"), "ts4"
 
 def ms(values: list[float]) -> str:
     ordered = sorted(v * 1000 for v in values)
-    return (f"median {statistics.median(ordered):.0f} ms, p95 {ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]:.0f}"
-            f" ms, max {ordered[-1]:.0f} ms")
+    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return f"median {statistics.median(ordered):.0f} ms, p95 {p95:.0f} ms, max {ordered[-1]:.0f} ms"
 
 
 class Cluster:
@@ -189,7 +189,8 @@ def main() -> int:
             while len(seen) < 2 and time.monotonic() - started < 10:  # one GET shows both: labels and status
                 node = admin.get_node(NODE)
                 now = time.monotonic()
-                if "labels" not in seen and node["metadata"].get("labels", {}).get("nvidia.com/gpu.replicas") == replicas:
+                replicas_now = node["metadata"].get("labels", {}).get("nvidia.com/gpu.replicas")
+                if "labels" not in seen and replicas_now == replicas:
                     seen["labels"] = now
                 if "capacity" not in seen and str(node["status"].get("allocatable", {}).get(resource)) == count:
                     seen["capacity"] = now

@@ -117,7 +117,8 @@ class Run:
         return dict(used)
 
 
-def timed(run: Run, names: list[str], created: dict[str, float], timeout: float = 60) -> tuple[list[float], list[float]]:
+def timed(run: Run, names: list[str], created: dict[str, float],
+          timeout: float = 60) -> tuple[list[float], list[float]]:
     """Seconds from creation to bound and to Running for each pod (polled every 10 ms)."""
     bound: dict[str, float] = {}
     running: dict[str, float] = {}
@@ -167,7 +168,8 @@ def main() -> int:
 
         extender_config = cluster.kubeconfig_for(EXTENDER_ACCOUNT, work / "kubeconfig-extender")
         ready = run.start_extender(extender_config)
-        check(ready is not None, f"the extender is ready with its ServiceAccount's token (chart RBAC) in {ready or 0:.2f} s")
+        check(ready is not None,
+              f"the extender is ready with its ServiceAccount's token (chart RBAC) in {ready or 0:.2f} s")
         config = work / "scheduler.yaml"
         config.write_text(SCHEDULER_CONFIG.format(port=args.port))
         subprocess.run([str(args.k8s / "scheduler-up.sh"), "--config", str(config)], env=cluster.env, check=True,
@@ -178,7 +180,8 @@ def main() -> int:
         bound, running = timed(run, ["first"], created)
         check(len(running) == 1, "a 7 GiB pod is scheduled by the real scheduler through the extender and Running")
         if running:
-            figure(f"one pod on idle nodes: created -> bound {bound[0] * 1000:.0f} ms, -> Running {running[0] * 1000:.0f} ms")
+            figure(f"one pod on idle nodes: created -> bound {bound[0] * 1000:.0f} ms, "
+                   f"-> Running {running[0] * 1000:.0f} ms")
 
         # 3. A burst.
         names = [f"burst-{i:02}" for i in range(args.burst)]
@@ -208,7 +211,8 @@ def main() -> int:
         run.create(pod_body("too-big", {"main": {gpushare.RESOURCE_MEM: str(UNITS + 1)}}))
 
         def reason() -> str:
-            text = cluster.kubectl("get", "events", "--field-selector", "involvedObject.name=too-big,reason=FailedScheduling",
+            text = cluster.kubectl("get", "events", "--field-selector",
+                                   "involvedObject.name=too-big,reason=FailedScheduling",
                                    "-o", "jsonpath={.items[*].message}")
             return text
         wait(lambda: "single GPU" in reason(), 30)
@@ -231,7 +235,8 @@ def main() -> int:
             cluster.kubectl("delete", "pod", name, "--wait=false")
         wait(lambda: not any(p["metadata"]["name"] in holders for p in admin.list_pods()[0]), 30)
         ready = run.start_extender(extender_config)
-        check(ready is not None, f"the extender restarted and rebuilt its view from the API server in {ready or 0:.2f} s")
+        check(ready is not None,
+              f"the extender restarted and rebuilt its view from the API server in {ready or 0:.2f} s")
         free_now = 8 * UNITS - sum(run.placed().values())
         created = {"whole": run.create(pod_body("whole", {"main": {gpushare.RESOURCE_MEM: str(UNITS)}}))}
         _, running = timed(run, ["whole"], created)

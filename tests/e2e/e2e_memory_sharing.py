@@ -147,8 +147,8 @@ def through_the_scheduler(cluster: Cluster, admin: Kube, args: argparse.Namespac
         else:
             used[index] += 4
     check(all_running is not None and not wrong,
-          f"every pod of the burst runs on the GPU the extender bound it to (GiB per GPU: {used}){'; ' if wrong else ''}"
-          + "; ".join(wrong))
+          f"every pod of the burst runs on the GPU the extender bound it to (GiB per GPU: {used})"
+          + "".join(f"; {w}" for w in wrong))
     check(max(used) <= UNITS, f"no GPU holds more than its {UNITS} GiB")
     body = pod_body("one-too-many", {"main": {gpushare.RESOURCE_MEM: "4"}}, None)
     del body["spec"]["nodeName"]
@@ -219,7 +219,7 @@ def main() -> int:
             started = time.monotonic()
             cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod_body(name, {"main": {gpushare.RESOURCE_MEM: "4"}},
                                                                             placed)))
-            took = wait(lambda: phase(name) == "Running", 30)
+            took = wait(lambda: phase(name) == "Running", 30)  # noqa: B023 - called before the loop moves on
             if took is not None:
                 to_running.append(time.monotonic() - started)
             event = next((e for e in allocations(dpk) if e.get("name") == name), {})
@@ -248,8 +248,8 @@ def main() -> int:
               "assigned after the second")
 
         # 3. No extender annotations: the pod fails with the plugin's message, not a fake device.
-        cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod_body("unplaced", {"main": {gpushare.RESOURCE_MEM: "2"}},
-                                                                        None)))
+        unplaced = pod_body("unplaced", {"main": {gpushare.RESOURCE_MEM: "2"}}, None)
+        cluster.kubectl("create", "-f", "-", stdin=json.dumps(unplaced))
         failed = wait(lambda: phase("unplaced") == "Failed", 30) is not None
         message = str(admin.get_pod("default", "unplaced").get("status", {}).get("message", ""))
         check(failed and "no pod bound to this node waits to start a container of 2 GiB" in message,
@@ -266,12 +266,14 @@ def main() -> int:
 
         check([can(v, "pods") for v in ("list", "patch", "create", "delete")] == ["yes", "yes", "no", "no"]
               and can("patch", "nodes") == "no" and can("create", "configmaps") == "no" and can("get", "nodes") == "no",
-              "the plugin's ServiceAccount may list and patch pods, and nothing else (no node access: no label followed)")
+              "the plugin's ServiceAccount may list and patch pods, and nothing else "
+              "(no node access: no label followed)")
         through_the_scheduler(cluster, admin, args, work, processes, dpk, gpus)
     finally:
         stop(*reversed(processes))
         if not args.keep:
-            subprocess.run([str(args.k8s / "scheduler-down.sh")], env=cluster.env, check=False, stdout=subprocess.DEVNULL)
+            subprocess.run([str(args.k8s / "scheduler-down.sh")], env=cluster.env, check=False,
+                           stdout=subprocess.DEVNULL)
             cluster.down()
         print(f"logs in {work}")
     failed_checks = [what for ok, what in results if not ok]

@@ -222,9 +222,11 @@ def cluster_up(k8s: Path, state: Path, keep: bool) -> Iterator[Cluster]:
 
 def managed_fields_of(cluster: Cluster) -> dict[str, list[str]]:
     node = cluster.admin().get_node(NODE)
-    return {f"{entry['manager']}/{entry['operation']}": sorted(k[2:] for k in entry["fieldsV1"]["f:metadata"]["f:labels"]
-                                                          if k.startswith("f:"))
-            for entry in node["metadata"]["managedFields"] if "f:labels" in entry.get("fieldsV1", {}).get("f:metadata", {})}
+    labelled = [entry for entry in node["metadata"]["managedFields"]
+                if "f:labels" in entry.get("fieldsV1", {}).get("f:metadata", {})]
+    return {f"{entry['manager']}/{entry['operation']}":
+            sorted(k[2:] for k in entry["fieldsV1"]["f:metadata"]["f:labels"] if k.startswith("f:"))
+            for entry in labelled}
 
 
 def step_once(cluster: Cluster) -> None:
@@ -241,7 +243,8 @@ def step_once(cluster: Cluster) -> None:
     ours = fields.get("gpu-labeller/Apply", [])
     figure(f"managedFields after our apply: gpu-labeller/Apply owns {len(ours)} labels; "
            f"kubectl-label/Update owns {fields.get('kubectl-label/Update')}")
-    check(KEY in ours and KEY not in fields.get("kubectl-label/Update", []), f"{KEY} is ours alone after the forced apply")
+    check(KEY in ours and KEY not in fields.get("kubectl-label/Update", []),
+          f"{KEY} is ours alone after the forced apply")
     check(not set(ADMIN) & set(ours), "no admin label in gpu-labeller's managedFields")
     adopted = [entry for entry in (json.loads(line) for line in once.stderr.splitlines() if line.startswith("{"))
                if entry.get("reason") == "adopted"]
@@ -327,7 +330,8 @@ def step_daemon(cluster: Cluster, tmp: Path) -> None:
         seconds = time_to_repair(cluster, REVERTED_KEY, expected[REVERTED_KEY], 600)
         figure(f"instant reverter for 30 s: gpu-labeller's writes per 10 s: {counts}; our value back "
                f"{time.monotonic() - stopped:.2f} s after the reverter stopped")
-        check(counts[0] > counts[-1] and sum(counts) < 100, "write rate bounded and falling against an instant reverter")
+        check(counts[0] > counts[-1] and sum(counts) < 100,
+              "write rate bounded and falling against an instant reverter")
     finally:
         daemon.stop()
 
@@ -401,7 +405,8 @@ def discover_raises_probe_error() -> bool:
 
 def untrusted_probe_keeps_labels(cluster: Cluster) -> None:
     before = cluster.labels()
-    bad = subprocess.run(run_args(cluster.labeller_kubeconfig, "--once", "--host-root", "/nonexistent", "--metrics-port", "0"),
+    bad = subprocess.run(run_args(cluster.labeller_kubeconfig, "--once", "--host-root", "/nonexistent",
+                                  "--metrics-port", "0"),
                          cwd=ROOT, capture_output=True, text=True, check=False)
     kept = cluster.labels() == before
     failed = [json.loads(line) for line in bad.stderr.splitlines() if '"probe-failed"' in line]
@@ -419,7 +424,8 @@ def step_probes(cluster: Cluster, tmp: Path) -> None:
     empty = tmp / "no-gpu.yaml"
     empty.write_text("name: no-gpu\nmachine: PowerEdge R650\n")
     before = cluster.labels()
-    done = subprocess.run(run_args(cluster.labeller_kubeconfig, "--once", "--simulate", str(empty), "--metrics-port", "0"),
+    done = subprocess.run(run_args(cluster.labeller_kubeconfig, "--once", "--simulate", str(empty),
+                                   "--metrics-port", "0"),
                           cwd=ROOT, capture_output=True, text=True, check=False)
     after = cluster.labels()
     gone = sorted(set(before) - set(after))
@@ -438,7 +444,8 @@ def step_cleanup(cluster: Cluster) -> None:
     check(done.returncode == 0 and all(labels.get(k) == v for k, v in ADMIN.items()), "admin labels survive cleanup")
     check(KEY not in labels and f"{NODE}: left nvidia.com/gpu.imex-domain (set by kubectl-label; --include-foreign "
           "removes it)" in done.stdout, "cleanup removed ours and names what it left")
-    dry = subprocess.run(cli(*cleanup, "--include-foreign", "--dry-run"), cwd=ROOT, capture_output=True, text=True, check=False)
+    dry = subprocess.run(cli(*cleanup, "--include-foreign", "--dry-run"), cwd=ROOT, capture_output=True,
+                         text=True, check=False)
     print("  " + "\n  ".join(dry.stdout.splitlines()), flush=True)
     check(cluster.labels() == labels, "--dry-run changes nothing")
     foreign = subprocess.run(cli(*cleanup, "--include-foreign"), cwd=ROOT, capture_output=True, text=True, check=False)
@@ -462,7 +469,8 @@ def main() -> None:
             cluster.revoke(name)
         for name in (NODE, CANARY):
             cluster.kubectl("delete", "node", name, "--ignore-not-found")
-            subprocess.run(["kubectl", "create", "-f", "-"], env=cluster.env, capture_output=True, check=True, text=True,
+            subprocess.run(["kubectl", "create", "-f", "-"], env=cluster.env, capture_output=True, check=True,
+                           text=True,
                            input=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {
                                "name": name, "labels": {"kubernetes.io/hostname": name}}}))
         cluster.grant("e2e-labeller-read", READ)

@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e.e2e_config_switch import Cluster  # noqa: E402
 from tests.e2e.e2e_ownership import add_k8s_argument, check, figure, results  # noqa: E402
 
-PROFILES = {"dgx-h100": {"nvidia.com/gpu": "8"}, "dgx-h100-4of8-shared": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "16"},
+PROFILES = {"dgx-h100": {"nvidia.com/gpu": "8"},
+            "dgx-h100-4of8-shared": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "16"},
             "mi300x-x8-spx": {"amd.com/gpu": "8"}, "t4-time-slicing": {"nvidia.com/gpu": "4"}}
 
 
@@ -49,7 +50,8 @@ def labels_of(profile: str) -> dict[str, str]:
 def node(cluster: Cluster, name: str, labels: dict[str, str], capacity: dict[str, str]) -> None:
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}))
-    status = {"capacity": {"cpu": "8", "pods": "110", **capacity}, "allocatable": {"cpu": "8", "pods": "110", **capacity}}
+    status = {"capacity": {"cpu": "8", "pods": "110", **capacity},
+              "allocatable": {"cpu": "8", "pods": "110", **capacity}}
     cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
 
 
@@ -96,7 +98,8 @@ def main() -> int:
         rows = {r["name"]: r for r in json.loads(result.stdout or "[]")}
         check(len(rows) == args.nodes and "cpu-000" not in rows, f"one row per GPU node ({len(rows)} rows)")
         used = {r["name"]: r["used"] for r in rows.get("gpu-000", {}).get("resources", [])}
-        check(used == {"nvidia.com/gpu": 3}, f"gpu-000 in use = Running 2 + Pending 1, Succeeded and unbound not counted: {used}")
+        check(used == {"nvidia.com/gpu": 3},
+              f"gpu-000 in use = Running 2 + Pending 1, Succeeded and unbound not counted: {used}")
         amd = {r["name"]: (r["capacity"], r["used"]) for r in rows.get("gpu-002", {}).get("resources", [])}
         check(amd == {"amd.com/gpu": (8, 3)}, f"gpu-002 amd.com/gpu capacity 8, in use 3 (Failed not counted): {amd}")
         check(all(r["labeller"] == "ready" and r["plugin"] == "ready" for r in rows.values()), "every node ready")
@@ -105,7 +108,8 @@ def main() -> int:
             began = time.monotonic()
             cli("nodes", "--kubeconfig", str(cluster.admin))
             timings.append(time.monotonic() - began)
-        figure(f"nodes on {args.nodes} GPU nodes (real v1.24 API server): median {sorted(timings)[2]:.2f} s over 5 cold runs")
+        figure(f"nodes on {args.nodes} GPU nodes (real v1.24 API server): median {sorted(timings)[2]:.2f} s "
+               "over 5 cold runs")
 
         live = cli("match", "nvidia.com/gpu.product=NVIDIA-H100-80GB", "--kubeconfig", str(cluster.admin))
         check(live.returncode == 1 and "closest existing value: NVIDIA-H100-80GB-HBM3" in live.stdout,
@@ -119,8 +123,10 @@ def main() -> int:
         for profile in PROFILES:
             wanted = yaml.safe_load(cli("labels", "--simulate", profile, "--format", "selector").stdout)["nodeSelector"]
             selector = ",".join(f"{k}={v}" for k, v in wanted.items())
-            selected = cluster.kubectl("get", "nodes", "-l", selector, "-o", "jsonpath={.items[*].metadata.name}").split()
-            expected = [f"gpu-{i:03d}" for i in range(args.nodes) if labels[names[i % len(names)]].items() >= wanted.items()]
+            selected = cluster.kubectl("get", "nodes", "-l", selector, "-o",
+                                       "jsonpath={.items[*].metadata.name}").split()
+            expected = [f"gpu-{i:03d}" for i in range(args.nodes)
+                        if labels[names[i % len(names)]].items() >= wanted.items()]
             check(sorted(selected) == sorted(expected) and f"gpu-{names.index(profile):03d}" in selected,
                   f"{profile}: its nodeSelector snippet selects the same {len(selected)} nodes on the real server")
     finally:

@@ -54,7 +54,8 @@ class Checks:
             self.failures.append(what)
 
 
-def dpkubelet(k8s: Path, sockets: Path, logs: Path, resources: list[str], pods: int) -> tuple[subprocess.Popen[str], JsonLines]:
+def dpkubelet(k8s: Path, sockets: Path, logs: Path, resources: list[str],
+              pods: int) -> tuple[subprocess.Popen[str], JsonLines]:
     args = [str(k8s / "bin" / "dpkubelet"), "--socket-dir", str(sockets), "--duration", "0", "--pods", str(pods),
             "--allocate", "1"]
     for resource in resources:
@@ -149,7 +150,8 @@ def mps_scenario(k8s: Path, work: Path, check: Checks) -> None:
         while not served_again() and time.monotonic() < deadline:
             time.sleep(0.05)
         withdrawn = any(e.get("event") == "plugin_stopped" for e in kubelet_log.since(kubelet_mark))
-        print(f"  replicas withdrawn while it was down: {'yes, and served again' if withdrawn else 'no (back within a look)'}")
+        answer = "yes, and served again" if withdrawn else "no (back within a look)"
+        print(f"  replicas withdrawn while it was down: {answer}")
         check(served_again(), "16 replicas served after the restart")
         mark, stopped = kubelet_log.mark(), time.monotonic()
         stop(daemon)

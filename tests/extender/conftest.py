@@ -17,7 +17,7 @@ from labeller import gpushare
 from labeller.extender.binder import BindOptions
 from labeller.extender.cli import Running, start
 from labeller.cluster.kube import Kube
-from tests.builders import wait_for
+from tests.builders import PATIENCE_S, wait_for
 from tests.fakes.apiserver import FakeApiServer
 
 Obj = dict[str, Any]
@@ -47,7 +47,7 @@ class Client:
         request = urllib.request.Request(self.base + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
+            with urllib.request.urlopen(request, timeout=PATIENCE_S) as answer:
                 raw = answer.read()
                 status = answer.status
         except urllib.error.HTTPError as err:
@@ -71,7 +71,8 @@ class Client:
         """The ExtenderBindingResult's Error ("" when bound)."""
         metadata = pod["metadata"]
         status, answer = self.call("POST", "/gpushare-scheduler/bind", {
-            "PodName": metadata["name"], "PodNamespace": metadata["namespace"], "PodUID": metadata["uid"], "Node": node})
+            "PodName": metadata["name"], "PodNamespace": metadata["namespace"], "PodUID": metadata["uid"],
+            "Node": node})
         assert status == 200, answer
         return str(answer["Error"])
 
@@ -105,7 +106,7 @@ class PluginStandIn:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(timeout=2)
+        self.thread.join(timeout=PATIENCE_S)
 
 
 Start = Callable[..., Running]

@@ -27,7 +27,8 @@ def test_readme_has_v1beta3_and_v1_examples_that_call_the_extender_as_it_serves(
     for config in configs.values():
         (extender,) = config["extenders"]
         assert extender["urlPrefix"].endswith(PREFIX)
-        assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == ("filter", "prioritize", "bind")
+        verbs = (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"])
+        assert verbs == ("filter", "prioritize", "bind")
         assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
         assert extender["managedResources"] == [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}]
         assert float(extender["httpTimeout"].rstrip("s")) > 4  # above the default --bind-wait

@@ -60,7 +60,8 @@ def test_node_shape_is_gpushares_capacity_rule_and_unhealthy_list_is_read_lenien
     assert unhealthy_gpus({}) == frozenset()
 
 
-def pod(name: str, units: int, gpu: int | None, node: str | None = "n", rv: int = 1, **annotations: str) -> dict[str, Any]:
+def pod(name: str, units: int, gpu: int | None, node: str | None = "n", rv: int = 1,
+        **annotations: str) -> dict[str, Any]:
     notes = dict(annotations)
     if gpu is not None:
         notes[gpushare.ANN_IDX] = str(gpu)

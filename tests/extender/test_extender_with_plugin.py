@@ -19,9 +19,11 @@ from labeller import gpushare
 from labeller.extender.binder import BindOptions
 from labeller.extender.cli import Running, start
 from labeller.cluster.kube import Kube
-from tests.builders import wait_for
+from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import Client
 from tests.plugin.test_plugin_memory import COUNT, MEM, NODE, UNITS_PER_GPU, Node, cuda, memory_node
+
+pytestmark = pytest.mark.slow  # the extender, the device plugin and the kubelet emulator at work
 
 Obj = dict[str, Any]
 
@@ -66,7 +68,7 @@ class Kubelet:
                 try:
                     self.envs[name] = self.node.admit(*units)
                     self.node.api.set_pod_phase(name, "Running")
-                except Exception as exc:  # the pod fails with the plugin's reason
+                except Exception as exc:  # noqa: BLE001 - whatever it is, the pod fails with it
                     self.failures[name] = str(exc)
 
     def __enter__(self) -> Kubelet:
@@ -75,10 +77,10 @@ class Kubelet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=PATIENCE_S)
 
 
-def schedule(client: Client, pod: Obj, deadline_s: float = 20.0) -> str:
+def schedule(client: Client, pod: Obj, deadline_s: float = PATIENCE_S) -> str:
     """What kube-scheduler does with the extender: filter, then bind; a held node is retried.
     Returns "" when bound, else the reason the node was filtered out."""
     deadline = time.monotonic() + deadline_s
@@ -89,21 +91,22 @@ def schedule(client: Client, pod: Obj, deadline_s: float = 20.0) -> str:
             return str(reasons[NODE])
         if client.bind(pod, NODE) == "":
             return ""
-        time.sleep(0.02)
+        time.sleep(0.02)  # the scheduler tries the pod again later: a held node is released by Allocate
     raise AssertionError(f"{pod['metadata']['name']} was not scheduled in {deadline_s} s")
 
 
 def test_pods_created_at_once_each_get_the_gpu_they_were_bound_to(node: Node, extender: Running) -> None:
     client = Client(extender.http.port)
     equal = [node.api.create_pod(f"equal-{i}", containers={"main": cuda(7)}) for i in range(6)]
-    mixed = node.api.create_pod("mixed", containers={"a": cuda(3), "b": cuda(2), "sidecar": {"cpu": "1", "memory": "1Gi"}})
+    mixed = node.api.create_pod("mixed",
+                                containers={"a": cuda(3), "b": cuda(2), "sidecar": {"cpu": "1", "memory": "1Gi"}})
     pods = [*equal, mixed]
     wait_for(lambda: extender.cache.counts[0] == 1)
 
     with Kubelet(node) as kubelet, ThreadPoolExecutor(max_workers=len(pods)) as scheduler:
         errors = list(scheduler.map(lambda pod: schedule(client, pod), pods))
         assert errors == [""] * len(pods)
-        assert wait_for(lambda: len(kubelet.envs) + len(kubelet.failures) == len(pods), 10)
+        assert wait_for(lambda: len(kubelet.envs) + len(kubelet.failures) == len(pods))
     assert kubelet.failures == {}
 
     on_gpu: collections.Counter[int] = collections.Counter()

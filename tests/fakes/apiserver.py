@@ -5,13 +5,18 @@ for what gpu-labeller touches: Nodes (get, list and watch with field and label s
 pages, merge / strategic-merge / JSON / server-side-apply patches with per-field-manager label
 ownership, resourceVersion and 409), Pods (create, get, list and watch across or within namespaces
 with field and label selectors and pages, metadata merge patches with a resourceVersion
-precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature objects, and Events.
+precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature objects, Events, and
+``resource.k8s.io/v1`` ResourceSlices (create, get, list and watch with field selectors on
+``spec.nodeName`` and ``spec.driver``, update with a resourceVersion precondition, delete with a uid
+precondition; the API's validation of what a driver writes) and ResourceClaims (create, get, and
+``set_claim_allocation`` as the scheduler writes ``status.allocation``).
 Faults are injected on demand: RBAC 403, 5xx, slow answers and dropped connections. Every request
 is logged and counted by verb.
 
 One class per concern: ``Ownership`` (managedFields for labels), ``NodeStore`` (nodes, the one
 resourceVersion counter and watch history), ``Selector`` (field and label selectors),
-``ObjectStore`` (namespaced objects: ConfigMaps) and ``PodStore`` (Pods and their binding),
+``ObjectStore`` (namespaced objects: ConfigMaps), ``PodStore`` (Pods and their binding),
+``SliceStore`` (ResourceSlices, cluster-scoped) and ``ClaimStore`` (ResourceClaims),
 ``Faults``, ``RequestLog``, ``Handler`` (HTTP routing) and ``FakeApiServer`` (start/stop,
 kubeconfig, test helpers).
 """
@@ -36,6 +41,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 Obj = dict[str, Any]
 NFD_GROUP_PATH = "/apis/nfd.k8s-sigs.io/v1alpha1"
+RESOURCE_GROUP_PATH = "/apis/resource.k8s.io/v1"
 DEFAULT_UPDATE_MANAGER = "kubectl-edit"
 
 
@@ -128,7 +134,8 @@ class Ownership:
         for key, entries in sorted(self.owners.items()):
             for entry in entries:
                 per_entry.setdefault(entry, {})[f"f:{key}"] = {}
-        return [{"manager": manager, "operation": operation, "apiVersion": "v1", "time": self.times.get((manager, operation), _now()),
+        return [{"manager": manager, "operation": operation, "apiVersion": "v1",
+                 "time": self.times.get((manager, operation), _now()),
                  "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": fields}}}
                 for (manager, operation), fields in sorted(per_entry.items())]
 
@@ -185,7 +192,8 @@ def page(items: Iterator[tuple[str, Obj]], rv: str, limit: str | None,
                 break
     more = size > 0 and len(chosen) > size
     chosen = chosen[:size] if more else chosen
-    next_token = base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": chosen[-1][0]}).encode()).decode() if more else None
+    next_token = (base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": chosen[-1][0]}).encode()).decode()
+                  if more else None)
     return [copy.deepcopy(obj) for _, obj in chosen], rv, next_token
 
 
@@ -402,6 +410,8 @@ NODE_FIELDS = ("metadata.name", "spec.unschedulable")
 POD_FIELDS = ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.schedulerName", "status.phase",
               "spec.serviceAccountName")
 CONFIG_MAP_FIELDS = ("metadata.name", "metadata.namespace")
+# What a real v1.34 server selects ResourceSlices on (pkg/apis/resource: ResourceSliceSelector*).
+SLICE_FIELDS = ("metadata.name", "spec.nodeName", "spec.driver")
 
 
 # --------------------------------------------------------------------------- namespaced objects
@@ -413,6 +423,8 @@ class ObjectStore:
     counter and watch history, as every resource of a real cluster shares etcd's revision."""
 
     fields: tuple[str, ...] = CONFIG_MAP_FIELDS
+    api_version = "v1"
+    cluster_scoped = False  # keyed by ("", name); its objects have no namespace
 
     def __init__(self, store: NodeStore, resource: str, kind: str) -> None:
         self.store, self.resource, self.kind = store, resource, kind
@@ -435,6 +447,9 @@ class ObjectStore:
     def defaults(self, obj: Obj) -> None:
         """Fields the server fills in at create."""
 
+    def validate(self, obj: Obj) -> None:
+        """The server's validation of a created or replaced object: ApiError 422 when it is invalid."""
+
     def create(self, namespace: str, body: Obj) -> Obj:
         obj = copy.deepcopy(body)
         metadata = obj.setdefault("metadata", {})
@@ -445,9 +460,11 @@ class ObjectStore:
             if (namespace, name) in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{self.resource} "{name}" already exists',
                                {"name": name, "kind": self.resource})
-            obj.update({"kind": self.kind, "apiVersion": "v1"})
-            metadata.update({"namespace": namespace, "uid": str(uuid.uuid4()), "creationTimestamp": _now(),
-                             "resourceVersion": self.store._bump()})
+            self.validate(obj)
+            obj.update({"kind": self.kind, "apiVersion": self.api_version})
+            metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "resourceVersion": self.store._bump()})
+            if not self.cluster_scoped:
+                metadata["namespace"] = namespace
             self.defaults(obj)
             self.objects[(namespace, name)] = obj
             self.store.record(self.resource, "ADDED", copy.deepcopy(obj))
@@ -460,9 +477,11 @@ class ObjectStore:
     def list(self, namespace: str | None, match: Match = _everything, limit: str | None = None,
              token: str | None = None) -> tuple[list[Obj], str, str | None]:
         with self.store.lock:
-            keyed = sorted(((f"{ns}/{name}", obj) for (ns, name), obj in self.objects.items() if namespace in (None, ns)),
+            keyed = sorted(((f"{ns}/{name}", obj) for (ns, name), obj in self.objects.items()
+                            if namespace in (None, ns)),
                            key=lambda pair: pair[0])
-            return page(((key, obj) for key, obj in keyed if match(obj)), str(self.store.resource_version), limit, token)
+            return page(((key, obj) for key, obj in keyed if match(obj)),
+                        str(self.store.resource_version), limit, token)
 
     def change(self, namespace: str, name: str, edit: Callable[[Obj], None], stale_rv: str | None = None) -> Obj:
         """Run ``edit`` on the object; a new resourceVersion and a MODIFIED event when anything changed."""
@@ -491,15 +510,24 @@ class ObjectStore:
         sent = (body.get("metadata") or {}).get("resourceVersion")
 
         def swap(obj: Obj) -> None:
-            kept = {key: obj["metadata"][key] for key in ("namespace", "uid", "creationTimestamp", "resourceVersion")}
+            kept = {key: obj["metadata"][key] for key in ("namespace", "uid", "creationTimestamp", "resourceVersion")
+                    if key in obj["metadata"]}
+            replaced = copy.deepcopy(body)
+            replaced.setdefault("metadata", {}).update(kept)
+            replaced.update({"kind": self.kind, "apiVersion": self.api_version})
+            self.validate(replaced)
             obj.clear()
-            obj.update(copy.deepcopy(body))
-            obj["metadata"].update(kept)
+            obj.update(replaced)
         return self.change(namespace, name, swap, stale_rv=str(sent) if sent else None)
 
-    def delete(self, namespace: str, name: str) -> Obj:
+    def delete(self, namespace: str, name: str, uid: str | None = None) -> Obj:
+        """Delete; with ``uid``, only that object (409, as the real server's precondition)."""
         with self.store.lock:
             obj = self._existing(namespace, name)
+            if uid and uid != obj["metadata"]["uid"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {self.resource} "{name}": '
+                               f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                               f"{obj['metadata']['uid']}", {"name": name, "kind": self.resource})
             del self.objects[(namespace, name)]
             obj["metadata"]["resourceVersion"] = self.store._bump()
             self.store.record(self.resource, "DELETED", copy.deepcopy(obj))
@@ -538,6 +566,92 @@ class PodStore(ObjectStore):
             raise ApiError(422, "Invalid", "Binding is invalid: target.name: Required value")
         self.change(namespace, name, assign)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+
+# DNS label / subdomain, as the API validates device, driver and object names.
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+ATTRIBUTE_TYPES = ("int", "bool", "string", "version")
+MAX_DEVICES_PER_SLICE = 128
+SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
+QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
+
+
+def invalid(kind: str, name: str, problems: list[str]) -> ApiError:
+    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {"; ".join(problems)}',
+                    {"name": name, "kind": kind, "causes": [{"message": p} for p in problems]})
+
+
+class SliceStore(ObjectStore):
+    """ResourceSlices (``resource.k8s.io/v1``, cluster-scoped), validated as the real server does for
+    what a driver writes: names, the pool, one node field, at most 128 devices, DNS-label device names
+    unique in the slice, attribute values of exactly one type (versions semver), capacities quantities."""
+
+    fields = SLICE_FIELDS
+    api_version = "resource.k8s.io/v1"
+    cluster_scoped = True
+
+    def __init__(self, store: NodeStore) -> None:
+        super().__init__(store, "resourceslices", "ResourceSlice")
+
+    def validate(self, obj: Obj) -> None:
+        name = str(obj.get("metadata", {}).get("name") or "")
+        spec = obj.get("spec") or {}
+        problems: list[str] = []
+        if not DNS_SUBDOMAIN.fullmatch(name):
+            problems.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain")
+        if not DNS_SUBDOMAIN.fullmatch(str(spec.get("driver") or "")):
+            problems.append("spec.driver: Invalid value: a DNS subdomain is required")
+        pool = spec.get("pool") or {}
+        if not pool.get("name"):
+            problems.append("spec.pool.name: Required value")
+        if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+            problems.append("spec.pool.generation: Invalid value: must be a non-negative integer")
+        if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
+            problems.append("spec.pool.resourceSliceCount: Invalid value: must be greater than zero")
+        if sum(1 for key in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(key)) != 1:
+            problems.append("spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+                            "`perDeviceNodeSelection` is required")
+        devices = spec.get("devices") or []
+        if len(devices) > MAX_DEVICES_PER_SLICE:
+            problems.append(f"spec.devices: Too many: {len(devices)}: must have at most {MAX_DEVICES_PER_SLICE} items")
+        seen: set[str] = set()
+        for i, device in enumerate(devices):
+            problems += self._device_problems(f"spec.devices[{i}]", device, seen)
+        if problems:
+            raise invalid("ResourceSlice", name, problems)
+
+    @staticmethod
+    def _device_problems(where: str, device: Obj, seen: set[str]) -> list[str]:
+        problems = []
+        device_name = str(device.get("name") or "")
+        if not DNS_LABEL.fullmatch(device_name):
+            problems.append(f"{where}.name: Invalid value: {device_name!r}: a lowercase RFC 1123 label")
+        elif device_name in seen:
+            problems.append(f"{where}.name: Duplicate value: {device_name!r}")
+        seen.add(device_name)
+        for key, value in (device.get("attributes") or {}).items():
+            given = [t for t in ATTRIBUTE_TYPES if t in (value or {})]
+            if len(given) != 1:
+                problems.append(f"{where}.attributes[{key}]: Invalid value: exactly one value must be specified")
+            elif given[0] == "version" and not SEMVER.fullmatch(str(value["version"])):
+                problems.append(f"{where}.attributes[{key}].version: Invalid value: {value['version']!r}: "
+                                "must be a semantic version")
+        for key, value in (device.get("capacity") or {}).items():
+            if not QUANTITY.fullmatch(str((value or {}).get("value") or "")):
+                problems.append(f"{where}.capacity[{key}].value: Invalid value: {value!r}: a quantity")
+        return problems
+
+
+class ClaimStore(ObjectStore):
+    """ResourceClaims (``resource.k8s.io/v1``): what the scheduler and the resourceclaim controller
+    leave in them is written by tests (``FakeApiServer.create_resource_claim``)."""
+
+    fields = CONFIG_MAP_FIELDS
+    api_version = "resource.k8s.io/v1"
+
+    def __init__(self, store: NodeStore) -> None:
+        super().__init__(store, "resourceclaims", "ResourceClaim")
 
 
 # --------------------------------------------------------------------------- faults and request log
@@ -730,7 +844,7 @@ class Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in path.strip("/").split("/")]
         if parts[:2] == ["api", "v1"]:
             parts = parts[2:]
-        elif "/" + "/".join(parts[:3]) == NFD_GROUP_PATH:
+        elif "/" + "/".join(parts[:3]) in (NFD_GROUP_PATH, RESOURCE_GROUP_PATH):
             parts = parts[3:]
         else:
             return "unknown", None, None
@@ -783,8 +897,8 @@ class Handler(BaseHTTPRequestHandler):
                 with api.store.lock:
                     return 200, api.store.get(name)
             if verb == "list":
-                return 200, self._list("NodeList", *api.store.list_nodes(api.selector(resource, query), query.get("limit"),
-                                                                          query.get("continue")))
+                nodes = api.store.list_nodes(api.selector(resource, query), query.get("limit"), query.get("continue"))
+                return 200, self._list("NodeList", *nodes)
             if verb == "patch":
                 assert name is not None
                 return 200, self._patch_node(name, body, query)
@@ -814,6 +928,8 @@ class Handler(BaseHTTPRequestHandler):
             match = self.server.api.selector(objects.resource, query)
             return 200, self._list(f"{objects.kind}List", *objects.list(namespace, match, query.get("limit"),
                                                                         query.get("continue")))
+        if objects.cluster_scoped:
+            namespace = ""
         if namespace is None:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({self.path})")
         if verb == "create":
@@ -823,7 +939,8 @@ class Handler(BaseHTTPRequestHandler):
         if verb == "get":
             return 200, objects.get(namespace, name)
         if verb == "delete":
-            return 200, objects.delete(namespace, name)
+            uid = ((body or {}).get("preconditions") or {}).get("uid")
+            return 200, objects.delete(namespace, name, uid)
         if verb == "update":
             return 200, objects.replace(namespace, name, body or {})
         if verb == "patch":
@@ -907,7 +1024,8 @@ class Handler(BaseHTTPRequestHandler):
 def forbidden_message(user: str, verb: str, resource: str, name: str | None, namespace: str | None) -> str:
     """The real API server's RBAC refusal (real-kubernetes-behaviour.md). A list or watch names the
     object of its metadata.name field selector, as a real v1.24 server does, and no object without one."""
-    group = "nfd.k8s-sigs.io" if resource == "nodefeatures" else ""
+    group = {"nodefeatures": "nfd.k8s-sigs.io", "resourceslices": "resource.k8s.io",
+             "resourceclaims": "resource.k8s.io"}.get(resource, "")
     subject = f'{resource} "{name}"' if name else resource
     scope = f'the namespace "{namespace}"' if namespace else "the cluster scope"
     return (f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "{group}" '
@@ -938,7 +1056,11 @@ class FakeApiServer:
         self.store = NodeStore()
         self.pods = PodStore(self.store)
         self.config_maps = ObjectStore(self.store, "configmaps", "ConfigMap")
-        self.namespaced: dict[str, ObjectStore] = {"pods": self.pods, "configmaps": self.config_maps}
+        self.resource_slices = SliceStore(self.store)
+        self.resource_claims = ClaimStore(self.store)
+        self.namespaced: dict[str, ObjectStore] = {"pods": self.pods, "configmaps": self.config_maps,
+                                                   "resourceslices": self.resource_slices,
+                                                   "resourceclaims": self.resource_claims}
         self.faults = Faults()
         self.log = RequestLog()
         self.max_watch_s = max_watch_s
@@ -1047,6 +1169,38 @@ class FakeApiServer:
         if exists:
             return self.config_maps.change(namespace, name, lambda obj: obj.update({"data": dict(data)}))
         return self.config_maps.create(namespace, {"metadata": {"name": name}, "data": dict(data)})
+
+    def slices(self, node: str | None = None, driver: str | None = None) -> list[Obj]:
+        """The ResourceSlices (of ``node`` and ``driver`` when given), by name."""
+        items, _, _ = self.resource_slices.list(None)
+        return [s for s in items if node in (None, s["spec"].get("nodeName")) and driver in (None, s["spec"]["driver"])]
+
+    def create_slice(self, name: str, node: str, driver: str, devices: list[Obj], generation: int = 1,
+                     pool: str | None = None) -> Obj:
+        """A ResourceSlice as another writer (a previous plugin, another driver) leaves it."""
+        return self.resource_slices.create("", {"metadata": {"name": name}, "spec": {
+            "driver": driver, "nodeName": node, "devices": devices,
+            "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": 1}}})
+
+    def delete_slice(self, name: str) -> Obj:
+        return self.resource_slices.delete("", name)
+
+    def create_resource_claim(self, name: str, namespace: str = "default", *,
+                              results: list[Obj] | None = None) -> Obj:
+        """A ResourceClaim; with ``results`` (each {"request", "driver", "pool", "device"}), allocated
+        as the scheduler leaves it."""
+        claim = self.resource_claims.create(namespace, {"metadata": {"name": name}, "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}, "status": {}})
+        return self.set_claim_allocation(name, results, namespace) if results is not None else claim
+
+    def set_claim_allocation(self, name: str, results: list[Obj] | None, namespace: str = "default") -> Obj:
+        """What the scheduler writes into ``status.allocation`` (None: deallocated)."""
+        def allocate(claim: Obj) -> None:
+            if results is None:
+                claim["status"].pop("allocation", None)
+            else:
+                claim["status"]["allocation"] = {"devices": {"results": [dict(r) for r in results]}}
+        return self.resource_claims.change(namespace, name, allocate)
 
     def labels(self, name: str) -> dict[str, str]:
         with self.store.lock:

@@ -38,6 +38,7 @@ import grpc
 
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
+from tests.builders import PATIENCE_S
 
 KUBELET_SOCKET = "kubelet.sock"
 SUPPORTED_VERSIONS = ("v1beta1",)
@@ -228,7 +229,8 @@ class FakeKubelet:
         with self._lock:
             return self.endpoints.get(resource)
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = PATIENCE_S) -> bool:
+        """Whether ``predicate()`` (called with the kubelet's state locked) held within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while not predicate():
@@ -240,7 +242,8 @@ class FakeKubelet:
 
     # --- pods ---------------------------------------------------------------------------------
 
-    def admit_each(self, resource: str, containers: list[int]) -> tuple[list[pb.ContainerAllocateResponse], list[list[str]]]:
+    def admit_each(self, resource: str,
+                   containers: list[int]) -> tuple[list[pb.ContainerAllocateResponse], list[list[str]]]:
         """Admit a pod as a real kubelet's device manager does (``allocateContainerResources``): one
         GetPreferredAllocation and one Allocate call per container that asks for ``resource``, in
         order; the first failure fails the pod (AdmissionError) and frees what it took."""
@@ -273,9 +276,10 @@ class FakeKubelet:
             ids = self._preferred(endpoint, free, count) or free[:count]
             chosen.append(ids)
             free = [i for i in free if i not in ids]
-        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in chosen])
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)
+                                                         for ids in chosen])
         try:
-            response = endpoint.stub.Allocate(request, timeout=5)
+            response = endpoint.stub.Allocate(request, timeout=PATIENCE_S)
         except grpc.RpcError as exc:  # the pod fails with UnexpectedAdmissionError
             raise AdmissionError(f"{resource}: Allocate failed: {exc.code().name}: {exc.details()}") from None
         if len(response.container_responses) != len(chosen):
@@ -283,7 +287,7 @@ class FakeKubelet:
                                  f"responses for {len(chosen)} container requests")
         if endpoint.options.pre_start_required:
             for ids in chosen:
-                endpoint.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=30)
+                endpoint.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=PATIENCE_S)
         with self._lock:
             taken.update(i for ids in chosen for i in ids)
         return response, chosen
@@ -297,7 +301,7 @@ class FakeKubelet:
             return None
         request = pb.PreferredAllocationRequest(container_requests=[
             pb.ContainerPreferredAllocationRequest(available_deviceIDs=free, allocation_size=count)])
-        answer = endpoint.stub.GetPreferredAllocation(request, timeout=5).container_responses
+        answer = endpoint.stub.GetPreferredAllocation(request, timeout=PATIENCE_S).container_responses
         ids = list(answer[0].deviceIDs) if answer else []
         valid = len(ids) == count and len(set(ids)) == count and set(ids) <= set(free)
         return ids if valid else None

@@ -15,7 +15,8 @@ def pod(*containers: dict[str, Any], annotations: dict[str, str] | None = None, 
     return {"metadata": metadata, "spec": {"containers": list(containers)}, "status": {"phase": phase}}
 
 
-def container(name: str, limits: dict[str, str] | None = None, requests: dict[str, str] | None = None) -> dict[str, Any]:
+def container(name: str, limits: dict[str, str] | None = None,
+              requests: dict[str, str] | None = None) -> dict[str, Any]:
     resources: dict[str, Any] = {}
     if limits is not None:
         resources["limits"] = limits

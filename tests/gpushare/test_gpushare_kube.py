@@ -10,7 +10,7 @@ import pytest
 
 from labeller.gpushare import RESOURCE_MEM
 from labeller.cluster.kube import Conflict, Gone, Kube, KubeError, NotFound
-from tests.builders import wait_for
+from tests.builders import PATIENCE_S, wait_for
 from tests.fakes.apiserver import FakeApiServer
 
 
@@ -34,8 +34,10 @@ def test_list_pods_spans_namespaces_in_pages_and_filters_by_field_and_label(api:
     assert len(items) == 7 and rv
     assert api.log.count("list", "pods") == 4  # 2 + 2 + 2 + 1
     assert names(kube.list_pods(field_selector="spec.nodeName=n1")[0]) == ["team-a/p1", "team-b/p0", "team-b/p2"]
-    assert names(kube.list_pods(field_selector="spec.nodeName=n1,status.phase!=Running")[0]) == ["team-a/p1", "team-b/p2"]
-    assert names(kube.list_pods(field_selector="spec.nodeName=")[0]) == ["team-a/p3", "team-a/p5", "team-b/p4", "team-b/p6"]
+    assert names(kube.list_pods(field_selector="spec.nodeName=n1,status.phase!=Running")[0]) == ["team-a/p1",
+                                                                                                 "team-b/p2"]
+    assert names(kube.list_pods(field_selector="spec.nodeName=")[0]) == ["team-a/p3", "team-a/p5",
+                                                                         "team-b/p4", "team-b/p6"]
     assert names(kube.list_pods(label_selector="app in (serve)")[0]) == ["team-a/p5", "team-b/p6"]
     assert names(kube.list_pods(label_selector="app!=train,app")[0]) == ["team-a/p5", "team-b/p6"]
     assert names(kube.list_pods(field_selector="metadata.name=p3")[0]) == ["team-a/p3"]
@@ -79,7 +81,7 @@ def test_pod_watch_sees_binding_as_added_to_a_node_filter_and_deletion(api: Fake
     seen: list[tuple[str, str]] = []
 
     def follow() -> None:
-        for kind, obj in kube.watch_pods(rv, field_selector="spec.nodeName=n1", timeout_s=3):
+        for kind, obj in kube.watch_pods(rv, field_selector="spec.nodeName=n1", timeout_s=int(PATIENCE_S)):
             if kind != "BOOKMARK":
                 seen.append((kind, obj["metadata"]["name"]))
             if kind == "DELETED":
@@ -91,7 +93,7 @@ def test_pod_watch_sees_binding_as_added_to_a_node_filter_and_deletion(api: Fake
     kube.bind_pod("default", "p", uid, "n1")
     api.set_pod_annotations("p", {"a": "b"})
     api.delete_pod("p")
-    thread.join(timeout=5)
+    thread.join(timeout=PATIENCE_S)
     assert seen == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p")]
 
 
@@ -116,14 +118,14 @@ def test_nodes_list_in_pages_with_status_and_watch(api: FakeApiServer, kube: Kub
     events: list[tuple[str, str]] = []
 
     def follow() -> None:
-        for kind, obj in kube.watch_nodes(rv, timeout_s=2):
+        for kind, obj in kube.watch_nodes(rv, timeout_s=int(PATIENCE_S)):
             events.append((kind, obj["metadata"]["name"]))
             return
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
     api.create_pod("not-a-node")
     api.set_node_status("n3", capacity={RESOURCE_MEM: "8"})
-    thread.join(timeout=5)
+    thread.join(timeout=PATIENCE_S)
     assert events == [("MODIFIED", "n3")]
 
 

@@ -50,7 +50,8 @@ def test_mig_memory_gb_matches_nvidia_profile_names(memory_mib: int, total_bytes
 
 
 def test_dgx_like_node_is_fully_described(tmp_path: Path) -> None:
-    inventory = inventory_of(tmp_path, section(h100(repeat=2, numa_node=[0, 1], nvlink_peers="all", pci_device_id=0x2330)))
+    inventory = inventory_of(tmp_path,
+                             section(h100(repeat=2, numa_node=[0, 1], nvlink_peers="all", pci_device_id=0x2330)))
     assert inventory.part(NvidiaInventory) is not None
     assert (nvidia_part(inventory).driver_version, nvidia_part(inventory).cuda_driver_version) == ("550.54.15", 12040)
     first, second = nvidia_part(inventory).gpus
@@ -75,14 +76,16 @@ def test_nvml_is_shut_down_after_every_probe(tmp_path: Path) -> None:
 def test_mig_devices_get_go_nvlib_profile_names(tmp_path: Path) -> None:
     migs = [
         {"profile": "1c.3g.20gb", "uuid": "MIG-c{i}", "memory_mib": 20096, "multiprocessors": 14, "gpu_instance_id": 1},
-        {"profile": "2c.3g.20gb", "uuid": "MIG-d{i}", "memory_mib": 20096, "gpu_instance_id": 1, "compute_instance_id": 1},
+        {"profile": "2c.3g.20gb", "uuid": "MIG-d{i}", "memory_mib": 20096, "gpu_instance_id": 1,
+         "compute_instance_id": 1},
         {"profile": "1g.5gb+me", "uuid": "MIG-e{i}", "memory_mib": 4864, "engines_jpeg": 1, "engines_ofa": 1},
         {"profile": "1g.5gb", "uuid": "MIG-f{i}", "memory_mib": 4864},
     ]
     inventory = inventory_of(tmp_path, section(a100(mig_mode="enabled", mig_devices=migs)))
     assert inventory.part(NvidiaInventory) is not None
     gpu = nvidia_part(inventory).gpus[0]
-    assert gpu.mig_enabled and [m.profile for m in gpu.mig_devices] == ["1c.3g.20gb", "2c.3g.20gb", "1g.5gb+me", "1g.5gb"]
+    assert gpu.mig_enabled and [m.profile for m in gpu.mig_devices] == ["1c.3g.20gb", "2c.3g.20gb",
+                                                                        "1g.5gb+me", "1g.5gb"]
     plus_me = gpu.mig_devices[2]
     assert plus_me.resource_name == "nvidia.com/mig-1g.5gb.me"
     assert (plus_me.memory_mib, plus_me.slices_gi, plus_me.slices_ci, plus_me.engines_jpeg) == (4864, 1, 1, 1)
@@ -98,7 +101,8 @@ def test_nvml_library_missing_leaves_pci_presence_only(tmp_path: Path) -> None:
     assert report.detail.startswith("NVML library not found")
     assert "nvidia.com/gpu.present still set from PCI" in report.detail
     assert any(e.get("vendor") == "nvidia" and "NVML library not found" in e.get("reason", "") for e in logs)
-    assert labels_of(tmp_path / "again", section(h100(), nvml_error="library_not_found")) == {"nvidia.com/gpu.present": "true"}
+    assert labels_of(tmp_path / "again",
+                     section(h100(), nvml_error="library_not_found")) == {"nvidia.com/gpu.present": "true"}
 
 
 def test_driver_not_loaded_is_unavailable_and_unbinds_the_driver(tmp_path: Path) -> None:

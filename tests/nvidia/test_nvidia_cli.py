@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from labeller.cli import main
-from tests.builders import h100, section
+from tests.builders import PATIENCE_S, h100, section
 
 NVIDIA_PROFILES = ("dgx-h100", "dgx-a100-mig-mixed", "a100-mig-single", "t4-time-slicing", "h100-pcie-driver-2part")
 
@@ -27,8 +27,10 @@ def parse(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if line)
 
 
+@pytest.mark.slow
 def test_dgx_h100_end_to_end() -> None:
-    result = subprocess.run([*cli(), "labels", "--simulate", "dgx-h100"], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([*cli(), "labels", "--simulate", "dgx-h100"], capture_output=True, text=True,
+                            timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     found = parse(result.stdout)
     expected = {
@@ -78,7 +80,8 @@ def test_builtin_profiles_are_listed_with_one_line_descriptions() -> None:
 
 
 def test_mixed_profile_counts_what_each_resource_offers() -> None:
-    labels = json.loads(CliRunner().invoke(main, ["labels", "--simulate", "dgx-a100-mig-mixed", "--format", "json"]).output)
+    labels = json.loads(CliRunner().invoke(main,
+                                           ["labels", "--simulate", "dgx-a100-mig-mixed", "--format", "json"]).output)
     # gpu.count: the 4 whole GPUs advertised as nvidia.com/gpu (GFD would count all 8 physical GPUs);
     # 2 GPUs x 7 1g.5gb + 2 GPUs x (3g.20gb + 2g.10gb + 2 x 1g.5gb)
     assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/mig-1g.5gb.count"]) == ("4", "18")
@@ -87,8 +90,10 @@ def test_mixed_profile_counts_what_each_resource_offers() -> None:
 
 
 def test_single_profile_and_time_slicing_profile() -> None:
-    single = json.loads(CliRunner().invoke(main, ["labels", "--simulate", "a100-mig-single", "--format", "json"]).output)
-    assert (single["nvidia.com/gpu.product"], single["nvidia.com/gpu.count"]) == ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "56")
+    single = json.loads(CliRunner().invoke(main,
+                                           ["labels", "--simulate", "a100-mig-single", "--format", "json"]).output)
+    assert (single["nvidia.com/gpu.product"],
+            single["nvidia.com/gpu.count"]) == ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "56")
     t4 = json.loads(CliRunner().invoke(main, ["labels", "--simulate", "t4-time-slicing", "--format", "json"]).output)
     assert (t4["nvidia.com/gpu.product"], t4["nvidia.com/gpu.replicas"], t4["nvidia.com/gpu.memory"]) == \
         ("Tesla-T4-SHARED", "4", "15109")
@@ -104,9 +109,11 @@ BAD = section(h100(), h100(), h100(memory_bytes=0))
 BAD_MESSAGE = "nvidia.gpus[2].memory_bytes: must be a positive integer"
 
 
+@pytest.mark.slow
 def test_bad_profile_exits_2_through_the_real_cli(tmp_path: Path) -> None:
     path = write_profile(tmp_path, BAD)
-    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True,
+                            timeout=PATIENCE_S)
     assert result.returncode == 2 and BAD_MESSAGE in result.stderr and result.stdout == ""
     assert "Traceback" not in result.stderr
 
@@ -124,13 +131,15 @@ def test_nvml_missing_profile_labels_presence_only(tmp_path: Path) -> None:
     assert "NVML library not found" in result.output  # the warning log on stderr (mixed in by CliRunner)
 
 
+@pytest.mark.slow
 def test_mig_media_extension_profile_keeps_its_plus_as_a_dot_in_the_product(tmp_path: Path) -> None:
     me = {"profile": "1g.10gb+me", "uuid": "MIG-{gpu}-{i}", "memory_mib": 9856, "engines_jpeg": 1, "engines_ofa": 1}
     profile = yaml.safe_load(write_profile(tmp_path, section(h100(mig_mode="enabled", mig_devices=[me]))).read_text())
     profile["config"] = {"version": "v1", "flags": {"migStrategy": "mixed"}}
     path = tmp_path / "h100-me.yaml"
     path.write_text(yaml.safe_dump(profile))
-    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True,
+                            timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr
     found = parse(result.stdout)
     assert found["nvidia.com/mig-1g.10gb.me.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me"

@@ -16,7 +16,8 @@ from vendors.nvidia import simulate as fake_nvml
 
 @pytest.fixture
 def nvml(tmp_path: Path) -> Any:
-    module = build(tmp_path, section(h100(repeat=2, numa_node=[0, 1]), a100(mig_mode="enabled", mig_devices=[mig_1g5gb(2)])))[1]
+    module = build(tmp_path,
+                   section(h100(repeat=2, numa_node=[0, 1]), a100(mig_mode="enabled", mig_devices=[mig_1g5gb(2)])))[1]
     module.nvmlInit()
     yield module
     module.nvmlShutdown()

@@ -93,7 +93,8 @@ def test_a100_node_matches_the_gfd_example() -> None:
 
 def test_two_part_driver_version_has_an_empty_revision() -> None:
     subset(labels(H100, driver="550.90"), {"nvidia.com/cuda.driver-version.revision": "",
-                                          "nvidia.com/cuda.driver.rev": "", "nvidia.com/cuda.driver-version.minor": "90"})
+                                          "nvidia.com/cuda.driver.rev": "",
+                                          "nvidia.com/cuda.driver-version.minor": "90"})
 
 
 def test_malformed_driver_version_drops_only_driver_labels() -> None:
@@ -137,7 +138,8 @@ def test_rename_by_default_keeps_the_plain_product() -> None:
                                         "nvidia.com/gpu.sharing-strategy": "time-slicing"})
 
 
-MPS = Config(sharing=Sharing("mps", fail_requests_greater_than_one=True, resources=(SharedResource("nvidia.com/gpu", 2),)))
+MPS = Config(sharing=Sharing("mps", fail_requests_greater_than_one=True,
+                             resources=(SharedResource("nvidia.com/gpu", 2),)))
 
 
 def test_mps_is_labelled_only_while_the_control_daemon_serves_it() -> None:

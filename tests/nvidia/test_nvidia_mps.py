@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from labeller.mps.control import Tools
 from labeller.mps.supervisor import Plan, Supervisor, plans
 from tests.builders import config_map_volume, mps_ready, nvidia, nvidia_gpu, offer_of, promptly, wait_for
 from tests.core.cli import gpu_labeller
+from tests.processes import LoggedProcess
 from vendors import RESOURCE_NAMES
 from vendors.nvidia import mps
 from vendors.nvidia.model import MpsServed
@@ -28,6 +28,7 @@ from vendors.nvidia.model import MpsServed
 FAKES = Path(__file__).resolve().parents[1] / "fakes" / "bin"
 TOOLS = Tools(mps_control=str(FAKES / "nvidia-cuda-mps-control"), nvidia_smi=str(FAKES / "nvidia-smi"))
 GPU = "nvidia.com/gpu"
+FAKES_FIRST = {"PATH": f"{FAKES}:{os.environ['PATH']}"}  # the stand-ins before any real tool
 
 
 def mps_config(root: Path, **entry: object) -> dict[str, object]:
@@ -109,6 +110,7 @@ def supervisor_for(root: Path, config: dict[str, object], tools: Tools = TOOLS) 
     return supervisor, wanted
 
 
+@pytest.mark.slow
 def test_a_daemon_is_started_configured_and_declared_ready(root: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_NVIDIA_SMI_LOG", str(tmp_path / "smi.log"))
@@ -129,6 +131,7 @@ def test_a_daemon_is_started_configured_and_declared_ready(root: Path, tmp_path:
     assert not mps.ready_file(str(root)).exists()
 
 
+@pytest.mark.slow
 def test_a_daemon_that_dies_is_taken_out_of_the_readiness_file_and_started_again(root: Path) -> None:
     supervisor, (plan,) = supervisor_for(root, mps_config(root))
     promptly(supervisor.round)
@@ -153,6 +156,7 @@ def test_a_daemon_that_dies_is_taken_out_of_the_readiness_file_and_started_again
     promptly(supervisor.stop)
 
 
+@pytest.mark.slow
 def test_a_daemon_that_lost_its_settings_is_configured_again_without_a_restart(root: Path) -> None:
     supervisor, _ = supervisor_for(root, mps_config(root))
     promptly(supervisor.round)
@@ -166,6 +170,7 @@ def test_a_daemon_that_lost_its_settings_is_configured_again_without_a_restart(r
     promptly(supervisor.stop)
 
 
+@pytest.mark.slow
 def test_a_compute_mode_that_cannot_be_set_is_not_ready(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_NVIDIA_SMI_FAIL", "1")
     supervisor, _ = supervisor_for(root, mps_config(root))
@@ -181,6 +186,7 @@ def test_a_compute_mode_that_cannot_be_set_is_not_ready(root: Path, monkeypatch:
     assert daemon.problem is not None and daemon.problem.startswith("/nonexistent/nvidia-cuda-mps-control: not found")
 
 
+@pytest.mark.slow
 def test_a_subset_gets_its_own_daemon_under_its_own_name(root: Path) -> None:
     supervisor, (plan,) = supervisor_for(root, mps_config(root, devices=[1], rename="gpu-mps"))
     assert plan.resource == "nvidia.com/gpu-mps" and plan.uuids == ("GPU-1",)
@@ -190,55 +196,44 @@ def test_a_subset_gets_its_own_daemon_under_its_own_name(root: Path) -> None:
     promptly(supervisor.stop)
 
 
+@pytest.mark.slow
 def test_the_command_runs_daemons_until_sigterm(root: Path, tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({"version": "v1", **mps_config(root)}))
-    env = {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}"}
-    process = subprocess.Popen([sys.executable, "-m", "labeller.cli", "mps-control-daemon", "--simulate", "l40s-x4-mps",
-                                "--config", str(config), "--check-interval", "0.2", "--metrics-port", "0"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 20
-        while not served_now(root) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        (served,) = served_now(root)
+    with LoggedProcess("mps-control-daemon", "--simulate", "l40s-x4-mps", "--config", str(config),
+                       "--check-interval", "0.2", "--metrics-port", "0", env=FAKES_FIRST) as process:
+        (served,) = wait_for(lambda: served_now(root))
         assert (served.resource, served.replicas, len(served.devices)) == (GPU, 4, 4)
         # what the labeller and the plugin derive from it, through the real CLI
         labels = gpu_labeller("labels", "--simulate", "l40s-x4-mps", "--config", str(config))
         assert "nvidia.com/mps.capable=true" in labels.stdout and "nvidia.com/gpu.replicas=4" in labels.stdout
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-    assert process.returncode == 0, stderr
-    assert "MPS daemon ready" in stderr
+        assert process.stop() == 0, process.log
+    assert process.count("MPS daemon ready") >= 1
     assert not mps.ready_file(str(root)).exists() and commands(root)[-1] == "QUIT"
     labels = gpu_labeller("labels", "--simulate", "l40s-x4-mps", "--config", str(config))
     assert "nvidia.com/mps.capable=false" in labels.stdout
 
 
+@pytest.mark.slow
 def test_the_command_follows_the_named_config_and_its_edits(root: Path, tmp_path: Path) -> None:
     # A ConfigMap whose config turns MPS on, then off again: the daemons start and stop with it,
     # with no restart, as the plugin and the labeller follow the same directory.
     configs = tmp_path / "configs"
     whole = {"version": "v1", "flags": {"mpsRoot": str(root)}}
     config_map_volume(configs, {"default": whole})
-    env = {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}"}
-    process = subprocess.Popen([sys.executable, "-m", "labeller.cli", "mps-control-daemon", "--simulate", "l40s-x4-mps",
-                                "--config-dir", str(configs), "--config-label", "", "--check-interval", "30s",
-                                "--metrics-port", "0"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: mps.ready_file(str(root)).exists(), timeout=20)
+    with LoggedProcess("mps-control-daemon", "--simulate", "l40s-x4-mps", "--config-dir", str(configs),
+                       "--config-label", "", "--check-interval", "30s", "--metrics-port", "0",
+                       env=FAKES_FIRST) as process:
+        wait_for(lambda: mps.ready_file(str(root)).exists())
         assert served_now(root) == ()  # no config asks for MPS: no daemon
         config_map_volume(configs, {"default": {"version": "v1", **mps_config(root)}})
-        wait_for(lambda: len(served_now(root)) == 1, timeout=20)  # long before the 30 s check interval
+        changed = time.monotonic()
+        wait_for(lambda: len(served_now(root)) == 1)
+        # The directory is polled every second; starting the daemon runs a dozen stand-in tool processes,
+        # seconds on a loaded machine. Either way, before the 30 s check interval would have come.
+        assert time.monotonic() - changed < 25
         config_map_volume(configs, {"default": whole})
-        wait_for(lambda: served_now(root) == (), timeout=20)  # withdrawn first, then the daemon quits
-        wait_for(lambda: commands(root)[-1] == "QUIT", timeout=20)
-        started = time.monotonic()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-    assert time.monotonic() - started < 5  # SIGTERM ends the 30 s wait at once
-    assert process.returncode == 0, stderr
-    assert "config directory changed" in stderr and "MPS daemon ready" in stderr
+        wait_for(lambda: served_now(root) == ())  # withdrawn first, then the daemon quits
+        wait_for(lambda: commands(root)[-1] == "QUIT")
+        assert process.stop() == 0, process.log  # SIGTERM ends the 30 s wait at once
+    assert process.count("config directory changed") >= 1 and process.count("MPS daemon ready") >= 1

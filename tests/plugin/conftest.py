@@ -20,7 +20,7 @@ from labeller.plugin.prober import Prober
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.runtime import Backoff
-from tests.builders import offer_of
+from tests.builders import PATIENCE_S, offer_of
 from tests.fakes.kubelet import FakeKubelet
 from vendors import RESOURCE_NAMES
 
@@ -48,7 +48,8 @@ class Running:
 
 
 @contextmanager
-def simulated(profile: str, config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, dict[str, Any]]]:
+def simulated(profile: str,
+              config: dict[str, Any] | None = None) -> Iterator[tuple[Inventory, Config, Path, dict[str, Any]]]:
     with open_host(NodeOptions(simulate=profile)) as node:
         parsed = parse_config(config, RESOURCE_NAMES) if config is not None else node.config
         yield node.probe(), parsed, node.host_root, node.handles
@@ -101,4 +102,4 @@ def probing_plugin(sock_dir: Path, node: Host, config_path: Path | None = None, 
             yield Probing(plugin, node, loop, exit_code)
         finally:
             loop.stop()
-            thread.join(30)
+            thread.join(PATIENCE_S)

@@ -62,7 +62,8 @@ def test_volume_mounts_and_cdi() -> None:
     response = allocator(nvidia(nvidia_gpu(0), nvidia_gpu(1)), raw).container(["GPU-0", "GPU-1"])
     assert response.envs["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
     assert [(m.host_path, m.container_path) for m in response.mounts] == [
-        ("/dev/null", "/var/run/nvidia-container-devices/GPU-0"), ("/dev/null", "/var/run/nvidia-container-devices/GPU-1")]
+        ("/dev/null", "/var/run/nvidia-container-devices/GPU-0"), ("/dev/null",
+                                                                   "/var/run/nvidia-container-devices/GPU-1")]
     ((key, value),) = response.annotations.items()
     assert key.startswith("cdi.example.com/nvidia-device-plugin_")
     assert value == "k8s.device-plugin.nvidia.com/gpu=GPU-0,k8s.device-plugin.nvidia.com/gpu=GPU-1"

@@ -92,14 +92,17 @@ def given_names(response: pb.ContainerAllocateResponse) -> list[str]:
 
 @pytest.mark.parametrize(("profile", "resource", "extra"), [
     ("dgx-h100", "nvidia.com/gpu", {}),
-    ("dgx-a100-mig-mixed", "nvidia.com/mig-1g.5gb", {"flags": {"migStrategy": "mixed", "nvidiaDevRoot": "/run/nvidia/driver",
+    ("dgx-a100-mig-mixed", "nvidia.com/mig-1g.5gb",
+     {"flags": {"migStrategy": "mixed", "nvidiaDevRoot": "/run/nvidia/driver",
                                                                "plugin": {"deviceIDStrategy": "index"}}}),
     ("mi300x-x8-cpx-mixed", "amd.com/cpx_nps4", {"labeller": {"amd": {"resourceNamingStrategy": "mixed"}}}),
     ("dgx-h100-4of8-shared", "nvidia.com/gpu.shared",
-     {"sharing": {"timeSlicing": {"renameByDefault": True, "resources": [{"name": "gpu", "replicas": 4, "devices": 4}]}}}),
+     {"sharing": {"timeSlicing": {"renameByDefault": True,
+                                  "resources": [{"name": "gpu", "replicas": 4, "devices": 4}]}}}),
 ])
 def test_every_advertised_device_is_in_a_valid_spec_and_allocate_names_resolve(
-        sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path, profile: str, resource: str, extra: dict[str, Any]) -> None:
+        sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path, profile: str, resource: str, extra: dict[str,
+                                                                                                       Any]) -> None:
     config: dict[str, Any] = {**extra, "flags": {**extra.get("flags", {}), "plugin": {
         **extra.get("flags", {}).get("plugin", {}), "deviceListStrategy": ["cdi-cri", "cdi-annotations"]}}}
     with running_plugin(sock_dir, profile, config, cdi_spec_dir=tmp_path) as running:
@@ -158,7 +161,8 @@ def test_driver_files_on_the_host_root_are_mounted(tmp_path: Path) -> None:
     assert mounts == {
         (f"{root}/libcuda.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"),
         (f"{root}/libnvidia-ml.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"),
-        (f"{root}/libnvidia-ptxjitcompiler.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.550.54.15"),
+        (f"{root}/libnvidia-ptxjitcompiler.so.550.54.15",
+         "/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.550.54.15"),
         (f"{root}/libcuda.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
         (f"{root}/libnvidia-ml.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
         ("/run/nvidia/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
@@ -172,6 +176,7 @@ def test_driver_files_on_the_host_root_are_mounted(tmp_path: Path) -> None:
         [{"path": "/dev/nvidia1", "permissions": "rwm", "hostPath": "/run/nvidia/driver/dev/nvidia1"}]]
 
 
+@pytest.mark.slow
 def test_stale_specs_of_ours_are_removed_and_nobody_elses(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     spec_dir, profile, config_file = tmp_path / "cdi", tmp_path / "node.yaml", tmp_path / "config.yaml"
     spec_dir.mkdir()

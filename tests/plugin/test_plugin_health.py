@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from labeller.plugin.health import HealthBoard, checks_enabled
+from labeller.process.health import HealthBoard, checks_enabled
 from tests.builders import nvidia_part, offer_of
 from tests.plugin.conftest import simulated
 from vendors.nvidia.health import APPLICATION_XIDS, HealthPolicy, NvmlChecker

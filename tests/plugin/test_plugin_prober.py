@@ -91,13 +91,15 @@ def test_waits_for_the_kfd_topology_then_serves(sock_dir: Path, kubelet: FakeKub
             assert not run.sighup_pending and any(e["event"] == "driver ready; serving" for e in logs)
 
 
+@pytest.mark.slow
 def test_a_probe_that_fails_as_a_whole_serves_nothing_then_changes_nothing(
         sock_dir: Path, kubelet: FakeKubelet) -> None:
     with open_host(NodeOptions(simulate="dgx-h100")) as opened:
         node = FlakyHost(opened.host_root, opened.config, opened.handles, failures=2)
         with structlog.testing.capture_logs() as logs, probing_plugin(sock_dir, node) as run:
             assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
-            assert [e["detail"] for e in _waits(logs)] == ["/sys/bus/pci/devices is empty: is the host's /sys mounted?"] * 2
+            assert [e["detail"]
+                    for e in _waits(logs)] == ["/sys/bus/pci/devices is empty: is the host's /sys mounted?"] * 2
             since = time.monotonic()
             node.failures = 1
             run.sighup()  # the SIGHUP's probe fails: keep serving, probe again later
@@ -106,6 +108,7 @@ def test_a_probe_that_fails_as_a_whole_serves_nothing_then_changes_nothing(
             assert kubelet.seen(GPU, since) == [] and kubelet.registration_count(GPU) == 1
 
 
+@pytest.mark.slow
 def test_a_vendor_that_stops_answering_keeps_its_devices(sock_dir: Path, kubelet: FakeKubelet,
                                                          tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"

@@ -46,7 +46,7 @@ class HealthPolicy:
     """Which XIDs count, from NVIDIA's environment switches.
 
     ``DP_DISABLE_HEALTHCHECKS``: ``all`` or ``xids`` turns XID checks off (with ``all`` the plugin
-    runs no checks at all, see labeller.plugin.health); otherwise a comma list of XIDs to ignore on
+    runs no checks at all, see labeller.process.health); otherwise a comma list of XIDs to ignore on
     top of the application XIDs. ``DP_ENABLE_HEALTHCHECKS``: a comma list of XIDs that are always
     critical, even when disabled by either list.
     """

@@ -1,5 +1,5 @@
 """Device health, vendor-neutral: the board every check reports into, and the threads that run
-the vendors' checkers (vendors/<vendor>/health.py).
+the vendors' checkers (vendors/<vendor>/health.py). The device plugin and the DRA plugin share them.
 
 ``HealthBoard`` holds the health of every health key (GPU/MIG UUID, ``kfd:<node>``) and a change
 counter that ListAndWatch streams wait on. ``HealthMonitor`` polls every checker and, for those

@@ -1,0 +1,304 @@
+"""The DRA plugin: ``DraPlugin``, the ``dra-plugin`` command's service on the process loop
+(``labeller.process.loop``).
+
+Each probe (at start, every ``--probe-interval``, after SIGHUP or a named-config change, and when
+the simulated profile file changes) turns the node's inventory and offer into the DRA devices of
+each vendor the config serves through DRA (``Host.dra_devices``), one driver per vendor present:
+
+- a driver new to the plugin gets its sockets (``server.DriverSockets``: registration with the
+  kubelet, the DRA service), its checkpoint and its claim preparer; a driver no longer there (the
+  config moved its vendor back to the device plugin) loses them, and its slices are deleted;
+- the healthy devices of every driver are published (``publisher.SlicePublisher``), and published
+  again whenever a health check marks a device Unhealthy or Healthy again (the device plugin's health
+  board and the vendors' checkers, ``labeller.process.health``): an unhealthy device leaves its
+  slice, and a claim that names it is refused.
+
+A vendor whose backend fails on a later probe keeps what it published: a driver that stops
+answering for a while must not take its devices away; the health checks say whether they work.
+Between probes the loop's ``work`` looks at the sockets every ``tick_seconds`` and re-creates one
+that is gone (a kubelet restart), which registers the driver again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from labeller.config import ConfigError
+from labeller.draplugin.cdi import ClaimSpecs
+from labeller.draplugin.checkpoint import Checkpoint
+from labeller.draplugin.metrics import DraMetrics
+from labeller.draplugin.prepare import Devices, Preparer
+from labeller.draplugin.publisher import SliceApi, SlicePublisher
+from labeller.draplugin.server import DraService, DriverSockets
+from labeller.host import Host
+from labeller.inventory import Inventory, ProbeError
+from labeller.offer import PhysicalDevice
+from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
+from labeller.resourceslices import DraDevice, healthy
+from labeller.vendor import Vendor
+from labeller.vendor.plugin import Checker
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
+
+Obj = dict[str, Any]
+
+
+class DraApi(SliceApi, Protocol):
+    """The cluster adapter's calls the plugin makes (``labeller.cluster.kube.Kube``)."""
+
+    def get_resource_claim(self, namespace: str, name: str) -> Obj: ...
+
+
+@dataclass
+class DraSettings:
+    node_name: str
+    plugins_dir: Path = DEFAULT_PLUGINS_DIR
+    registry_dir: Path = DEFAULT_REGISTRY_DIR
+    cdi_spec_dir: Path = DEFAULT_CDI_SPEC_DIR
+    recovery_seconds: float = 60.0
+    health_poll_seconds: float = 0.25
+    tick_seconds: float = 0.1
+    # the health switches the device plugin reads too (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
+    health_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+@dataclass
+class _Driver:
+    """What the plugin runs for one driver."""
+
+    sockets: DriverSockets
+    snapshot: Devices
+
+
+def failed_vendors(inventory: Inventory) -> set[str]:
+    """Vendors whose backend could not describe their GPUs this time (NVML missing, no KFD topology)."""
+    return {r.backend for r in inventory.reports if r.status in ("unavailable", "error")}
+
+
+class DraPlugin:
+    """See the module docstring. A ``Service`` of the process loop; ``close`` when the loop is done."""
+
+    def __init__(self, host: Host, settings: DraSettings, api: DraApi, metrics: DraMetrics | None = None) -> None:
+        self.host, self.settings, self.api = host, settings, api
+        self.metrics = metrics or DraMetrics()
+        self.board = HealthBoard((), settings.recovery_seconds)
+        self.board.listeners.append(self._on_health_change)
+        self._stop = threading.Event()
+        self.publisher = SlicePublisher(api, settings.node_name, self.metrics, self._stop)
+        self.drivers: dict[str, _Driver] = {}
+        self._devices: dict[str, list[DraDevice]] = {}  # what the last probe found, unhealthy devices included
+        self._lock = threading.Lock()  # ``_devices`` and the publishing of it, between the loop and health threads
+        self._monitor: HealthMonitor | None = None
+        self._watched: tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]] | None = None
+        self._next_tick = 0.0
+        self.probes = 0  # probes done (a test awaits the next one)
+        self._served: tuple[str, ...] | None = None  # the drivers served, as last said
+
+    # --- the Service ---------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Every driver served is registered with the kubelet and its slices are written; with none
+        served, because the config serves no vendor through DRA, ready too (the device plugin serves them)."""
+        drivers = list(self.drivers.values())
+        if not drivers and (self._served is None or self.host.config.dra_vendors):
+            return False
+        return all(d.sockets.registered for d in drivers) and self.publisher.in_sync
+
+    def begin(self, wake: Callable[[], None], stop: threading.Event) -> None:
+        self.publisher.start()
+
+    def probe(self) -> str | None:
+        self.probes += 1
+        try:
+            inventory = self.host.probe()
+            offer = self.host.offer(inventory)
+            found = self.host.dra_devices(inventory, offer)
+        except ProbeError as exc:
+            return str(exc)
+        except ConfigError as exc:
+            log.error("the config does not fit this node", reason="bad-config", error=str(exc))
+            return f"config: {exc}"
+        except Exception as exc:  # a bug in a probe must not end the plugin: it is retried like a late driver
+            log.exception("probe failed", reason="probe-failed")
+            return f"probe failed: {type(exc).__name__}: {exc}"
+        failed = failed_vendors(inventory)
+        for driver, devices in self._devices.items():
+            if driver not in found and self._vendor(driver).name in failed:
+                found[driver] = devices  # carried forward: see the module docstring
+        self.serve(found)
+        troubles = [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
+        if troubles:
+            return "; ".join(troubles)
+        if found or not self.host.config.dra_vendors:
+            self._say_what_is_served(found)
+            return None
+        vendors = ", ".join(self.host.config.dra_vendors)
+        return f"no GPU of a vendor this node serves through DRA (labeller.dra.vendors: {vendors})"
+
+    def _say_what_is_served(self, found: Mapping[str, Sequence[DraDevice]]) -> None:
+        """One line when the drivers served change; a node whose config serves nothing through DRA
+        (the device plugin serves its GPUs) is not a problem, only idle."""
+        drivers = tuple(sorted(found))
+        if drivers != self._served:
+            if drivers:
+                log.info("serving through DRA", drivers=list(drivers), devices=sum(len(d) for d in found.values()))
+            else:
+                log.info("no vendor is served through DRA on this node (labeller.dra.vendors); publishing nothing",
+                         reason="dra-off")
+            self._served = drivers
+
+    def retrying(self, reason: str, attempt: int, delay_s: float) -> None:
+        log.warning("nothing to publish yet; probing again", reason="driver-not-ready", detail=reason,
+                    attempt=attempt, retry_in_s=round(delay_s, 2))
+
+    def recovered(self, attempts: int, waited_s: float) -> None:
+        log.info("devices found; publishing", reason="driver-ready", attempts=attempts, waited_s=round(waited_s, 1))
+
+    def work(self, now: float) -> float:
+        if now >= self._next_tick:
+            for driver in self.drivers.values():
+                try:
+                    driver.sockets.tick()
+                except Exception:  # one bad tick must not end the loop: the next one retries
+                    log.exception("socket check failed; retrying", driver=driver.sockets.driver)
+            self._next_tick = now + self.settings.tick_seconds
+        return self._next_tick
+
+    # --- what is served ------------------------------------------------------------------------
+
+    def serve(self, found: Mapping[str, Sequence[DraDevice]]) -> None:
+        """Serve exactly these drivers and devices from now on (the loop's thread)."""
+        config, host_root = self.host.config, self.host.host_root
+        for driver in sorted(set(self.drivers) - set(found)):
+            self.drivers[driver].sockets.stop()
+            log.info("driver no longer served; its slices go", driver=driver)
+        drivers = {}  # replaced whole: /readyz reads it from another thread
+        for driver, devices in sorted(found.items()):
+            snapshot = Devices({d.name: d for d in devices}, self.board.healthy, config, host_root)
+            if driver in self.drivers:
+                drivers[driver] = self.drivers[driver]
+                drivers[driver].snapshot = snapshot
+            else:
+                drivers[driver] = self._start_driver(driver, snapshot)
+        self.drivers = drivers
+        with self._lock:
+            self._devices = {driver: list(devices) for driver, devices in found.items()}
+        physical = {d.physical for devices in found.values() for d in devices}
+        self.board.track(p.health_key for p in physical)
+        self._watch_health((frozenset(physical), host_root, tuple(sorted(self.host.handles.items()))))
+        self._publish()
+
+    def _vendor(self, driver: str) -> Vendor:
+        return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)
+
+    def _start_driver(self, driver: str, snapshot: Devices) -> _Driver:
+        vendor = self._vendor(driver)
+        data_dir = self.settings.plugins_dir / driver
+        data_dir.mkdir(parents=True, exist_ok=True)
+        entry: _Driver | None = None
+
+        def current() -> Devices:
+            assert entry is not None
+            return entry.snapshot
+
+        preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim,
+                            Checkpoint(data_dir, driver), ClaimSpecs(self.settings.cdi_spec_dir, driver), current)
+        sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
+                                DraService(preparer, self.metrics), self.metrics)
+        entry = _Driver(sockets, snapshot)
+        sockets.start()
+        return entry
+
+    def _publish(self) -> None:
+        """Publish every driver's healthy devices (the loop's thread, or a health check's)."""
+        with self._lock:
+            unhealthy = self.board.unhealthy_keys()
+            published = healthy(self._devices, unhealthy)
+            self.publisher.publish(published)
+            for driver, devices in self._devices.items():
+                self.metrics.devices.labels(driver=driver, health=HEALTHY).set(len(published[driver]))
+                self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(len(devices) - len(published[driver]))
+
+    # --- health -----------------------------------------------------------------------------------
+
+    def _on_health_change(self, key: str, is_healthy: bool, reason: str) -> None:
+        with self._lock:
+            names = [(driver, d.name) for driver, devices in self._devices.items() for d in devices if d.health_key == key]
+        for driver, name in names:
+            (log.info if is_healthy else log.warning)("device health changed", driver=driver, device=name,
+                                                      health=HEALTHY if is_healthy else UNHEALTHY, reason=reason)
+        self._publish()
+
+    def _watch_health(self, watched: tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]]) -> None:
+        """(Re)start the health checkers when the physical devices or the host changed."""
+        if watched == self._watched:
+            return
+        if self._monitor is not None:
+            self._monitor.stop()
+        physical, host_root, handles = watched
+        self._monitor = HealthMonitor(self._checkers(list(physical), host_root, dict(handles)),
+                                      poll_seconds=self.settings.health_poll_seconds)
+        self._monitor.start()
+        self._watched = watched
+
+    def _checkers(self, physical: list[PhysicalDevice], host_root: Path, handles: Mapping[str, Any]) -> list[Checker]:
+        env = self.settings.health_env
+        if not checks_enabled(env):
+            if physical:
+                log.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS=all)")
+            return []
+        checkers = []
+        for vendor in self.host.vendors:
+            devices = [p for p in physical if p.vendor == vendor.name]
+            if devices:
+                checker = vendor.devices.plugin_parts().checker(devices, self.board, host_root,
+                                                                handles.get(vendor.name), env)
+                if checker is not None:
+                    checkers.append(checker)
+        return checkers
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop serving: the sockets go (the kubelet deregisters the drivers), health checks stop; the
+        slices stay for the next process to take over (the kubelet deletes them 30 s after a driver
+        deregistered and did not come back)."""
+        self._stop.set()
+        self.publisher.join()
+        for driver in self.drivers.values():
+            driver.sockets.stop()
+        if self._monitor is not None:
+            self._monitor.stop()
+        self.board.close()
+
+
+def probe_inputs(host: Host) -> Callable[[], object] | None:
+    """What the loop looks at between probes: the offer's inputs (NVIDIA's MPS readiness file) and a
+    simulated profile file's identity, so an edited profile is published within the inputs poll."""
+    if host.simulation is None and host.offer_inputs() is None:
+        return None
+
+    def inputs() -> object:
+        stamp = None
+        if host.simulation is not None:
+            try:
+                st = os.stat(host.simulation.path)
+                stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError:
+                pass
+        return host.offer_inputs(), stamp
+
+    return inputs
+

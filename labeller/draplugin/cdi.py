@@ -1,0 +1,96 @@
+"""The CDI spec file of one prepared claim: ``<--cdi-spec-dir>/gpu-labeller-dra_<driver>_<claim UID>.json``.
+
+Kind ``k8s.gpu-labeller.io/gpu``; one CDI device per allocated device, named ``<claim UID>-<device>``
+(unique across claims, so two claims never define the same name). The edits are the vendor's own,
+from the spec the device plugin writes for the same devices (``PluginParts.cdi_spec``): NVIDIA's
+device nodes (``/dev/nvidia<minor>``, a MIG device's capability nodes, the control nodes) and driver
+files, AMD's ``/dev/kfd`` plus the device's or partition's render node (and card). The environment
+is what the device plugin's Allocate gives these devices under the ``envvar`` list strategy, so an
+NVIDIA container is told its devices in ``NVIDIA_VISIBLE_DEVICES``.
+
+Files are written atomically (a dot-file, then a rename: runtimes read only ``*.json``; no fsync,
+as the checkpoint's, see there) and removed when the claim is unprepared; no other file in the
+directory is ever touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from labeller.config import Config
+from labeller.offer import AdvertisedDevice, Resource
+from labeller.outputs import write_atomic
+from labeller.vendor import Vendor
+from labeller.resourceslices import DraDevice
+
+KIND = "k8s.gpu-labeller.io/gpu"
+FILE_PREFIX = "gpu-labeller-dra_"
+
+
+def cdi_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def cdi_id(claim_uid: str, device: str) -> str:
+    """The fully qualified CDI device ID the kubelet hands the runtime."""
+    return f"{KIND}={cdi_name(claim_uid, device)}"
+
+
+def _environment(vendor: Vendor, devices: Sequence[DraDevice], config: Config, host_root: Path) -> dict[str, str]:
+    """What the device plugin's Allocate tells a container of these devices under ``envvar``."""
+    envvar = dataclasses.replace(config, plugin=dataclasses.replace(config.plugin, device_list_strategy=("envvar",),
+                                                                    pass_device_specs=False))
+    physical = [d.physical for d in devices]
+    resource = Resource(name=vendor.devices.domain, base=vendor.devices.domain, vendor=vendor.name,
+                        devices=tuple(AdvertisedDevice(p.visible_id, p) for p in physical))
+    return vendor.devices.plugin_parts().allocator(envvar, host_root, resource)(physical).envs
+
+
+def claim_spec(claim_uid: str, vendor: Vendor, devices: Sequence[DraDevice], config: Config,
+               host_root: Path) -> dict[str, Any]:
+    """The claim's CDI spec, built from the vendor's spec for these devices. ValueError when the
+    vendor writes none for one of them."""
+    vendor_spec = vendor.devices.plugin_parts().cdi_spec([d.physical for d in devices], config, host_root)
+    edits = {d["name"]: d["containerEdits"] for d in (vendor_spec or {}).get("devices", [])}
+    missing = [d.name for d in devices if d.physical.visible_id not in edits]
+    if vendor_spec is None or missing:
+        raise ValueError(f"no CDI edits for device(s) {', '.join(missing or [d.name for d in devices])}")
+    common = dict(vendor_spec.get("containerEdits") or {})
+    environment = _environment(vendor, devices, config, host_root)
+    if environment:
+        kept = [e for e in common.get("env", []) if e.split("=", 1)[0] not in environment]
+        common["env"] = [*kept, *(f"{key}={value}" for key, value in sorted(environment.items()))]
+    return {
+        "cdiVersion": vendor_spec["cdiVersion"],
+        "kind": KIND,
+        "devices": [{"name": cdi_name(claim_uid, d.name), "containerEdits": edits[d.physical.visible_id]}
+                    for d in devices],
+        "containerEdits": common,
+    }
+
+
+class ClaimSpecs:
+    """The spec files of one driver's prepared claims in ``directory``."""
+
+    def __init__(self, directory: Path, driver: str) -> None:
+        self.directory, self.driver = directory, driver
+
+    def path(self, claim_uid: str) -> Path:
+        return self.directory / f"{FILE_PREFIX}{self.driver}_{claim_uid}.json"
+
+    def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
+        path = self.path(claim_uid)
+        write_atomic(path, json.dumps(spec, indent=2) + "\n", durable=False)
+        return path
+
+    def remove(self, claim_uid: str) -> bool:
+        """Remove the claim's file; False when there was none."""
+        try:
+            self.path(claim_uid).unlink()
+        except FileNotFoundError:
+            return False
+        return True

@@ -1,0 +1,93 @@
+"""The ``gpu-labeller dra-plugin`` command (loaded lazily: it imports grpc and the Kubernetes client)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import click
+import structlog
+
+from labeller.cluster.connect import connect
+from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options
+from labeller.commands.params import Duration
+from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DraPlugin,
+                                   DraSettings, probe_inputs)
+from labeller.draplugin.metrics import DraMetrics
+from labeller.host import NodeOptions, open_host
+from labeller.process.configsource import ConfigSource
+from labeller.process.follow import ConfigMetrics, follow_own_node
+from labeller.process.loop import LoopOptions, ProcessLoop
+from labeller.process.serve import Endpoints, serve
+
+log = structlog.get_logger(__name__)
+
+INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a second
+
+
+@click.command("dra-plugin")
+@discovery_options
+@own_node_options
+@click.option("--plugins-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_PLUGINS_DIR,
+              show_default=True, envvar="DRA_PLUGINS_DIR",
+              help="The kubelet's plugins directory: each driver's DRA socket and prepared claims go to "
+                   "<dir>/<driver>/. [env: DRA_PLUGINS_DIR]")
+@click.option("--registry-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_REGISTRY_DIR,
+              show_default=True, envvar="DRA_REGISTRY_DIR",
+              help="The kubelet's plugin registration directory (<dir>/<driver>-reg.sock). [env: DRA_REGISTRY_DIR]")
+@endpoint_options(8083, ready="every driver registered and its slices written")
+@click.option("--cdi-spec-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_CDI_SPEC_DIR,
+              show_default=True, envvar="CDI_SPEC_DIR",
+              help="Where each prepared claim's CDI spec file goes (gpu-labeller-dra_<driver>_<claim UID>.json). "
+                   "[env: CDI_SPEC_DIR]")
+@click.option("--health-recovery-seconds", type=Duration(), default=60.0, show_default=True,
+              envvar="DP_HEALTH_RECOVERY_SECONDS",
+              help="An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is "
+                   "published again (0: never). [env: DP_HEALTH_RECOVERY_SECONDS]")
+@click.option("--probe-interval", type=Duration(minimum=0.1), default="1s", show_default=True,
+              envvar="DRA_PROBE_INTERVAL",
+              help="How often the node is probed for changed hardware (MIG devices, partitions); a changed "
+                   "inventory is published at the next probe. [env: DRA_PROBE_INTERVAL]")
+def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path, metrics_port: int, metrics_bind: str,
+               cdi_spec_dir: Path, health_recovery_seconds: float, probe_interval: float) -> None:
+    """Publish this node's GPUs as ResourceSlices and prepare their claims (kubelet DRA plugin, v1).
+
+    One driver per vendor present that the config serves through DRA (labeller.dra.vendors):
+    gpu.nvidia.com, gpu.amd.com. Each registers with the kubelet's plugin watcher
+    (<--registry-dir>/<driver>-reg.sock) and serves NodePrepareResources and NodeUnprepareResources on
+    <--plugins-dir>/<driver>/dra.sock; a socket the kubelet removed is re-created and registered
+    again. Each driver's devices are one pool named after the node (--node-name, required),
+    published as ResourceSlices; unhealthy devices leave them until healthy again. Nothing is written
+    while nothing changes. A prepared claim gets a CDI spec file in --cdi-spec-dir and an entry in
+    the driver's checkpoint (<--plugins-dir>/<driver>/claims/), so a restart loses nothing.
+    SIGHUP: re-read the config and probe again. SIGTERM or SIGINT: remove the sockets, exit 0.
+    Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
+    """
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
+    node_name = node_options.node_name
+    if not node_name:
+        raise BadInput("the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME")
+    api = connect(node_options.kubeconfig)
+    stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
+    metrics = DraMetrics()
+    follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_dra"), stop)
+    settings = DraSettings(node_name=node_name, plugins_dir=plugins_dir, registry_dir=registry_dir,
+                           cdi_spec_dir=cdi_spec_dir, recovery_seconds=health_recovery_seconds)
+    with open_host(node_options, selection) as host:
+        if follower is not None:
+            follower.apply(host)
+        plugin = DraPlugin(host, settings, api, metrics)
+        loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval, inputs_poll_s=INPUTS_POLL_S),
+                           config=ConfigSource(host, node_options.config_path, follower), inputs=probe_inputs(host))
+        endpoints = Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: plugin.ready)
+        try:
+            code = serve(loop, endpoints, "metrics server listening", node=node_name)
+        finally:
+            stop.set()
+            plugin.close()
+            api.close()
+    if code:
+        sys.exit(code)
+    log.info("DRA plugin stopped")

@@ -1,0 +1,297 @@
+"""Keeps this node's ResourceSlices equal to what the plugin publishes, writing only what differs.
+
+``publish(devices_by_driver)`` says what each driver's pool holds from now on. A watch of the
+ResourceSlices whose ``spec.nodeName`` is this node (``labeller.cluster.reflector``: list, then
+watch) keeps a live view of them, and a worker thread compares it with what is wanted, per driver:
+
+- equal (the same slice names, the same content, one generation across the pool): nothing is
+  written. The content is compared as the API keeps it: a capacity quantity in another notation is
+  the same quantity, and what the server made of our last write of a slice counts as ours;
+- different: every wanted slice of the pool is written (created or updated, with the live
+  resourceVersion) with the pool's generation bumped past any live one, and the pool's other slices
+  on this node are deleted (a uid precondition: never one that someone created again meanwhile).
+
+So stale slices of a driver for this node are replaced at start, an external delete (a kubelet that
+starts deletes its node's slices) is repaired as soon as the watch says so, a driver published
+before and not now has its slices removed, and slices of other drivers or nodes are never touched.
+A failed write is retried after a jittered backoff (at most about 1 s apart during the first minute
+of an outage); the reflector lists again after a broken watch, so the view is true again within
+about a second of the API answering.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from fractions import Fraction
+from typing import Any, Protocol
+
+import structlog
+
+from labeller.cluster.permissions import PermissionLog
+from labeller.cluster.reflector import Reflector
+from labeller.draplugin.metrics import DraMetrics
+from labeller.resourceslices import DraDevice, resource_slices
+from labeller.runtime import Backoff
+
+log = structlog.get_logger(__name__)
+
+Obj = dict[str, Any]
+SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
+
+_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:([KMGTPE]i)|([numkMGTPE])|[eE]([+-]?\d+))?")
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+class SliceApi(Protocol):
+    """The ResourceSlice calls of the cluster adapter (``labeller.cluster.kube.Kube``)."""
+
+    def list_resource_slices(self, node_name: str | None = None, driver: str | None = None) -> tuple[list[Obj], str]: ...
+
+    def watch_resource_slices(self, resource_version: str, node_name: str | None = None, driver: str | None = None,
+                              timeout_s: int = 300) -> Iterable[tuple[str, Obj]]: ...
+
+    def create_resource_slice(self, body: Obj) -> Obj: ...
+
+    def update_resource_slice(self, name: str, body: Obj) -> Obj: ...
+
+    def delete_resource_slice(self, name: str, uid: str | None = None) -> None: ...
+
+
+def quantity(text: str) -> Fraction | str:
+    """A Kubernetes quantity's value ("80Gi" and "85899345920" are the same); the text itself when
+    it is not one."""
+    match = _QUANTITY.fullmatch(text.strip())
+    if match is None:
+        return text
+    number, binary, decimal, exponent = match.groups()
+    value = Fraction(number)
+    if binary:
+        return value * Fraction(1024 ** _BINARY[binary])
+    power = _DECIMAL[decimal] if decimal else int(exponent or 0)
+    return value * Fraction(10) ** power
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` without what the API leaves out (empty, false and null fields)."""
+    if isinstance(value, dict):
+        return {k: c for k, v in value.items() if (c := _canonical(v)) not in (None, False, {}, [], "")}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def content(spec: Obj) -> Any:
+    """What a slice says, for comparing: its spec without the pool's generation, quantities as values."""
+    spec = copy.deepcopy(spec)
+    (spec.get("pool") or {}).pop("generation", None)
+    for device in spec.get("devices") or []:
+        for capacity in (device.get("capacity") or {}).values():
+            if isinstance(capacity, dict) and isinstance(capacity.get("value"), str):
+                capacity["value"] = quantity(capacity["value"])
+    return _canonical(spec)
+
+
+def _rv(obj: Obj) -> int:
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "0")
+    return int(text) if text.isdigit() else 0
+
+
+def _generation(obj: Obj) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+def _name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+class SlicePublisher:
+    """See the module docstring. ``start`` the watch and the worker; ``publish`` any number of times."""
+
+    def __init__(self, api: SliceApi, node_name: str, metrics: DraMetrics, stop: threading.Event, *,
+                 layout: SliceLayout = resource_slices, permissions: PermissionLog | None = None,
+                 watch_timeout_s: int = 300) -> None:
+        self.api, self.node_name, self.metrics, self.stop = api, node_name, metrics, stop
+        self.layout = layout
+        self.permissions = permissions or PermissionLog()
+        self.reflector = Reflector("resourceslices", lambda: api.list_resource_slices(node_name=node_name),
+                                   lambda rv, timeout: api.watch_resource_slices(rv, node_name=node_name, timeout_s=timeout),
+                                   replace=self._replace, changed=self._changed, stop=stop,
+                                   permissions=self.permissions, watch_timeout_s=watch_timeout_s,
+                                   context={"node": node_name})
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._wanted: dict[str, list[Obj]] = {}  # driver -> its slices (generation not yet set)
+        self._drivers: set[str] = set()  # every driver published by this process, until its slices are gone
+        self._live: dict[str, Obj] = {}  # slice name -> the slice on this node, as last seen
+        self._listed = False
+        self._echo: dict[str, tuple[Any, Any]] = {}  # slice name -> (content written, content the server kept)
+        self._generations: dict[str, int] = {}
+        self._changes = 0  # grows with every publish and every change seen; reconciling catches up with it
+        self._reconciled = -1
+        self._worker: threading.Thread | None = None
+
+    # --- inputs (any thread) -------------------------------------------------------------------
+
+    def publish(self, devices_by_driver: Mapping[str, Sequence[DraDevice]]) -> None:
+        """Each driver's pool holds exactly these devices from now on; a driver missing here that was
+        published before has its slices deleted."""
+        wanted = {driver: self.layout(self.node_name, {driver: devices}, 0) for driver, devices in devices_by_driver.items()}
+        with self._lock:
+            if wanted == self._wanted:
+                return
+            self._wanted = wanted
+            self._drivers |= set(wanted)
+            self._changes += 1
+        self._wake.set()
+
+    def _replace(self, items: list[Obj], resource_version: str) -> None:
+        with self._lock:
+            self._live = {_name(obj): obj for obj in items}
+            self._listed = True
+            self._changes += 1
+        self._wake.set()
+
+    def _changed(self, kind: str, obj: Obj) -> None:
+        name = _name(obj)
+        with self._lock:
+            current = self._live.get(name)
+            if kind == "DELETED":
+                if current is not None and _rv(obj) >= _rv(current):
+                    del self._live[name]
+            elif current is None or _rv(obj) > _rv(current):
+                self._live[name] = obj
+            else:
+                return  # older than what a write of ours answered
+            self._changes += 1
+        self._wake.set()
+
+    # --- state ------------------------------------------------------------------------------------
+
+    @property
+    def in_sync(self) -> bool:
+        """The slices on the API are what was last published (as of the last change seen)."""
+        with self._lock:
+            return self._listed and self._reconciled == self._changes
+
+    def live(self) -> list[Obj]:
+        """This node's slices as last seen."""
+        with self._lock:
+            return list(self._live.values())
+
+    # --- the worker ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.reflector.start("dra-slices-watch")
+        self._worker = threading.Thread(target=self._run, name="dra-slices-publish", daemon=True)
+        self._worker.start()
+
+    def join(self, timeout: float = 5.0) -> None:
+        """Wait for the worker to finish its write, once ``stop`` is set. (The watch thread ends with
+        its stream; nothing waits for it.)"""
+        self._wake.set()
+        if self._worker is not None:
+            self._worker.join(timeout)
+
+    def _run(self) -> None:
+        from labeller.cluster.kube import Forbidden, KubeError
+
+        backoff = Backoff(base_s=0.2, cap_s=10.0, quick_cap_s=1.0, quick_for_s=60.0)
+        failing_since: float | None = None
+        while not self.stop.is_set():
+            self._wake.wait()
+            self._wake.clear()  # before reading the state: a change that comes later wakes the next wait
+            if self.stop.is_set():
+                return
+            try:
+                self._reconcile()
+            except KubeError as exc:
+                if isinstance(exc, Forbidden):
+                    self.permissions.report(exc, node=self.node_name)
+                elif failing_since is None:
+                    log.warning("ResourceSlices not written; retrying", reason="api-error", error=str(exc))
+                failing_since = failing_since or time.monotonic()
+                self.stop.wait(backoff.next())
+                self._wake.set()
+                continue
+            if failing_since is not None:
+                log.info("ResourceSlices written again", reason="api-recovered",
+                         down_s=round(time.monotonic() - failing_since, 1))
+                self.permissions.granted("create", "update", "delete", resource="resourceslices")
+                failing_since = None
+            backoff.reset()
+
+    def _reconcile(self) -> None:
+        with self._lock:
+            if not self._listed:
+                return
+            changes, wanted, drivers, live = self._changes, dict(self._wanted), set(self._drivers), list(self._live.values())
+        for driver in sorted(drivers):
+            mine = {_name(s): s for s in live if (s.get("spec") or {}).get("driver") == driver}
+            self._reconcile_pool(driver, wanted.get(driver, []), mine)
+            if driver not in wanted and not mine:
+                with self._lock:
+                    self._drivers.discard(driver)
+        with self._lock:
+            self._reconciled = max(self._reconciled, changes)
+
+    def _matches(self, wanted: Obj, live: Obj) -> bool:
+        written, kept = content(wanted["spec"]), content(live.get("spec") or {})
+        return written == kept or self._echo.get(_name(wanted)) == (written, kept)
+
+    def _in_sync(self, wanted: list[Obj], live: dict[str, Obj]) -> bool:
+        if {_name(s) for s in wanted} != set(live) or len({_generation(s) for s in live.values()}) > 1:
+            return False
+        return all(self._matches(s, live[_name(s)]) for s in wanted)
+
+    def _reconcile_pool(self, driver: str, wanted: list[Obj], live: dict[str, Obj]) -> None:
+        from labeller.cluster.kube import NotFound
+
+        if self._in_sync(wanted, live):
+            return
+        generation = max([_generation(s) for s in live.values()] + [self._generations.get(driver, 0)]) + 1
+        self._generations[driver] = generation
+        for slice_ in wanted:
+            body = copy.deepcopy(slice_)
+            body["spec"]["pool"]["generation"] = generation
+            existing = live.get(_name(body))
+            if existing is None:
+                answer = self._write("create", functools.partial(self.api.create_resource_slice, body))
+            else:
+                body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+                answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body), body))
+            self._remember(body, answer)
+        for name in sorted(set(live) - {_name(s) for s in wanted}):
+            try:
+                self._write("delete", functools.partial(self.api.delete_resource_slice, name, live[name]["metadata"].get("uid")))
+            except NotFound:
+                pass
+            with self._lock:
+                self._live.pop(name, None)
+                self._echo.pop(name, None)
+        log.info("ResourceSlices published", driver=driver, node=self.node_name, generation=generation,
+                 slices=len(wanted), devices=sum(len(s["spec"]["devices"]) for s in wanted),
+                 removed=len(set(live) - {_name(s) for s in wanted}))
+
+    def _write(self, verb: str, call: Callable[[], Any]) -> Any:
+        try:
+            answer = call()
+        except Exception:
+            self.metrics.slice_writes.labels(verb=verb, outcome="failed").inc()
+            raise
+        self.metrics.slice_writes.labels(verb=verb, outcome="ok").inc()
+        return answer
+
+    def _remember(self, written: Obj, answer: Obj) -> None:
+        """The server's answer to a write is the newest view of that slice."""
+        name = _name(written)
+        with self._lock:
+            current = self._live.get(name)
+            if current is None or _rv(answer) > _rv(current):
+                self._live[name] = answer
+            self._echo[name] = (content(written["spec"]), content(answer.get("spec") or {}))

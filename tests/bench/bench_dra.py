@@ -1,0 +1,128 @@
+"""Benchmark: the real ``gpu-labeller dra-plugin`` process against the fake API server and the kubelet
+DRA manager stand-in. Prints figures; not a test.
+
+Budgets (issue 20):
+  - time from start to published ResourceSlices (and to registered with the kubelet);
+  - NodePrepareResources p99 <= 10 ms for a claim of one device, over 1,000 claims, through a real
+    unix-socket gRPC channel (the claim read from the API server, the CDI spec and the checkpoint
+    written); once with each claim unprepared before the next, once with all 1,000 kept prepared;
+  - 0 ResourceSlice writes while idle (the issue: 10 idle minutes; ``--idle 600``);
+  - plugin RSS <= 80 MiB (after the claims, and after the idle time).
+
+    python tests/bench/bench_dra.py [--claims 1000] [--idle 60] [--profile dgx-h100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: its INFO lines are noise here
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.bench.bench_plugin import cpu_seconds, rss_mib  # noqa: E402
+from tests.fakes.apiserver import FakeApiServer  # noqa: E402
+from tests.fakes.drakubelet import Claim, FakeDraKubelet  # noqa: E402
+
+NODE = "bench-node"
+WRITES = ("create", "update", "delete", "patch")
+
+
+def slice_writes(api: FakeApiServer, since: float = 0.0) -> int:
+    return sum(api.log.count(verb, "resourceslices", since) for verb in WRITES)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def wait(predicate: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise SystemExit("timed out")
+        time.sleep(0.005)
+
+
+def prepare_times(kubelet: FakeDraKubelet, claims: list[Claim], unprepare_each: bool) -> list[float]:
+    times = []
+    for claim in claims:
+        started = time.perf_counter()
+        answer = kubelet.call_prepare(claim.driver, [claim])[claim.uid]
+        times.append((time.perf_counter() - started) * 1000)
+        if answer.error:
+            raise SystemExit(f"prepare failed: {answer.error}")
+        if unprepare_each:
+            kubelet.call_unprepare(claim.driver, [claim])
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--claims", type=int, default=1000)
+    parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle to count writes over")
+    parser.add_argument("--profile", default="dgx-h100")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="drab", dir="/tmp"))
+    registry, plugins, cdi = work / "reg", work / "plugins", work / "cdi"
+    with FakeApiServer() as api, FakeDraKubelet(registry) as kubelet:
+        api.create_node(NODE)
+        kubeconfig = api.write_kubeconfig(work / "kubeconfig")
+        config = work / "config.yaml"
+        config.write_text("version: v1\nlabeller: {dra: {vendors: [nvidia, amd]}}\n")
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "labeller.cli", "--log-level", "warning", "dra-plugin", "--simulate", args.profile,
+             "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--config", str(config), "--registry-dir", str(registry),
+             "--plugins-dir", str(plugins), "--cdi-spec-dir", str(cdi), "--metrics-port", "0",
+             "--metrics-bind", "127.0.0.1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "GRPC_VERBOSITY": "ERROR"})
+        try:
+            wait(lambda: api.slices(NODE))
+            published = time.monotonic() - started
+            driver = api.slices(NODE)[0]["spec"]["driver"]
+            wait(lambda: kubelet.registered(driver))
+            registered = time.monotonic() - started
+            devices = [d["name"] for s in api.slices(NODE, driver) for d in s["spec"]["devices"]]
+            print(f"{args.profile}: {len(devices)} {driver} devices; start -> slices published {published * 1000:.0f} ms, "
+                  f"-> registered with the kubelet {registered * 1000:.0f} ms (interpreter start included)")
+
+            def claims(prefix: str) -> list[Claim]:
+                made = []
+                for i in range(args.claims):
+                    obj = api.create_resource_claim(f"{prefix}-{i}", results=[
+                        {"request": "gpu", "driver": driver, "pool": NODE, "device": devices[i % len(devices)]}])
+                    made.append(Claim("default", f"{prefix}-{i}", obj["metadata"]["uid"], driver))
+                return made
+
+            for label, unprepare_each in (("each unprepared before the next", True), ("all kept prepared", False)):
+                times = prepare_times(kubelet, claims("each" if unprepare_each else "kept"), unprepare_each)
+                print(f"NodePrepareResources, 1 device per claim, {args.claims} claims, {label}: "
+                      f"p50 {statistics.median(times):.2f} ms, p99 {percentile(times, 99):.2f} ms, "
+                      f"max {max(times):.2f} ms (budget p99 <= 10 ms); plugin RSS then {rss_mib(process.pid):.1f} MiB "
+                      "(budget <= 80 MiB)")
+            idle_from, cpu_from = time.monotonic(), cpu_seconds(process.pid)
+            time.sleep(args.idle)
+            cpu = cpu_seconds(process.pid) - cpu_from
+            print(f"idle {args.idle:.0f} s: {slice_writes(api, idle_from)} ResourceSlice writes "
+                  f"({api.log.count(None, None, idle_from)} API requests of any kind), CPU {cpu:.2f} s "
+                  f"({100 * cpu / args.idle:.2f} % of one core; a probe every --probe-interval 1 s); "
+                  f"RSS {rss_mib(process.pid):.1f} MiB")
+        finally:
+            process.terminate()
+            process.wait(10)
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The real ``gpu-labeller dra-plugin`` process: flags, registering, publishing, preparing, metrics,
+SIGTERM; and SIGKILL between prepare and unprepare, then a restart that cleans everything up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from labeller.cli import main
+from labeller.namedconfigs import CONFIG_LABEL
+from tests.builders import config_map_volume
+from tests.draplugin.conftest import NODE, NVIDIA, Dirs, dra_config
+from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.drakubelet import Claim, FakeDraKubelet
+from tests.plugin.profile_files import write_yaml
+from tests.plugin.test_plugin_cli import PluginProcess
+
+
+def test_help_lists_the_flags() -> None:
+    result = CliRunner().invoke(main, ["dra-plugin", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--host-root", "--simulate", "--config", "--config-dir", "--node-name", "--kubeconfig",
+                 "--metrics-port", "--cdi-spec-dir", "--plugins-dir", "--registry-dir", "--health-recovery-seconds",
+                 "--probe-interval"):
+        assert flag in result.output
+    assert "/var/lib/kubelet/plugins]" in result.output and "/var/lib/kubelet/plugins_registry]" in result.output
+    assert "dra-plugin" in CliRunner().invoke(main, ["--help"]).output
+
+
+def test_without_a_node_name_it_is_one_line_and_exit_2(dirs: Dirs) -> None:
+    result = subprocess.run([sys.executable, "-m", "labeller.cli", "dra-plugin", "--simulate", "dgx-h100",
+                             "--registry-dir", str(dirs.registry), "--plugins-dir", str(dirs.plugins)],
+                            capture_output=True, text=True, timeout=30,
+                            env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME"]
+
+
+def dra_process(api: FakeApiServer, dirs: Dirs, *args: str) -> PluginProcess:
+    """A real ``gpu-labeller dra-plugin`` process for node ``NODE`` on the fake API server."""
+    kubeconfig = api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")
+    config = dirs.plugins.parent / "dra-config.yaml"
+    write_yaml(config, dra_config("nvidia"))
+    return PluginProcess("--node-name", NODE, "--kubeconfig", str(kubeconfig), "--config", str(config),
+                         "--registry-dir", str(dirs.registry),
+                         "--plugins-dir", str(dirs.plugins), "--cdi-spec-dir", str(dirs.cdi), *args,
+                         command="dra-plugin")
+
+
+def metrics(process: PluginProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.port}/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
+
+
+@pytest.mark.slow
+def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                           dirs: Dirs) -> None:
+    api.create_node(NODE)
+    with dra_process(api, dirs, "--simulate", "dgx-h100") as plugin:
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 20)
+        assert plugin.event("ResourceSlices published")["devices"] == 8
+        assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200)
+        uid = api.create_resource_claim("claim", results=[
+            {"request": "gpu", "driver": NVIDIA, "pool": NODE, "device": "gpu-0"}])["metadata"]["uid"]
+        claim = Claim("default", "claim", uid, NVIDIA)
+        answer = drakubelet.prepare("pod-1", [claim])[uid]
+        assert not answer.error and [d.device_name for d in answer.devices] == ["gpu-0"]
+        text = metrics(plugin)
+        assert 'gpu_labeller_dra_prepares_total{driver="gpu.nvidia.com",outcome="ok"} 1.0' in text
+        assert 'gpu_labeller_dra_registered{driver="gpu.nvidia.com"} 1.0' in text
+        assert 'gpu_labeller_dra_devices{driver="gpu.nvidia.com",health="Healthy"} 8.0' in text
+        assert not drakubelet.unprepare("pod-1", [claim])[uid].error
+        assert plugin.stop() == 0
+    assert list(dirs.registry.iterdir()) == [] and list(dirs.cdi.iterdir()) == []
+    assert "Traceback" not in "".join(plugin.stderr)
+
+
+@pytest.mark.slow
+def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                             dirs: Dirs) -> None:
+    api.create_node(NODE)
+    uid = api.create_resource_claim("claim", results=[
+        {"request": "gpu", "driver": NVIDIA, "pool": NODE, "device": "gpu-3"}])["metadata"]["uid"]
+    claim = Claim("default", "claim", uid, NVIDIA)
+    with dra_process(api, dirs, "--simulate", "dgx-h100") as first:
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 20)
+        prepared = drakubelet.prepare("pod-1", [claim])[uid]
+        assert not prepared.error
+        first.proc.send_signal(signal.SIGKILL)
+        assert first.proc.wait(10) == -signal.SIGKILL
+    since = time.monotonic()
+    with dra_process(api, dirs, "--simulate", "dgx-h100") as second:
+        assert drakubelet.wait_for(lambda: drakubelet.seen("registered", NVIDIA, since=since), 20)
+        assert drakubelet.call_prepare(NVIDIA, [claim])[uid] == prepared  # still known
+        assert not drakubelet.unprepare("pod-1", [claim])[uid].error
+        assert list(dirs.cdi.iterdir()) == []
+        assert list((dirs.plugins / NVIDIA / "claims").iterdir()) == []
+        assert second.stop() == 0
+    assert sorted(p.name for p in (dirs.plugins / NVIDIA).iterdir()) == ["claims"]
+
+
+@pytest.mark.slow
+def test_the_node_label_moves_the_node_between_the_device_plugin_and_dra(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
+    api.create_node(NODE)
+    directory = config_map_volume(tmp_path / "configs", {"default": {"version": "v1"}, "dra": dra_config("nvidia")})
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    with PluginProcess("--simulate", "dgx-h100", "--config-dir", str(directory), "--node-name", NODE,
+                       "--kubeconfig", str(kubeconfig), "--registry-dir", str(dirs.registry), "--plugins-dir",
+                       str(dirs.plugins), "--cdi-spec-dir", str(dirs.cdi), command="dra-plugin") as plugin:
+        assert plugin.event("no vendor is served through DRA on this node (labeller.dra.vendors); publishing nothing")
+        assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200, 5)  # idle is not a problem
+        assert api.slices(NODE) == [] and drakubelet.seen("registered") == []
+        labelled = time.monotonic()
+        api.set_labels(NODE, {CONFIG_LABEL: "dra"})
+        assert drakubelet.wait_for(lambda: len(api.slices(NODE, NVIDIA)) == 1, 5)
+        assert time.monotonic() - labelled < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 5)
+        labelled = time.monotonic()
+        api.set_labels(NODE, {CONFIG_LABEL: "default"})  # back to the device plugin
+        assert drakubelet.wait_for(lambda: api.slices(NODE) == [], 5)
+        assert time.monotonic() - labelled < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", NVIDIA), 5)
+        assert plugin.status("/readyz") == 200 and plugin.count("nothing to publish yet; probing again") == 0
+        assert plugin.stop() == 0

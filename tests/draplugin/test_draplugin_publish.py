@@ -1,0 +1,239 @@
+"""Publishing: one pool per driver named after the node, stale slices of its drivers for its node
+replaced at start, nothing else touched, nothing written while nothing changes, and a change of
+health, hardware or config in the slices within a second."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labeller.cluster.kube import Kube
+from labeller.draplugin.metrics import DraMetrics
+from labeller.draplugin.publisher import SlicePublisher, content, quantity
+from labeller.host import NodeOptions, open_host
+from labeller.offer import PhysicalDevice
+from labeller.resourceslices import DraDevice
+from tests.builders import nvidia_part, wait_for
+from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
+from tests.fakes.apiserver import Fault, FakeApiServer
+from tests.fakes.drakubelet import FakeDraKubelet
+from tests.plugin.profile_files import l40s_node, write_yaml
+
+
+def generation(run: Running, driver: str = NVIDIA) -> int:
+    (pool,) = {s["spec"]["pool"]["generation"] for s in run.slices(driver)}
+    return int(pool)
+
+
+def published_within(run: Running, condition: Callable[[], object]) -> float:
+    """How long until ``condition()`` held of the published slices (fails after 5 s)."""
+    started = time.monotonic()
+    wait_for(condition)
+    return time.monotonic() - started
+
+
+def test_one_pool_per_driver_named_after_the_node(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "mixed-l40s-mi210") as run:
+        for driver in (NVIDIA, AMD):
+            (slice_,) = run.slices(driver)
+            spec = slice_["spec"]
+            assert spec["nodeName"] == NODE and spec["driver"] == driver
+            assert spec["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+            assert spec["devices"]
+        assert len(api.slices()) == 2
+
+
+def test_stale_slices_are_replaced_and_nothing_else_is_touched(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                               dirs: Dirs) -> None:
+    api.create_node(NODE)
+    api.create_slice("left-over", NODE, NVIDIA, [{"name": "gpu-9"}], generation=7)
+    others = [api.create_slice("other-driver", NODE, "net.example.com", [{"name": "nic-0"}]),
+              api.create_slice("other-node", "gpu-node-2", NVIDIA, [{"name": "gpu-0"}], pool="gpu-node-2")]
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        assert [s["metadata"]["name"] for s in run.slices(NVIDIA)] != ["left-over"]
+        assert len(run.devices()) == 8 and "gpu-9" not in run.devices()
+        assert generation(run) == 8  # past every generation the pool had
+        assert [api.resource_slices.get("", o["metadata"]["name"]) for o in others] == others
+
+
+def test_nothing_is_written_while_nothing_changes(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-a100-mig-mixed") as run:
+        wait_for(lambda: run.plugin.publisher.in_sync)
+        since = time.monotonic()
+        for _ in range(3):
+            run.sighup()  # a probe that finds the same hardware
+        lists = run.plugin.publisher.reflector.lists
+        api.drop_watches.set()  # the watch breaks: the slices are listed again and compared
+        wait_for(lambda: run.plugin.publisher.reflector.lists > lists)
+        api.drop_watches.clear()
+        wait_for(lambda: run.plugin.publisher.in_sync)
+        assert run.writes(since) == 0
+
+
+def test_a_restart_on_unchanged_hardware_writes_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                        dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "mi300x-x8-cpx") as first:
+        before = first.slices(AMD)
+    since = time.monotonic()
+    with simulated_plugin(api, drakubelet, dirs, "mi300x-x8-cpx") as second:
+        assert second.writes(since) == 0 and second.slices(AMD) == before
+
+
+def test_a_slice_deleted_by_someone_else_is_written_again(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                          dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        (slice_,) = run.slices(NVIDIA)
+        api.delete_slice(slice_["metadata"]["name"])  # a kubelet that starts deletes its node's slices
+        assert published_within(run, lambda: len(run.devices()) == 8) < 1.0
+        assert generation(run) == 2
+
+
+def test_an_unhealthy_gpu_leaves_the_slice_and_comes_back(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                          dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100", recovery_seconds=0.5) as run:
+        uuid = nvidia_part(run.host.probe()).gpus[3].uuid
+        name = next(n for n, d in run.plugin.drivers[NVIDIA].snapshot.by_name.items() if d.health_key == uuid)
+        run.nvml.inject_xid(uuid, 13)  # an application's fault: ignored
+        run.nvml.inject_xid(uuid, 79)
+        assert published_within(run, lambda: name not in run.devices()) < 1.0
+        assert len(run.devices()) == 7 and generation(run) == 2
+        assert published_within(run, lambda: name in run.devices()) < 2.0  # answered normally for 0.5 s
+        assert generation(run) == 3
+
+
+def test_an_amd_gpu_whose_kfd_node_goes_leaves_the_slice(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                         dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "mi210-x8", recovery_seconds=0.2) as run:
+        name = run.devices(AMD)[2]
+        device = run.plugin.drivers[AMD].snapshot.by_name[name].physical
+        path = run.host.host_root / f"sys/class/kfd/kfd/topology/nodes/{device.health_key.split(':')[1]}"
+        saved = path.with_name("saved")
+        path.rename(saved)
+        assert published_within(run, lambda: name not in run.devices(AMD)) < 1.0
+        saved.rename(path)
+        published_within(run, lambda: name in run.devices(AMD))
+
+
+def test_a_changed_inventory_is_published_within_a_second(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                          dirs: Dirs, tmp_path: Path) -> None:
+    profile = tmp_path / "node.yaml"
+    write_yaml(profile, l40s_node(2, config=dra_config()))
+    with open_host(NodeOptions(simulate=str(profile))) as host, running_plugin(api, drakubelet, dirs, host) as run:
+        assert len(run.devices()) == 2
+        write_yaml(profile, l40s_node(3, config=dra_config()))  # a GPU appears (no SIGHUP: the profile file is watched)
+        assert published_within(run, lambda: len(run.devices()) == 3) < 1.0
+        assert generation(run) == 2
+        write_yaml(profile, l40s_node(3, amd_gpus=2, config=dra_config()))  # a second vendor: its driver registers
+        assert published_within(run, lambda: len(run.devices(AMD)) == 2) < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.seen("registered", AMD))
+
+
+def test_a_vendor_moved_back_to_the_device_plugin_deregisters_and_its_slices_go(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    write_yaml(config, dra_config("nvidia", "amd"))
+    with simulated_plugin(api, drakubelet, dirs, "mixed-l40s-mi210", config_path=config) as run:
+        assert run.slices(AMD) and run.slices(NVIDIA)
+        since = time.monotonic()
+        write_yaml(config, dra_config("nvidia"))
+        run.loop.request_reload()  # SIGHUP
+        assert published_within(run, lambda: run.slices(AMD) == []) < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", AMD, since=since))
+        assert not (dirs.registry / f"{AMD}-reg.sock").exists() and len(run.devices()) == 2
+        write_yaml(config, dra_config("nvidia", "amd"))  # and back to DRA
+        run.loop.request_reload()
+        assert published_within(run, lambda: len(run.devices(AMD)) == 2) < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.seen("registered", AMD, since=since))
+
+
+def test_a_gpu_that_goes_leaves_the_slice(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs,
+                                          tmp_path: Path) -> None:
+    profile = tmp_path / "node.yaml"
+    write_yaml(profile, l40s_node(2, amd_gpus=2, config=dra_config()))
+    with open_host(NodeOptions(simulate=str(profile))) as host, running_plugin(api, drakubelet, dirs, host) as run:
+        since = time.monotonic()
+        write_yaml(profile, l40s_node(1, config=dra_config()))
+        assert published_within(run, lambda: run.slices(AMD) == [] and len(run.devices()) == 1) < 1.0
+        assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", AMD, since=since))
+
+
+def test_slices_are_written_again_once_the_api_answers(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                      dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100", recovery_seconds=60) as run:
+        outage = api.faults.add(Fault(resource="resourceslices", status=503))
+        uuid = nvidia_part(run.host.probe()).gpus[0].uuid
+        run.nvml.inject_xid(uuid, 79)
+        wait_for(lambda: api.log.count("update", "resourceslices") >= 2)  # refused, and tried again
+        assert len(run.devices()) == 8 and not run.plugin.ready
+        api.faults.active.remove(outage)
+        answered = time.monotonic()
+        wait_for(lambda: len(run.devices()) == 7)
+        assert time.monotonic() - answered < 1.5
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "mi300x-x8-cpx"])
+def test_ready_means_registered_and_written(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs,
+                                            profile: str) -> None:
+    with simulated_plugin(api, drakubelet, dirs, profile, ready=False) as run:
+        wait_for(lambda: run.plugin.ready)
+        assert run.plugin.publisher.in_sync and all(d.sockets.registered for d in run.plugin.drivers.values())
+        assert run.slices()
+
+
+def test_a_pool_over_128_devices_is_split_and_shrinks(api: FakeApiServer, tmp_path: Path) -> None:
+    kube = Kube(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    stop = threading.Event()
+    publisher = SlicePublisher(kube, NODE, DraMetrics(), stop)
+    devices = [DraDevice(f"gpu-{i}", PhysicalDevice(vendor="nvidia", health_key=f"GPU-{i}", visible_id=str(i),
+                                                    gpu=f"0000:{i:04x}:00.0")) for i in range(200)]
+    try:
+        publisher.start()
+        publisher.publish({NVIDIA: devices})
+        wait_for(lambda: publisher.in_sync and len(api.slices(NODE)) == 2)
+        pools = [s["spec"]["pool"] for s in api.slices(NODE)]
+        assert pools == [{"name": NODE, "generation": 1, "resourceSliceCount": 2}] * 2
+        assert [len(s["spec"]["devices"]) for s in api.slices(NODE)] == [128, 72]
+        since = time.monotonic()
+        publisher.publish({NVIDIA: devices[:100]})
+        wait_for(lambda: publisher.in_sync and len(api.slices(NODE)) == 1)
+        (slice_,) = api.slices(NODE)
+        assert slice_["spec"]["pool"] == {"name": NODE, "generation": 2, "resourceSliceCount": 1}
+        assert api.log.count("update", "resourceslices", since) == 1
+        assert api.log.count("delete", "resourceslices", since) == 1
+        publisher.publish({})  # the driver is served no more: its slices go
+        wait_for(lambda: publisher.in_sync and api.slices(NODE) == [])
+    finally:
+        stop.set()
+        publisher.join()
+        kube.close()
+
+
+@pytest.mark.parametrize(("text", "value"), [("80Gi", 80 * 2**30), ("85899345920", 80 * 2**30), ("1k", 1000),
+                                             ("1.5Mi", 1572864), ("500m", Fraction(1, 2)), ("2e3", 2000)])
+def test_quantities_compare_by_value(text: str, value: int | Fraction) -> None:
+    assert quantity(text) == value
+
+
+def test_what_the_api_leaves_out_is_no_difference() -> None:
+    pool = {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    written: dict[str, Any] = {"driver": NVIDIA, "pool": pool,
+                               "devices": [{"name": "gpu-0", "capacity": {"memory": {"value": "85899345920"}}}]}
+    kept = {**written, "pool": {**pool, "generation": 4}, "allNodes": False, "perDeviceNodeSelection": None,
+            "devices": [{"name": "gpu-0", "attributes": {}, "capacity": {"memory": {"value": "80Gi"}}}]}
+    assert content(written) == content(kept)
+    assert content(written) != content({**kept, "devices": [{"name": "gpu-1"}]})
+
+
+def test_a_config_that_serves_a_vendor_absent_here_is_not_ready(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                                 dirs: Dirs, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    write_yaml(config, dra_config("amd"))
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100", config_path=config, ready=False) as run:
+        wait_for(lambda: run.plugin.probes >= 2)  # probed again: the GPUs may yet come
+        assert not run.plugin.ready and run.slices() == [] and drakubelet.seen("registered") == []

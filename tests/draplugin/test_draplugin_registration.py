@@ -1,0 +1,79 @@
+"""Registration with the kubelet's plugin watcher: one driver per vendor present, the DRA service
+where GetInfo says, and registered again when the kubelet removed the registration socket."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from labeller.draplugin.api import dra_pb2
+from tests.builders import wait_for
+from tests.draplugin.conftest import AMD, NVIDIA, Dirs, simulated_plugin
+from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.drakubelet import Claim, FakeDraKubelet
+
+
+def test_each_vendor_present_registers_its_driver(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "mixed-l40s-mi210"):
+        assert drakubelet.wait_for(lambda: len(drakubelet.seen("registered")) == 2)
+        registered = {e.driver: e.detail for e in drakubelet.seen("registered")}
+        assert registered == {
+            driver: {"endpoint": str(dirs.plugins / driver / "dra.sock"), "versions": ["v1.DRAPlugin"],
+                     "socket": str(dirs.registry / f"{driver}-reg.sock")}
+            for driver in (NVIDIA, AMD)}
+        assert drakubelet.seen("rejected") == []
+
+
+def test_a_node_of_one_vendor_registers_one_driver(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                   dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100"):
+        assert drakubelet.wait_for(lambda: [e.driver for e in drakubelet.seen("registered")] == [NVIDIA])
+        assert sorted(p.name for p in dirs.registry.iterdir()) == [f"{NVIDIA}-reg.sock"]
+
+
+def test_a_removed_registration_socket_registers_again(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                       dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        claim = run.claim("before-restart", "gpu-1")
+        assert not drakubelet.prepare("pod-1", [claim])[claim.uid].error
+        removed = time.monotonic()
+        (dirs.registry / f"{NVIDIA}-reg.sock").unlink()  # the kubelet restarts
+        assert drakubelet.wait_for(lambda: drakubelet.seen("registered", NVIDIA, since=removed))
+        registered_again = drakubelet.seen("registered", NVIDIA, since=removed)[0].at
+        assert registered_again - removed < 2.0
+        assert drakubelet.seen("deregistered", NVIDIA, since=removed)
+        wait_for(lambda: run.plugin.ready)
+        # prepared claims are still known: answered from the checkpoint, the spec file still there
+        again = drakubelet.call_prepare(NVIDIA, [claim])[claim.uid]
+        assert not again.error and [d.device_name for d in again.devices] == ["gpu-1"]
+        assert not drakubelet.unprepare("pod-1", [claim])[claim.uid].error
+
+
+def test_a_removed_dra_socket_is_created_again(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        socket = dirs.plugins / NVIDIA / "dra.sock"
+        socket.unlink()
+        claim = run.claim("after", "gpu-2")
+        answer = wait_for(lambda: _prepared(drakubelet, claim))  # the kubelet's channel reconnects to the new socket
+        assert [d.device_name for d in answer.devices] == ["gpu-2"] and socket.exists()
+        assert [e.driver for e in drakubelet.seen("registered")] == [NVIDIA]  # no need to register again
+
+
+def _prepared(kubelet: FakeDraKubelet, claim: Claim) -> dra_pb2.NodePrepareResourceResponse | None:
+    try:
+        answer = kubelet.call_prepare(NVIDIA, [claim])[claim.uid]
+    except grpc.RpcError:
+        return None
+    return answer if not answer.error else None
+
+
+def test_stopping_removes_the_sockets_and_keeps_the_slices(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                           dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        stopped = time.monotonic()
+    assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", NVIDIA, since=stopped))
+    assert list(dirs.registry.iterdir()) == [] and not (dirs.plugins / NVIDIA / "dra.sock").exists()
+    assert run.exit_code == [0]
+    # the next plugin takes them over; the kubelet deletes them 30 s after a driver that did not come back
+    assert len(run.devices()) == 8
