@@ -8,8 +8,10 @@ gpu-labeller.yaml is the chart with its default values, plus createNamespace=tru
 `kubectl apply -f` works without Helm, and two example named configs (EXAMPLE_CONFIGS: whole GPUs
 by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4).
 validating-admission-policy.yaml holds only the optional ValidatingAdmissionPolicy and its binding
-(admissionPolicy.enabled=true), scheduler-extender.yaml only
-the scheduler extender's objects (extender.enabled=true). All are rendered as
+(admissionPolicy.enabled=true), scheduler-extender.yaml only the scheduler extender's objects
+(extender.enabled=true), kubelet-dra-plugin.yaml only the DRA objects (dra.enabled=true with the same
+example configs, admissionPolicy.enabled=true: the DRA plugin, its RBAC and its ResourceSlice policy,
+the DeviceClasses). All are rendered as
 release "gpu-labeller" in namespace "gpu-labeller". Needs helm-python-sdk (the project's test extra).
 """
 
@@ -35,9 +37,11 @@ HEADER = (
 )
 # Objects in the order `kubectl apply -f` needs them (as Helm installs them).
 KIND_ORDER = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
-              "Service", "DaemonSet", "Deployment", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+              "Service", "DaemonSet", "Deployment", "DeviceClass", "ValidatingAdmissionPolicy",
+              "ValidatingAdmissionPolicyBinding"]
 VAP_TEMPLATE = "validatingadmissionpolicy.yaml"
 EXTENDER_TEMPLATE = "scheduler-extender.yaml"
+DRA_TEMPLATE_PREFIX = "dra-"  # dra-plugin.yaml, dra-deviceclasses.yaml, dra-admissionpolicy.yaml
 EXAMPLE_CONFIGS: dict[str, Any] = {
     "default": {"version": "v1", "flags": {"migStrategy": "none"}},
     "time-sliced-4": {"version": "v1", "flags": {"migStrategy": "none"},
@@ -80,6 +84,9 @@ def manifests() -> dict[str, str]:
     vap = {path: text for path, text in policy.items() if path.endswith("/" + VAP_TEMPLATE)}
     extender = {path: text for path, text in render_chart({"extender": {"enabled": True}}).items()
                 if path.endswith("/" + EXTENDER_TEMPLATE)}
+    dra_values = {"config": {"data": EXAMPLE_CONFIGS}, "dra": {"enabled": True}, "admissionPolicy": {"enabled": True}}
+    dra = {path: text for path, text in render_chart(dra_values).items()
+           if path.rpartition("/")[2].startswith(DRA_TEMPLATE_PREFIX)}
     return {
         "gpu-labeller.yaml": join(documents(main), "default values, createNamespace=true, config.data: "
                                   f"{', '.join(EXAMPLE_CONFIGS)}"),
@@ -88,6 +95,10 @@ def manifests() -> dict[str, str]:
         "scheduler-extender.yaml": join(
             documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; apply after "
             "gpu-labeller.yaml and configure the kube-scheduler (README)"),
+        "kubelet-dra-plugin.yaml": join(
+            documents(dra), "dra.enabled=true, admissionPolicy.enabled=true, the same config.data: the DRA "
+            "plugin, its RBAC and ResourceSlice policy, the DeviceClasses only; Kubernetes >= 1.34; apply after "
+            "gpu-labeller.yaml"),
     }
 
 

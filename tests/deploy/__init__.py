@@ -22,6 +22,8 @@ MANIFESTS = ROOT / "deploy" / "manifests"
 RELEASE = NAMESPACE = "gpu-labeller"
 # Kubernetes versions the objects are validated against: the floor the admission policy needs, and the newest.
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
+# DRA (dra.enabled: DeviceClasses of resource.k8s.io/v1) needs 1.34: its objects are validated from there on.
+DRA_KUBE_VERSION = "1.34.0"
 
 # Value combinations every structural test runs over (name -> values).
 COMBINATIONS: dict[str, dict[str, Any]] = {
@@ -50,6 +52,14 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     # Memory sharing in one pool (pods access for the plugin) with both admission policies
     "memory-sharing": {"admissionPolicy": {"enabled": True}, "config": {"default": "whole", "data": {
         "whole": {"version": "v1"}, "gpushare": {"version": "v1", "sharing": {"memory": {"unit": "GiB"}}}}}},
+    # The DRA plugin, its DeviceClasses and its ResourceSlice policy; every node without the config label on DRA
+    "dra": {"createNamespace": True, "admissionPolicy": {"enabled": True},
+            "dra": {"enabled": True, "vendors": ["nvidia", "amd"]}},
+    # DRA node by node: a named config moves a node (the plugin follows the config label); DeviceClasses left to a vendor chart
+    "dra-node-by-node": {"dra": {"enabled": True, "deviceClasses": {"enabled": False}}, "config": {"data": {
+        "default": {"version": "v1"}, "dra": {"version": "v1", "labeller": {"dra": {"vendors": ["nvidia"]}}}}}},
+    # DRA with a containerized NVIDIA driver (its files under flags.nvidiaDriverRoot)
+    "dra-driver-root": {"dra": {"enabled": True}, "config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver"}}},
     "everything": {
         "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
         "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],
@@ -96,6 +106,19 @@ def labeller_ds(objects: list[Obj]) -> Obj:
 
 def plugin_ds(objects: list[Obj]) -> Obj:
     return one(objects, "DaemonSet", "gpu-labeller-device-plugin")
+
+
+def dra_ds(objects: list[Obj]) -> Obj:
+    return one(objects, "DaemonSet", "gpu-labeller-dra-plugin")
+
+
+def kube_version_for(values: dict[str, Any], version: str) -> str:
+    """``version``, or the floor the rendered objects need when that is later (DRA: 1.34)."""
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in v.split("."))
+
+    floor = DRA_KUBE_VERSION if values.get("dra", {}).get("enabled") else version
+    return max(version, floor, key=key)
 
 
 def load_render_script() -> ModuleType:

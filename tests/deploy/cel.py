@@ -1,7 +1,10 @@
 """A ValidatingAdmissionPolicy's CEL evaluated as the API server does, with cel-python (`celpy`):
 matchConditions first (no match: the policy does not apply), then the variables in order, then every
 validation; an evaluation error denies, as failurePolicy Fail does. Kubernetes' `join` string-list
-extension is supplied here."""
+extension is supplied here.
+
+And a DeviceClass's selectors evaluated on a ResourceSlice's device as the scheduler does
+(`DeviceClassSelector`): the device's driver, and its attributes and capacities by domain."""
 
 from __future__ import annotations
 
@@ -54,3 +57,35 @@ class Policy:
         except CELEvalError as e:
             return False, [f"evaluation error: {e}"]  # failurePolicy: Fail
         return not messages, messages
+
+
+def cel_device(driver: str, device: Obj) -> Any:
+    """A published device as a selector sees it: ``device.driver``, ``device.attributes[domain][name]``
+    (the value of {"string": ...}, {"int": ...}, ...), ``device.capacity[domain][name]`` (the quantity's
+    text); a name without a domain is the driver's."""
+    by_domain: dict[str, dict[str, dict[str, Any]]] = {"attributes": {}, "capacity": {}}
+    for field, domains in by_domain.items():
+        for name, value in device.get(field, {}).items():
+            domain, _, short = name.rpartition("/")
+            plain = value["value"] if field == "capacity" else next(iter(value.values()))
+            domains.setdefault(domain or driver, {})[short] = plain
+    return json_to_cel({"driver": driver, **by_domain})
+
+
+class DeviceClassSelector:
+    """A DeviceClass's selectors: a device belongs to the class when every one is true."""
+
+    def __init__(self, device_class: Obj) -> None:
+        env = celpy.Environment()
+        self.programs = [env.program(env.compile(s["cel"]["expression"])) for s in device_class["spec"]["selectors"]]
+
+    def selects(self, driver: str, device: Obj) -> bool:
+        """True or False; CELEvalError (the scheduler: the allocation fails) when one cannot be evaluated."""
+        activation = {"device": cel_device(driver, device)}
+        for program in self.programs:
+            result = program.evaluate(activation)
+            if isinstance(result, CELEvalError):
+                raise result
+            if not result:
+                return False
+        return True

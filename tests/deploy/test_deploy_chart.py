@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
-from tests.deploy import CHART, COMBINATIONS, KUBE_VERSIONS, find, labeller_ds, one, plugin_ds, render
+from tests.deploy import CHART, COMBINATIONS, KUBE_VERSIONS, find, kube_version_for, labeller_ds, one, plugin_ds, render
 
 COMBOS = list(COMBINATIONS.items())
 IDS = list(COMBINATIONS)
@@ -30,6 +30,7 @@ def test_lint_is_clean(name: str, values: dict[str, Any]) -> None:
 def test_every_object_is_valid_kubernetes(name: str, values: dict[str, Any], kube_version: str) -> None:
     objects = render(values)
     assert objects
+    kube_version = kube_version_for(values, kube_version)
     for obj in objects:
         try:
             kv.validate(obj, kube_version, strict=True)
@@ -41,7 +42,7 @@ def test_every_object_is_valid_kubernetes(name: str, values: dict[str, Any], kub
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 def test_namespaced_objects_land_in_the_release_namespace(name: str, values: dict[str, Any]) -> None:
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                      "ValidatingAdmissionPolicyBinding"}
+                      "ValidatingAdmissionPolicyBinding", "DeviceClass"}
     for obj in render(values):
         if obj["kind"] in cluster_scoped:
             assert "namespace" not in obj["metadata"]
@@ -177,6 +178,12 @@ def test_config_create_false_needs_the_name_of_an_existing_config_map() -> None:
     {"extender": {"bindWait": "soon"}},
     {"extender": {"service": {"type": "LoadBalancer"}}},
     {"extender": {"replicas": 2}},
+    {"dra": {"vendors": ["intel"]}},
+    {"dra": {"vendors": ["nvidia", "nvidia"]}},
+    {"dra": {"vendors": "nvidia"}},
+    {"dra": {"pluginsDir": "var/lib/kubelet/plugins"}},
+    {"dra": {"metricsPort": 70000}},
+    {"dra": {"deviceClasses": {"create": True}}},
 ], ids=lambda v: json.dumps(v))
 def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
     chart = helm_python.Chart.load(CHART)

@@ -8,9 +8,16 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
-from tests.deploy import KUBE_VERSIONS, MANIFESTS, load_render_script
+from tests.deploy import (
+    DRA_KUBE_VERSION,
+    KUBE_VERSIONS,
+    MANIFESTS,
+    kube_version_for,
+    load_render_script,
+)
 
 REGEN = "python deploy/render.py"
+DRA_FILE = "kubelet-dra-plugin.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +41,17 @@ def test_regen_command_is_the_documented_one() -> None:
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_plain_manifests_are_valid_kubernetes(kube_version: str) -> None:
     kinds = []
-    for path in sorted(MANIFESTS.glob("*.yaml")):
+    for path in sorted(MANIFESTS.glob("*.yaml")):  # the order `kubectl apply -f deploy/manifests/` takes
+        # The DRA file needs Kubernetes >= 1.34 (its header says so); the others 1.30.
+        version = kube_version_for({"dra": {"enabled": path.name == DRA_FILE}}, kube_version)
         for obj in yaml.safe_load_all(path.read_text()):
             if obj:
-                kv.validate(obj, kube_version, strict=True)
+                kv.validate(obj, version, strict=True)
                 kinds.append(obj["kind"])
     # Namespace first so that one `kubectl apply -f` creates everything in order.
     assert kinds[0] == "Namespace"
-    assert {"DaemonSet", "ClusterRole", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= set(kinds)
+    assert {"DaemonSet", "ClusterRole", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+            "DeviceClass"} <= set(kinds)
 
 
 def test_main_manifest_has_no_admission_policy_and_policy_file_nothing_else() -> None:
@@ -73,3 +83,26 @@ def test_plain_manifests_show_two_named_configs_that_the_labeller_accepts() -> N
     for ds in (o for o in objects if o["kind"] == "DaemonSet"):
         args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--config-label=nvidia.com/device-plugin.config" in args
+
+
+def test_dra_file_holds_only_the_dra_objects_and_uses_the_main_files_namespace_and_configs() -> None:
+    text = (MANIFESTS / DRA_FILE).read_text()
+    dra = [o for o in yaml.safe_load_all(text) if o]
+    assert [f"{o['kind']}/{o['metadata']['name']}" for o in dra] == [
+        "ServiceAccount/gpu-labeller-dra-plugin", "ClusterRole/gpu-labeller-dra-plugin",
+        "ClusterRoleBinding/gpu-labeller-dra-plugin", "DaemonSet/gpu-labeller-dra-plugin",
+        "DeviceClass/gpu.nvidia.com", "DeviceClass/mig.nvidia.com", "DeviceClass/gpu.amd.com",
+        "ValidatingAdmissionPolicy/gpu-labeller-dra-plugin-own-node-slices",
+        "ValidatingAdmissionPolicyBinding/gpu-labeller-dra-plugin-own-node-slices"]
+    assert f"Kubernetes >= {DRA_KUBE_VERSION.removesuffix('.0')}; apply after gpu-labeller.yaml" in text.splitlines()[0]
+    main = [o for o in yaml.safe_load_all((MANIFESTS / "gpu-labeller.yaml").read_text()) if o]
+    assert not [o for o in main if o["kind"] == "DeviceClass" or "dra" in o["metadata"]["name"]]
+    (namespace,) = [o["metadata"]["name"] for o in main if o["kind"] == "Namespace"]
+    (config_map,) = [o for o in main if o["kind"] == "ConfigMap"]
+    (plugin,) = [o for o in dra if o["kind"] == "DaemonSet"]
+    spec = plugin["spec"]["template"]["spec"]
+    assert plugin["metadata"]["namespace"] == namespace
+    assert {"name": "config", "configMap": {"name": config_map["metadata"]["name"]}} in spec["volumes"]
+    # the example configs leave every node on the device plugin until a config names a vendor
+    assert all("dra" not in yaml.safe_load(config).get("labeller", {}) for config in config_map["data"].values())
+    assert "--config-label=nvidia.com/device-plugin.config" in spec["containers"][0]["args"]

@@ -17,8 +17,9 @@ IDS = list(COMBINATIONS)
 Obj = dict[str, Any]
 SOCKET_DIR = "/var/lib/kubelet/device-plugins"
 # Steady-state RSS measured by tests/bench/bench_daemon.py (57 MiB) and bench_plugin.py (52 MiB); the plugin
-# following the config label, by bench_config_switch.py (74 MiB).
-MEASURED_RSS_MIB = {"gpu-labeller": 57, "gpu-labeller-device-plugin": 74}
+# following the config label, by bench_config_switch.py (74 MiB); the DRA plugin, by bench_dra.py (77.4 MiB,
+# 78.4 MiB on mi300x-x8-cpx).
+MEASURED_RSS_MIB = {"gpu-labeller": 57, "gpu-labeller-device-plugin": 74, "gpu-labeller-dra-plugin": 79}
 
 
 def mebibytes(quantity: str) -> float:
@@ -138,7 +139,9 @@ def test_device_plugin_runs_as_root_but_unprivileged() -> None:
 def test_host_paths_are_read_only_except_the_plugin_socket_dir(name: str, values: dict[str, Any]) -> None:
     objects = render(values)
     writable = {("device-plugin", SOCKET_DIR), ("device-plugin", "/var/run/cdi"),
-                ("mps-control-daemon", "/run/nvidia/mps"), ("mps-control-daemon", "/run/nvidia/mps/shm")}
+                ("mps-control-daemon", "/run/nvidia/mps"), ("mps-control-daemon", "/run/nvidia/mps/shm"),
+                ("dra-plugin", "/var/lib/kubelet/plugins_registry"), ("dra-plugin", "/var/lib/kubelet/plugins/gpu.nvidia.com"),
+                ("dra-plugin", "/var/lib/kubelet/plugins/gpu.amd.com"), ("dra-plugin", "/var/run/cdi")}
     if values.get("labeller", {}).get("output") == "features-file":
         writable.add(("labeller", "/etc/kubernetes/node-feature-discovery/features.d"))
     for ds in daemonsets(objects):

@@ -56,12 +56,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- or (ne .Values.labeller.output "features-file") .Values.labeller.events.enabled (eq (include "gpu-labeller.followsLabel" .) "true") }}
 {{- end }}
 
-{{/* The named configs the chart renders, as YAML: name -> a config (a mapping, or its YAML text). A
+{{/* The named configs as given, as YAML: name -> a config (a mapping, or its YAML text). A
      `config` with keys of a config file (version, flags, sharing, ...: the chart's former shape) is the
      one config "default", over the former defaults; `map` (NVIDIA's device plugin chart) is another
      name for `data`; neither given: one config "default" with NVIDIA's defaults. (`data` is empty in
      values.yaml: Helm merges maps, so a default entry there could not be left out.) */}}
-{{- define "gpu-labeller.configData" -}}
+{{- define "gpu-labeller.givenConfigs" -}}
 {{- $config := .Values.config -}}
 {{- $file := pick $config "version" "flags" "sharing" "resources" "imex" "labeller" -}}
 {{- if $file -}}
@@ -73,6 +73,35 @@ app.kubernetes.io/component: {{ .component }}
 {{- else -}}
 {{- toYaml (dict "default" (dict "version" "v1" "flags" (dict "migStrategy" "none"))) -}}
 {{- end -}}
+{{- end }}
+
+{{/* The named configs the chart renders, as YAML: the given ones (gpu-labeller.givenConfigs), and with
+     dra.enabled and dra.vendors, that list written into the default config as labeller.dra.vendors: on
+     the nodes that config serves, the DRA plugin publishes those vendors' GPUs and the device plugin
+     withholds them. A config given as YAML text is rewritten as YAML then (its comments are lost). */}}
+{{- define "gpu-labeller.configData" -}}
+{{- $data := include "gpu-labeller.givenConfigs" . -}}
+{{- if and .Values.dra.enabled .Values.dra.vendors -}}
+{{- if not .Values.config.create -}}
+{{- fail "dra.vendors: the chart does not write into an existing ConfigMap (config.create is false): set labeller.dra.vendors in its configs instead" -}}
+{{- end -}}
+{{- $configs := fromYaml $data -}}
+{{- $name := .Values.config.default -}}
+{{- if and (not $name) (hasKey $configs "default") }}{{ $name = "default" }}{{ end -}}
+{{- if and (not $name) (eq (len $configs) 1) }}{{ $name = keys $configs | first }}{{ end -}}
+{{- if not (hasKey $configs $name) -}}
+{{- fail (printf "dra.vendors: no default config to write it into (config.default %q; named configs: %s)" $name (keys $configs | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- $config := get $configs $name -}}
+{{- if kindIs "string" $config }}{{ $config = fromYaml $config }}{{ end -}}
+{{- if hasKey (dig "labeller" "dra" (dict) $config) "vendors" -}}
+{{- fail (printf "dra.vendors and the labeller.dra.vendors of config %q both say which vendors DRA serves: keep one" $name) -}}
+{{- end -}}
+{{- $dra := dict "labeller" (dict "dra" (dict "vendors" .Values.dra.vendors)) -}}
+{{- $_ := set $configs $name (mergeOverwrite (deepCopy $config) $dra) -}}
+{{- $data = toYaml $configs -}}
+{{- end -}}
+{{- $data -}}
 {{- end }}
 
 {{/* The ConfigMap both components mount: config.name, else the one the chart creates. */}}
@@ -230,4 +259,19 @@ seccompProfile:
 {{/* The user name the API server gives the device plugin's ServiceAccount tokens. */}}
 {{- define "gpu-labeller.devicePluginUsername" -}}
 {{- printf "system:serviceaccount:%s:%s" (include "gpu-labeller.namespace" .) (include "gpu-labeller.devicePluginServiceAccount" .) }}
+{{- end }}
+
+{{- define "gpu-labeller.draPluginServiceAccount" -}}
+{{- default (printf "%s-dra-plugin" (include "gpu-labeller.fullname" .)) .Values.dra.serviceAccount.name }}
+{{- end }}
+
+{{/* The user name the API server gives the DRA plugin's ServiceAccount tokens. */}}
+{{- define "gpu-labeller.draPluginUsername" -}}
+{{- printf "system:serviceaccount:%s:%s" (include "gpu-labeller.namespace" .) (include "gpu-labeller.draPluginServiceAccount" .) }}
+{{- end }}
+
+{{/* The DRA drivers of gpu-labeller's vendors (each vendor's vendors/<name>/dra.py), as JSON: the DRA plugin's socket
+     directories, and the only drivers whose ResourceSlices it may write. */}}
+{{- define "gpu-labeller.draDrivers" -}}
+{{- toJson (list "gpu.nvidia.com" "gpu.amd.com") -}}
 {{- end }}
