@@ -97,7 +97,7 @@ def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_p
         daemon.event("config reloaded", reason="sighup")  # the SIGHUP was taken: the config file read again
         assert daemon.proc.poll() is None
         assert daemon.stop() == 0  # promptly, though the next probe is an hour away
-    assert daemon.count("reloading config and re-probing", reason="sighup") == 1
+    assert daemon.count("reloading config and probing again", reason="sighup") == 1
 
 
 def test_once_exit_codes(api: FakeApiServer, kubeconfig: Path) -> None:
