@@ -169,7 +169,7 @@ def test_a_config_that_fails_to_reload_changes_nothing(tmp_path: Path) -> None:
 def test_a_stalled_loop_is_not_healthy() -> None:
     release = threading.Event()
     service = Recorder(on_probe=lambda: release.wait(30) and None)
-    loop = ProcessLoop(service, LoopOptions(stall_s=0.2))
+    loop = ProcessLoop(service, LoopOptions(stall_s=0.2, heartbeat_s=0.05))
     with running(loop):
         wait_for(lambda: service.probes == 1)
         wait_for(lambda: not loop.healthy())  # the probe hangs: no turn for longer than stall_s
