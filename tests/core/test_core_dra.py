@@ -6,6 +6,7 @@ through DRA withholds its extended resources and says so in a label; ``resources
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from labeller.cli import main
 from labeller.config import parse_document
 from labeller.explain import catalog, find
 from labeller.host import Host, NodeOptions, open_host
+from labeller.labels import KeyDoc
 from labeller.offer import Offer
 from labeller.resourceslices import DraDevice, healthy, resource_slices
 from vendors import RESOURCE_NAMES, VENDORS
@@ -86,6 +88,17 @@ def test_labels_resources_and_slices_describe_the_same_devices(profile: str) -> 
         # partitions: the MIG devices published are the MIG devices served, profile for profile
         assert sorted(attribute(d, "profile") for d in migs) == sorted(
             p.partition for p in physical.values() if p.vendor == "nvidia" and p.partition)
+        # MIG devices named as NVIDIA's driver names them, by their GPU instance's profile id and placement,
+        # whose memory slices they publish; two GPU instances of one GPU never share a memory slice
+        occupied: Counter[tuple[Any, str]] = Counter()
+        for mig in migs:
+            named = re.fullmatch(r"gpu-\d+-mig-\d+-(\d+)-(\d+)", mig.name)
+            assert named is not None, mig.name
+            start, size = int(named[1]), int(named[2])
+            slices = {name for name in mig.capacity if name.startswith("memorySlice")}
+            assert slices == {f"memorySlice{i}" for i in range(start, start + size)}, mig.name
+            occupied.update((attribute(mig, "parentUUID"), name) for name in slices)
+        assert set(occupied.values()) <= {1}
         # product: the label names the product the devices publish (GFD's sanitised form)
         assert any(labels["nvidia.com/gpu.product"].startswith(product_name(attribute(d, "productName"))) for d in nvidia)
         # memory and count, as the labels count what is advertised (held MPS replicas are not)
@@ -127,9 +140,10 @@ def test_explain_covers_every_attribute_a_builtin_profile_publishes(profile: str
     host, by_driver = derived.host, derived.devices
     for vendor in host.vendors:
         assert vendor.dra is not None
-        documented = {doc.name for doc in vendor.dra.attribute_docs}
+        documented = [KeyDoc(doc.name, "").regex for doc in vendor.dra.attribute_docs]  # "memorySlice<i>": a family
         for device in by_driver.get(vendor.dra.driver, []):
-            assert {*device.attributes, *device.capacity} <= documented, device.name
+            names = (*device.attributes, *device.capacity)
+            assert [n for n in names if not any(doc.fullmatch(n) for doc in documented)] == [], device.name
             for item in (*device.attributes.values(), *device.capacity.values()):
                 assert item.backend and item.source
 
@@ -223,6 +237,18 @@ def test_explain_says_where_an_attribute_comes_from_and_who_defines_it() -> None
     assert "  upstream: NVIDIA k8s-dra-driver-gpu (gpu.nvidia.com): same name, type and value form" in lines
     assert any(line.startswith("  published: no: labeller.dra.vendors does not name nvidia") for line in lines)
     assert "  = 81559Mi: gpu-0, gpu-1, gpu-2, gpu-3, ... (8 devices)" in lines
+
+
+def test_explain_says_which_placement_a_mig_devices_memory_slices_and_name_come_from() -> None:
+    result = run("explain", "--simulate", "dgx-a100-mig-mixed", "gpu.nvidia.com/memorySlice7")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "gpu.nvidia.com/memorySlice7 (capacity, gpu.nvidia.com), on 2 devices:"
+    assert lines[1] == "  = 1: gpu-6-mig-9-4-4, gpu-7-mig-9-4-4"  # 3g.20gb: profile id 9, memory slices 4 to 7
+    assert "    source:   nvmlGpuInstanceGetInfo(GPU instance 1 of GPU 6 (GPU-0c6a7f5e-2b1d-4d3c-8e9f-a1b2c3d4e506)): " \
+           "profileId 9, placement 4:4" in lines
+    assert "  upstream: NVIDIA k8s-dra-driver-gpu (gpu.nvidia.com): same name, type and value form; NVIDIA's does " \
+           "not publish MIG devices of split GPU instances" in lines
 
 
 def test_explain_says_why_an_attribute_is_left_out_and_suggests_for_a_typo() -> None:

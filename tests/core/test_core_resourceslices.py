@@ -20,6 +20,7 @@ from vendors import RESOURCE_NAMES
 from vendors.amd.dra import devices as amd_devices
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 from vendors.nvidia.dra import devices as nvidia_devices
+from vendors.nvidia.model import MigDevice
 
 
 def device(name: str, **attributes: Any) -> DraDevice:
@@ -90,7 +91,9 @@ def test_unhealthy_devices_leave_the_slices_by_their_physical_health_key() -> No
 def test_nvidia_mig_devices_replace_their_gpu_and_carry_its_attributes() -> None:
     inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1, mig=("1g.5gb", "1g.5gb")))
     found = nvidia_devices(inventory, Offer(), Config())
+    # placements unknown: named by their instance ids, and no memory slices
     assert [d.name for d in found] == ["gpu-0", "gpu-1-mig-gi1-ci0", "gpu-1-mig-gi2-ci0"]
+    assert not any(name.startswith("memorySlice") for d in found for name in d.capacity)
     whole, mig = found[0], found[1]
     assert whole.attributes["type"].value == "gpu" and mig.attributes["type"].value == "mig"
     assert mig.attributes["parentUUID"].value == "GPU-1" and mig.attributes["profile"].value == "1g.5gb"
@@ -98,6 +101,38 @@ def test_nvidia_mig_devices_replace_their_gpu_and_carry_its_attributes() -> None
     assert mig.capacity["memory"].value == 4864 << 20 and whole.capacity["memory"].value == 40 << 30
     assert [d.health_key for d in found] == ["GPU-0", "MIG-1-0", "MIG-1-1"]
     assert mig.document()["attributes"]["cudaDriverVersion"] == {"version": "12.4.0"}
+
+
+def placed(mig: MigDevice, profile_id: int, start: int, size: int, slices: tuple[int, int] = (1, 1)) -> MigDevice:
+    return replace(mig, gpu_instance_profile_id=profile_id, placement_start=start, placement_size=size,
+                   slices_gi=slices[0], slices_ci=slices[1])
+
+
+def test_nvidia_mig_devices_are_named_by_their_gpu_instance_profile_and_placement_as_nvidias() -> None:
+    gpu = nvidia_gpu(3, mig=("3g.20gb", "1g.5gb"))
+    three, one = gpu.mig_devices
+    gpu = replace(gpu, mig_devices=(placed(three, 9, 4, 4, (3, 3)), placed(one, 19, 0, 1)))
+    (first, second) = nvidia_devices(nvidia(gpu), Offer(), Config())
+    assert (first.name, second.name) == ("gpu-3-mig-9-4-4", "gpu-3-mig-19-0-1")
+    slices = {name: c.value for name, c in first.capacity.items() if name.startswith("memorySlice")}
+    assert slices == {"memorySlice4": 1, "memorySlice5": 1, "memorySlice6": 1, "memorySlice7": 1}
+    assert [name for name in second.capacity if name.startswith("memorySlice")] == ["memorySlice0"]
+    assert second.document()["capacity"]["memorySlice0"] == {"value": "1"}
+    where = first.capacity["memorySlice4"]
+    assert where.backend == "nvml" and where.source == (
+        "nvmlGpuInstanceGetInfo(GPU instance 1 of GPU 3 (GPU-3)): profileId 9, placement 4:4")
+
+
+def test_compute_instances_sharing_a_gpu_instance_keep_their_instance_names() -> None:
+    """NVIDIA's driver publishes no MIG device smaller than its GPU instance; two of them would share
+    the placement's name, so theirs stay by instance ids, without memory slices."""
+    gpu = nvidia_gpu(0, mig=("1c.3g.20gb", "2c.3g.20gb"))
+    one, two = gpu.mig_devices
+    gpu = replace(gpu, mig_devices=(placed(one, 9, 0, 4, (3, 1)),
+                                    placed(replace(two, gpu_instance_id=1, compute_instance_id=1), 9, 0, 4, (3, 2))))
+    found = nvidia_devices(nvidia(gpu), Offer(), Config())
+    assert [d.name for d in found] == ["gpu-0-mig-gi1-ci0", "gpu-0-mig-gi1-ci1"]
+    assert not any(name.startswith("memorySlice") for d in found for name in d.capacity)
 
 
 def test_an_nvidia_value_the_inventory_lacks_is_left_out() -> None:

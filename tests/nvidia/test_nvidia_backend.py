@@ -93,6 +93,40 @@ def test_mig_devices_get_go_nvlib_profile_names(tmp_path: Path) -> None:
     assert (first.slices_gi, first.slices_ci, first.multiprocessors, first.gpu_instance_id) == (3, 1, 14, 1)
 
 
+def test_mig_devices_carry_their_gpu_instance_profile_id_and_placement(tmp_path: Path) -> None:
+    """A 3-2-1-1 A100 as the MIG user guide's example places it (the 3g.20gb fits only on memory
+    slices 4-7 beside the others); the probe reads what NVML says of each GPU instance."""
+    migs = [
+        {"profile": "3g.20gb", "uuid": "MIG-a{i}", "memory_mib": 20096},
+        {"profile": "2g.10gb", "uuid": "MIG-b{i}", "memory_mib": 9984},
+        {**mig_1g5gb(), "uuid": "MIG-c{i}"},
+        {**mig_1g5gb(), "uuid": "MIG-d{i}", "placement_start": 1},
+    ]
+    inventory = inventory_of(tmp_path, section(a100(mig_mode="enabled", mig_devices=migs)))
+    found = [(m.profile, m.gpu_instance_profile_id, m.placement_start, m.placement_size)
+             for m in nvidia_part(inventory).gpus[0].mig_devices]
+    assert found == [("3g.20gb", 9, 4, 4), ("2g.10gb", 14, 2, 2), ("1g.5gb", 19, 0, 1), ("1g.5gb", 19, 1, 1)]
+    assert nvidia_part(inventory).gpus[0].mig_devices[0].memory_slices == range(4, 8)
+
+
+def test_a_gpu_instance_without_a_placement_leaves_it_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, nvml = build(tmp_path, section(a100(mig_mode="enabled", mig_devices=[mig_1g5gb()])))
+    answer = nvml.nvmlGpuInstanceGetInfo
+
+    def without_placement(gpu_instance: Any) -> Any:
+        info = answer(gpu_instance)
+        info.placement.start = info.placement.size = 0
+        return info
+
+    monkeypatch.setattr(nvml, "nvmlGpuInstanceGetInfo", without_placement)
+    inventory, report = backend.probe(root, pci_scan(root)[0], None, nvml)
+    assert report.problems == () and inventory is not None
+    (mig,) = inventory.gpus[0].mig_devices
+    assert (mig.profile, mig.gpu_instance_profile_id, mig.placement_start, mig.placement_size) == ("1g.5gb", 19, None,
+                                                                                                   None)
+    assert mig.memory_slices is None
+
+
 def test_nvml_library_missing_leaves_pci_presence_only(tmp_path: Path) -> None:
     with structlog.testing.capture_logs() as logs:
         inventory = inventory_of(tmp_path, section(h100(repeat=2), nvml_error="library_not_found"))

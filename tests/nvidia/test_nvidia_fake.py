@@ -107,6 +107,16 @@ def test_lost_gpu(nvml: Any) -> None:
     assert nvml.nvmlDeviceGetName(handle) == "NVIDIA H100 80GB HBM3"
 
 
+def test_gpu_instances_have_the_real_profile_ids_and_placements(nvml: Any) -> None:
+    parent = nvml.nvmlDeviceGetHandleByIndex(2)
+    infos = [nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(parent, gi)) for gi in (1, 2)]
+    assert [(i.id, i.profileId, i.placement.start, i.placement.size) for i in infos] == [(1, 19, 0, 1), (2, 19, 1, 1)]
+    one_slice = nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    assert (one_slice.id, one_slice.sliceCount) == (19, 1)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # not a profile of an A100
+        nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX)
+
+
 def test_pci_sysfs_entries(tmp_path: Path) -> None:
     root, _ = build(tmp_path, section(h100(numa_node=1, pci_device_id=0x2330, pci_bus_id="0000:1b:00.0")))
     device = root / "sys/bus/pci/devices/0000:1b:00.0"
@@ -129,6 +139,16 @@ def test_repeat_fills_templates(tmp_path: Path) -> None:
     (section(a100(mig_mode="enabled", mig_devices=[{**mig_1g5gb(), "profile": "1g.6gb"}])),
      "nvidia.gpus[0].mig_devices[0].profile: 1g.6gb does not match memory_mib 4864"),
     (section(a100(mig_mode="enabled", mig_devices=[mig_1g5gb(8)])), "nvidia.gpus[0].mig_devices: at most 7"),
+    (section(a100(mig_mode="enabled", mig_devices=[{**mig_1g5gb(), "profile": "1g.5gb+gfx"}])),
+     "nvidia.gpus[0].mig_devices[0].profile: 1g.5gb+gfx is not a MIG profile of the A100, H100 or H200"),
+    (section(a100(mig_mode="enabled", mig_devices=[{**mig_1g5gb(), "placement_start": 7}])),
+     "nvidia.gpus[0].mig_devices[0].placement_start: 7 is not a placement of 1g.5gb"),
+    (section(a100(mig_mode="enabled", mig_devices=[{"profile": "4g.20gb", "uuid": "MIG-a{i}", "memory_mib": 20096},
+                                                   {"profile": "3g.20gb", "uuid": "MIG-b{i}", "memory_mib": 20096},
+                                                   {**mig_1g5gb(), "uuid": "MIG-c{i}"}])),
+     "nvidia.gpus[0].mig_devices: its GPU instances do not fit on one GPU together"),
+    (section(a100(name="NVIDIA A30", mig_mode="enabled", mig_devices=[mig_1g5gb()])),
+     "nvidia.gpus[0].mig_devices: MIG devices are simulated on A100, H100 and H200 GPUs only"),
     (section(h100(pci_bus_id="nonsense")), "nvidia.gpus[0].pci_bus_id: not a PCI bus id"),
     (section(h100(repeat=2, numa_node=[0])), "nvidia.gpus[0].numa_node: a list here needs exactly repeat=2"),
     (section(h100(uuid="GPU-same"), h100(uuid="GPU-same")), "GPU-same appears twice"),

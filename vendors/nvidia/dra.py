@@ -5,11 +5,16 @@ devices that exist (``type=mig``), never the GPU itself, whatever ``flags.migStr
 (that flag is the device plugin's). Attribute and capacity names, types and value forms are
 NVIDIA's, so a DeviceClass or CEL selector written for its driver selects the same devices here.
 
+A MIG device is named as NVIDIA's names it, ``gpu-<minor>-mig-<GI profile id>-<start>-<size>``,
+and publishes ``memorySlice<start>`` ... ``memorySlice<start + size - 1>``: the profile id and the
+placement (the memory slices) of its GPU instance, as nvmlGpuInstanceGetInfo gives them. Where the
+probe could not read the placement, or the GPU instance is split into compute instances (one MIG
+device each, which NVIDIA's driver does not publish, and which would share that name), the name is
+``gpu-<minor>-mig-gi<GI id>-ci<CI id>`` and ``memorySlice<i>`` is left out.
+
 Where the inventory does not hold a value, the attribute is left out (README, "Dynamic Resource
-Allocation"): ``brand`` and ``addressingMode`` (NVML calls the probe does not make),
-``resource.kubernetes.io/pcieRoot`` (the PCI topology is not read), and a MIG device's
-``memorySlice<i>`` capacities (its placement is not read). A MIG device's name needs its GPU
-instance profile id and placement too, so ours is ``gpu-<minor>-mig-gi<GI id>-ci<CI id>``.
+Allocation"): ``brand`` and ``addressingMode`` (NVML calls the probe does not make) and
+``resource.kubernetes.io/pcieRoot`` (the PCI topology is not read).
 """
 
 from __future__ import annotations
@@ -103,10 +108,30 @@ def gpu_device(part: NvidiaInventory, gpu: NvidiaGpu, config: Config) -> DraDevi
     return DraDevice(_name(gpu), whole(gpu, config), attributes, capacity)
 
 
+def _placed(mig: MigDevice) -> range | None:
+    """The memory slices that name the MIG device as NVIDIA's driver does: known, and the MIG device
+    is its whole GPU instance (one compute instance spanning it, as NVIDIA's driver publishes)."""
+    whole_instance = mig.slices_ci == mig.slices_gi
+    return mig.memory_slices if whole_instance and mig.gpu_instance_profile_id is not None else None
+
+
 def _mig_name(gpu: NvidiaGpu, mig: MigDevice) -> str:
+    if (slices := _placed(mig)) is not None:
+        return f"{_name(gpu)}-mig-{mig.gpu_instance_profile_id}-{slices.start}-{len(slices)}"
     if mig.gpu_instance_id is not None and mig.compute_instance_id is not None:
         return f"{_name(gpu)}-mig-gi{mig.gpu_instance_id}-ci{mig.compute_instance_id}"
     return f"{_name(gpu)}-mig-{mig.index}"
+
+
+def _memory_slices(gpu: NvidiaGpu, mig: MigDevice) -> dict[str, Capacity]:
+    """``memorySlice<i>`` = 1 for each memory slice the MIG device's GPU instance occupies."""
+    slices = _placed(mig)
+    if slices is None:
+        return {}
+    source = (f"nvmlGpuInstanceGetInfo(GPU instance {mig.gpu_instance_id} of {_ref(gpu)}): profileId "
+              f"{mig.gpu_instance_profile_id}, placement {slices.start}:{len(slices)}")
+    rule = "1 for each memory slice the placement covers: start to start + size - 1"
+    return {f"memorySlice{i}": Capacity(1, "nvml", source, rule) for i in slices}
 
 
 def mig_device(part: NvidiaInventory, gpu: NvidiaGpu, mig: MigDevice, config: Config) -> DraDevice:
@@ -129,6 +154,7 @@ def mig_device(part: NvidiaInventory, gpu: NvidiaGpu, mig: MigDevice, config: Co
     if mig.memory_mib > 0:
         capacity["memory"] = Capacity(mig.memory_mib * MIB, "nvml",
                                       f"nvmlDeviceGetAttributes({where}).memorySizeMB = {mig.memory_mib}", "MiB * 2^20")
+    capacity.update(_memory_slices(gpu, mig))
     return DraDevice(_mig_name(gpu, mig), partition(gpu, mig, config), attributes, capacity)
 
 
@@ -176,6 +202,10 @@ ATTRIBUTE_DOCS: tuple[AttributeDoc, ...] = (
     *(AttributeDoc(name, "capacity", f"a MIG device's {what}",
                    f"{UPSTREAM}: same name; NVIDIA's reads its GPU instance profile, ours the MIG device's attributes")
       for name, _, _, what in _MIG_ENGINES),
-    AttributeDoc("memorySlice<i>", "capacity", "the memory slices a MIG device occupies",
-                 f"{UPSTREAM}; the placement is {_NOT_READ}"),
+    AttributeDoc("memorySlice<i>", "capacity",
+                 "1 for each GPU memory slice a MIG device's GPU instance occupies (its placement, "
+                 "nvmlGpuInstanceGetInfo), which with the GPU instance profile id also names the device "
+                 "gpu-<minor>-mig-<profile id>-<start>-<size>; left out where the placement was not read "
+                 "or the GPU instance is split into compute instances (then named gpu-<minor>-mig-gi<GI id>-ci<CI id>)",
+                 f"{UPSTREAM}: {_SAME}; NVIDIA's does not publish MIG devices of split GPU instances"),
 )

@@ -31,6 +31,18 @@ class MigDevice:
     engines_ofa: int = 0
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    # Its GPU instance as nvmlGpuInstanceGetInfo gives it: the profile id (19 is 1g.5gb on an A100)
+    # and the memory slices it occupies, placement.start to start + size - 1. None where not read.
+    gpu_instance_profile_id: int | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
+
+    @property
+    def memory_slices(self) -> range | None:
+        """The GPU memory slices its GPU instance occupies; None where the placement was not read."""
+        if self.placement_start is None or self.placement_size is None:
+            return None
+        return range(self.placement_start, self.placement_start + self.placement_size)
 
     @property
     def resource_name(self) -> str:

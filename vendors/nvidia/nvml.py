@@ -143,11 +143,11 @@ def _ci_profile_index(nvml: ModuleType, gpu_instance: Any, profile_id: int) -> i
     return None
 
 
-def _mig_profile(nvml: ModuleType, parent: Any, gi_id: int, ci_id: int, memory_mib: int, parent_total: int) -> str:
+def _mig_profile(nvml: ModuleType, parent: Any, gpu_instance: Any, gi_profile_id: int, ci_id: int, memory_mib: int,
+                 parent_total: int) -> str:
     """The profile name go-nvlib's GetProfile gives: slice counts from the instance profiles."""
-    gpu_instance = nvml.nvmlDeviceGetGpuInstanceById(parent, gi_id)
     compute_instance = nvml.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, ci_id)
-    gi_index = _gi_profile_index(nvml, parent, nvml.nvmlGpuInstanceGetInfo(gpu_instance).profileId)
+    gi_index = _gi_profile_index(nvml, parent, gi_profile_id)
     ci_index = _ci_profile_index(nvml, gpu_instance, nvml.nvmlComputeInstanceGetInfo(compute_instance).profileId)
     gi_profiles = gpu_instance_profiles(nvml)
     ci_profiles = compute_instance_profiles(nvml)
@@ -157,14 +157,31 @@ def _mig_profile(nvml: ModuleType, parent: Any, gi_id: int, ci_id: int, memory_m
     return mig_profile_name(gpu_slices, ci_profiles[ci_index], mig_memory_gb(memory_mib, parent_total), suffix)
 
 
+def _placement(gpu_instance_info: Any, mig_uuid: str) -> tuple[int | None, int | None]:
+    """(start, size) of the GPU instance's placement: the memory slices it occupies, which NVIDIA's
+    DRA driver names MIG devices by. (None, None) where the structure holds none (size 0)."""
+    placement = getattr(gpu_instance_info, "placement", None)
+    size = int(getattr(placement, "size", 0))
+    if placement is None or size <= 0:
+        log.info("GPU instance has no placement; its MIG device keeps the name by instance ids", vendor="nvidia",
+                 device=mig_uuid)
+        return None, None
+    return int(placement.start), size
+
+
 def _mig_device(nvml: ModuleType, parent: Any, parent_total: int, handle: Any, index: int) -> MigDevice:
     attributes = nvml.nvmlDeviceGetAttributes(handle)
+    uuid = text(nvml.nvmlDeviceGetUUID(handle))
     gi_id = nvml.nvmlDeviceGetGpuInstanceId(handle)
     ci_id = nvml.nvmlDeviceGetComputeInstanceId(handle)
+    gpu_instance = nvml.nvmlDeviceGetGpuInstanceById(parent, gi_id)
+    gi_info = nvml.nvmlGpuInstanceGetInfo(gpu_instance)
+    placement_start, placement_size = _placement(gi_info, uuid)
     return MigDevice(
         index=index,
-        uuid=text(nvml.nvmlDeviceGetUUID(handle)),
-        profile=_mig_profile(nvml, parent, gi_id, ci_id, attributes.memorySizeMB, parent_total),
+        uuid=uuid,
+        profile=_mig_profile(nvml, parent, gpu_instance, gi_info.profileId, ci_id, attributes.memorySizeMB,
+                             parent_total),
         memory_mib=attributes.memorySizeMB,
         multiprocessors=attributes.multiprocessorCount,
         slices_gi=attributes.gpuInstanceSliceCount,
@@ -176,6 +193,9 @@ def _mig_device(nvml: ModuleType, parent: Any, parent_total: int, handle: Any, i
         engines_ofa=attributes.sharedOfaCount,
         gpu_instance_id=gi_id,
         compute_instance_id=ci_id,
+        gpu_instance_profile_id=int(gi_info.profileId),
+        placement_start=placement_start,
+        placement_size=placement_size,
     )
 
 

@@ -28,9 +28,11 @@ import pynvml as real
 
 from vendors.nvidia.facts import (
     COMPUTE_CLASS,
+    MIG_PLACEMENT_PRODUCTS,
     PCI_VENDOR_ID,
     WHOLE_GPU,
     compute_instance_profiles,
+    gpu_instance_placements,
     gpu_instance_profiles,
     mig_memory_gb,
     mig_profile_name,
@@ -39,16 +41,16 @@ from vendors.pci import normalise_bdf
 from vendors.sim_pci import write_device, write_host_bridge
 
 MAX_MIG_DEVICES = 7
-# Fake instance-profile ids: offset from the profile indices so a caller that mixes ids and
-# indices up (go-nvlib matches ids, then names profiles by index) fails loudly.
-GI_PROFILE_ID_OFFSET = 32
+# GPU-instance profile ids are the real ones (facts.MIG_PLACEMENTS), none equal to its profile index;
+# compute-instance profile ids are fake, offset from the indices, so that a caller that mixes ids
+# and indices up (go-nvlib matches ids, then names profiles by index) fails loudly there too.
 CI_PROFILE_ID_OFFSET = 64
 
 GPU_KEYS = ("name", "uuid", "memory_bytes", "compute_capability", "pci_bus_id", "pci_device_id", "minor_number",
             "numa_node", "pci_class", "mig_mode", "mig_devices", "nvlink_peers", "fabric", "vgpu", "error", "repeat")
 MIG_KEYS = ("profile", "uuid", "memory_mib", "multiprocessors", "slices_gi", "slices_ci", "engines_copy",
             "engines_decoder", "engines_encoder", "engines_jpeg", "engines_ofa", "gpu_instance_id",
-            "compute_instance_id", "repeat")
+            "compute_instance_id", "placement_start", "repeat")
 SECTION_KEYS = ("driver_version", "cuda_driver_version", "nvml_error", "gpus")
 _PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<suffix>\+me|\+me\.all|\+gfx|-me)?$")
 SUPPORTED_EVENTS: int = (real.nvmlEventTypeSingleBitEccError | real.nvmlEventTypeDoubleBitEccError
@@ -72,6 +74,7 @@ class FakeMig:
     attributes: dict[str, int]
     gpu_instance_id: int
     compute_instance_id: int
+    placement_start: int | None  # first memory slice of its GPU instance; None until placed
     parent: FakeGpu | None = None
 
 
@@ -102,6 +105,7 @@ class FakeGpuInstance:
     gpu: FakeGpu
     id: int
     profile_index: int
+    placement_start: int
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,15 @@ def _mig(entry: Mapping[str, Any], where: str, parent_bytes: int, gpu: int, i: i
     ci_index = _profile_index(compute_instance_profiles(real), compute_slices)
     if gi_index is None or ci_index is None or compute_slices > gpu_slices:
         raise _fail(f"{where}.profile", f"no NVML instance profile for {entry['profile']!r}")
+    placements = gpu_instance_placements(real)
+    if gi_index not in placements:
+        raise _fail(f"{where}.profile", f"{entry['profile']} is not a MIG profile of the A100, H100 or H200 "
+                                        "(the profiles and placements the simulation knows: vendors/nvidia/facts.py)")
+    given = entry.get("placement_start")
+    start = None if given is None else _non_negative_int(given, f"{where}.placement_start")
+    if start is not None and start not in placements[gi_index][2]:
+        raise _fail(f"{where}.placement_start", f"{start!r} is not a placement of {entry['profile']} "
+                                                f"(it may start at memory slice {placements[gi_index][2]})")
     memory_mib = _positive_int(entry.get("memory_mib"), f"{where}.memory_mib")
     expected_gb = mig_memory_gb(memory_mib, parent_bytes)
     if expected_gb != gb:
@@ -236,7 +249,43 @@ def _mig(entry: Mapping[str, Any], where: str, parent_bytes: int, gpu: int, i: i
         attributes=attributes,
         gpu_instance_id=_non_negative_int(entry.get("gpu_instance_id", i + 1), f"{where}.gpu_instance_id"),
         compute_instance_id=_non_negative_int(entry.get("compute_instance_id", 0), f"{where}.compute_instance_id"),
+        placement_start=start,
     )
+
+
+def _place(migs: list[FakeMig], where: str) -> None:
+    """Give each GPU instance the placement given, else the lowest that lets every GPU instance of
+    the GPU fit (facts.MIG_PLACEMENTS): NVML reports only placements a real GPU allows."""
+    instances: dict[int, list[FakeMig]] = {}
+    for mig in migs:
+        instances.setdefault(mig.gpu_instance_id, []).append(mig)
+    groups = list(instances.values())
+    placements = gpu_instance_placements(real)
+    options: list[list[range]] = []
+    for group in groups:
+        given = tuple({mig.placement_start for mig in group if mig.placement_start is not None})
+        if len({mig.gi_profile_index for mig in group}) > 1 or len(given) > 1:
+            raise _fail(where, f"the MIG devices of GPU instance {group[0].gpu_instance_id} must share its profile "
+                               "and placement_start")
+        _, size, starts = placements[group[0].gi_profile_index]
+        options.append([range(start, start + size) for start in (given or starts)])
+
+    def fit(n: int, used: frozenset[int]) -> list[int] | None:
+        if n == len(groups):
+            return []
+        for slices in options[n]:
+            rest = fit(n + 1, used | set(slices)) if used.isdisjoint(slices) else None
+            if rest is not None:
+                return [slices.start, *rest]
+        return None
+
+    chosen = fit(0, frozenset())
+    if chosen is None:
+        raise _fail(where, "its GPU instances do not fit on one GPU together (a GPU has 8 memory slices; the "
+                           "placements of each profile: vendors/nvidia/facts.py)")
+    for group, start in zip(groups, chosen):
+        for mig in group:
+            mig.placement_start = start
 
 
 def _migs(value: Any, where: str, parent_bytes: int, gpu: int) -> list[FakeMig]:
@@ -252,6 +301,7 @@ def _migs(value: Any, where: str, parent_bytes: int, gpu: int) -> list[FakeMig]:
     instances = [(m.gpu_instance_id, m.compute_instance_id) for m in migs]
     if len(set(instances)) != len(instances):
         raise _fail(where, "two MIG devices share one (gpu_instance_id, compute_instance_id)")
+    _place(migs, where)
     return migs
 
 
@@ -328,9 +378,13 @@ def _gpu(raw: Mapping[str, Any], where: str, index: int, repeat: int, position: 
     numa = entry.get("numa_node")
     minor = entry.get("minor_number")
     vgpu, vgpu_host_driver = _vgpu(entry.get("vgpu"), f"{where}.vgpu")
+    name = _string(entry.get("name"), f"{where}.name")
+    if entry.get("mig_devices") and not any(product in name for product in MIG_PLACEMENT_PRODUCTS):
+        raise _fail(f"{where}.mig_devices", "MIG devices are simulated on A100, H100 and H200 GPUs only (the "
+                                            "profiles and placements of vendors/nvidia/facts.py)")
     return FakeGpu(
         index=index,
-        name=_string(entry.get("name"), f"{where}.name"),
+        name=name,
         uuid=_template(entry.get("uuid"), f"{where}.uuid", i=index),
         memory_bytes=memory_bytes,
         compute_capability=_compute_capability(entry.get("compute_capability"), f"{where}.compute_capability"),
@@ -594,13 +648,16 @@ class FakeNvml:
         gpu = self._gpu(handle)
         for mig in gpu.migs:
             if mig.gpu_instance_id == gpu_instance_id:
-                return FakeGpuInstance(gpu, gpu_instance_id, mig.gi_profile_index)
+                assert mig.placement_start is not None  # placed when the profile was read
+                return FakeGpuInstance(gpu, gpu_instance_id, mig.gi_profile_index, mig.placement_start)
         raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
 
     def nvmlGpuInstanceGetInfo(self, gpu_instance: FakeGpuInstance) -> Any:
         self._gpu(gpu_instance.gpu)
+        profile_id, size, _ = gpu_instance_placements(real)[gpu_instance.profile_index]
         info = real.c_nvmlGpuInstanceInfo_t()
-        info.id, info.profileId = gpu_instance.id, gpu_instance.profile_index + GI_PROFILE_ID_OFFSET
+        info.id, info.profileId = gpu_instance.id, profile_id
+        info.placement.start, info.placement.size = gpu_instance.placement_start, size
         return info
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gpu_instance: FakeGpuInstance, ci_id: int) -> FakeComputeInstance:
@@ -624,8 +681,11 @@ class FakeNvml:
         slices = {index: count for index, (count, _) in gpu_instance_profiles(real).items()}
         if profile not in slices:
             raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        placements = gpu_instance_placements(real)
+        if profile not in placements:  # a profile of other GPUs than the A100, H100 and H200
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
         info = real.c_nvmlGpuInstanceProfileInfo_v2_t()
-        info.id, info.sliceCount = profile + GI_PROFILE_ID_OFFSET, slices[profile]
+        info.id, info.sliceCount = placements[profile][0], slices[profile]
         return info
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gpu_instance: FakeGpuInstance, profile: int,
