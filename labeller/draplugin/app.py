@@ -39,11 +39,9 @@ from labeller.draplugin.publisher import SliceApi, SlicePublisher
 from labeller.draplugin.server import DraService, DriverSockets
 from labeller.host import Host
 from labeller.inventory import Inventory, ProbeError
-from labeller.offer import PhysicalDevice
-from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
+from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.resourceslices import DraDevice, healthy
 from labeller.vendor import Vendor
-from labeller.vendor.plugin import Checker
 
 log = structlog.get_logger(__name__)
 
@@ -99,8 +97,7 @@ class DraPlugin:
         self.drivers: dict[str, _Driver] = {}
         self._devices: dict[str, list[DraDevice]] = {}  # what the last probe found, unhealthy devices included
         self._lock = threading.Lock()  # ``_devices`` and the publishing of it, between the loop and health threads
-        self._monitor: HealthMonitor | None = None
-        self._watched: tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]] | None = None
+        self._health = HealthChecks(self.board, settings.health_env, settings.health_poll_seconds)
         self._next_tick = 0.0
         self.probes = 0  # probes done (a test awaits the next one)
         self._served: tuple[str, ...] | None = None  # the drivers served, as last said
@@ -197,7 +194,7 @@ class DraPlugin:
             self._devices = {driver: list(devices) for driver, devices in found.items()}
         physical = {d.physical for devices in found.values() for d in devices}
         self.board.track(p.health_key for p in physical)
-        self._watch_health((frozenset(physical), host_root, tuple(sorted(self.host.handles.items()))))
+        self._health.follow(physical, host_root, self.host.handles, self.host.vendors)
         self._publish()
 
     def _vendor(self, driver: str) -> Vendor:
@@ -241,34 +238,6 @@ class DraPlugin:
                                                       health=HEALTHY if is_healthy else UNHEALTHY, reason=reason)
         self._publish()
 
-    def _watch_health(self, watched: tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]]) -> None:
-        """(Re)start the health checkers when the physical devices or the host changed."""
-        if watched == self._watched:
-            return
-        if self._monitor is not None:
-            self._monitor.stop()
-        physical, host_root, handles = watched
-        self._monitor = HealthMonitor(self._checkers(list(physical), host_root, dict(handles)),
-                                      poll_seconds=self.settings.health_poll_seconds)
-        self._monitor.start()
-        self._watched = watched
-
-    def _checkers(self, physical: list[PhysicalDevice], host_root: Path, handles: Mapping[str, Any]) -> list[Checker]:
-        env = self.settings.health_env
-        if not checks_enabled(env):
-            if physical:
-                log.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS=all)")
-            return []
-        checkers = []
-        for vendor in self.host.vendors:
-            devices = [p for p in physical if p.vendor == vendor.name]
-            if devices:
-                checker = vendor.devices.plugin_parts().checker(devices, self.board, host_root,
-                                                                handles.get(vendor.name), env)
-                if checker is not None:
-                    checkers.append(checker)
-        return checkers
-
     # --- lifecycle ----------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -279,8 +248,7 @@ class DraPlugin:
         self.publisher.join()
         for driver in self.drivers.values():
             driver.sockets.stop()
-        if self._monitor is not None:
-            self._monitor.stop()
+        self._health.stop()
         self.board.close()
 
 

@@ -27,15 +27,15 @@ import structlog
 
 from labeller.config import Config
 from labeller.gpushare import RESOURCE_COUNT
-from labeller.offer import PhysicalDevice, Resource
+from labeller.offer import Resource
 from labeller.plugin.allocate import Allocator, ResourceAllocator
 from labeller.plugin.cdi import CdiSpecs
-from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthMonitor, checks_enabled
+from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.server import DevicePluginService, SocketServer
 from labeller.vendor import Vendor
-from labeller.vendor.plugin import Allocate, Checker
+from labeller.vendor.plugin import Allocate
 from vendors import VENDORS
 
 if TYPE_CHECKING:
@@ -71,9 +71,6 @@ class _Batch:
     handles: tuple[tuple[str, Any], ...]  # a simulated node's stand-ins, by vendor name
 
 
-_Watched = tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]]
-
-
 class DevicePlugin:
     """Everything one ``gpu-labeller device-plugin`` process runs: ``start``, ``serve`` (any number
     of times), ``stop``."""
@@ -92,8 +89,7 @@ class DevicePlugin:
                                      settings.kubelet_missing_log_seconds)
         self.last_tick = time.monotonic()
         self._services: dict[str, DevicePluginService] = {}
-        self._monitor: HealthMonitor | None = None
-        self._watched: _Watched | None = None
+        self._health = HealthChecks(self.board, settings.health_env, settings.health_poll_seconds)
         self._batch: _Batch | None = None
         self._cdi = CdiSpecs(settings.cdi_spec_dir, vendors) if settings.cdi_spec_dir is not None else None
         self._offer_lock = threading.Lock()
@@ -142,7 +138,7 @@ class DevicePlugin:
         self.dra_serves = bool(offer.config.dra_vendors)
         physical = {d.physical for r in offer.resources for d in r.devices}
         self.board.track(p.health_key for p in physical)  # open streams send the new lists now
-        self._watch_health((frozenset(physical), offer.host_root, offer.handles))
+        self._health.follow(physical, offer.host_root, dict(offer.handles), tuple(self._vendors.values()))
         self._update_device_gauges()
         self.applied += 1
 
@@ -182,34 +178,6 @@ class DevicePlugin:
         return self._pods
 
     # --- health -----------------------------------------------------------------------------
-
-    def _watch_health(self, watched: _Watched) -> None:
-        """(Re)start the health checkers when the physical devices or the host changed."""
-        if watched == self._watched:
-            return
-        if self._monitor is not None:
-            self._monitor.stop()
-        physical, host_root, handles = watched
-        self._monitor = HealthMonitor(self._checkers(list(physical), host_root, dict(handles)),
-                                      poll_seconds=self.settings.health_poll_seconds)
-        self._monitor.start()
-        self._watched = watched
-
-    def _checkers(self, physical: list[PhysicalDevice], host_root: Path, handles: Mapping[str, Any]) -> list[Checker]:
-        env = self.settings.health_env
-        if not checks_enabled(env):
-            if physical:
-                log.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS=all)")
-            return []
-        checkers = []
-        for name, vendor in self._vendors.items():
-            devices = [p for p in physical if p.vendor == name]
-            if not devices:
-                continue
-            checker = vendor.devices.plugin_parts().checker(devices, self.board, host_root, handles.get(name), env)
-            if checker is not None:
-                checkers.append(checker)
-        return checkers
 
     def _on_health_change(self, key: str, healthy: bool, reason: str) -> None:
         for resource in self.resources:
@@ -272,8 +240,7 @@ class DevicePlugin:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.manager.stop()
-        if self._monitor is not None:
-            self._monitor.stop()
+        self._health.stop()
         self.board.close()
 
     def __enter__(self) -> Self:

@@ -15,10 +15,14 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import structlog
 
+from labeller.offer import PhysicalDevice
+from labeller.vendor import Vendor
 from labeller.vendor.plugin import Checker
 
 log = structlog.get_logger(__name__)
@@ -167,3 +171,45 @@ class HealthMonitor:
             thread.join(timeout=2)
         for checker in self._checkers:
             checker.stop()
+
+
+class HealthChecks:
+    """The vendors' health checkers of the physical devices a plugin serves, reporting to ``board``:
+    started by ``follow``, and started again only when the devices or the host change."""
+
+    def __init__(self, board: HealthBoard, env: Mapping[str, str], poll_seconds: float) -> None:
+        self.board, self.env, self.poll_seconds = board, env, poll_seconds
+        self._monitor: HealthMonitor | None = None
+        self._watched: tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]] | None = None
+
+    def follow(self, physical: Iterable[PhysicalDevice], host_root: Path, handles: Mapping[str, Any],
+               vendors: Sequence[Vendor]) -> None:
+        watched = (frozenset(physical), host_root, tuple(sorted(handles.items())))
+        if watched == self._watched:
+            return
+        self.stop()
+        self._monitor = HealthMonitor(self._checkers(list(watched[0]), host_root, handles, vendors),
+                                      poll_seconds=self.poll_seconds)
+        self._monitor.start()
+        self._watched = watched
+
+    def _checkers(self, physical: list[PhysicalDevice], host_root: Path, handles: Mapping[str, Any],
+                  vendors: Sequence[Vendor]) -> list[Checker]:
+        if not checks_enabled(self.env):
+            if physical:
+                log.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS=all)")
+            return []
+        checkers = []
+        for vendor in vendors:
+            devices = [p for p in physical if p.vendor == vendor.name]
+            if devices:
+                checker = vendor.devices.plugin_parts().checker(devices, self.board, host_root,
+                                                                handles.get(vendor.name), self.env)
+                if checker is not None:
+                    checkers.append(checker)
+        return checkers
+
+    def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.stop()
+            self._monitor = None

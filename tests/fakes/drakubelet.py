@@ -1,7 +1,7 @@
 """A kubelet DRA manager stand-in over real gRPC on unix sockets, for driving the DRA plugin.
 
 It does what the kubelet's plugin watcher and DRA manager do with a DRA plugin (as the real v1.34
-``drakubelet`` of ``shared/k8s-dra`` runs them):
+kubelet's, which tests/e2e/e2e_dra.py drives):
 
 - watches ``registry_dir`` for sockets (a new file, or a file replaced); on each it
   calls ``Registration.GetInfo``, accepts a plugin of type ``DRAPlugin`` whose name is a DNS
