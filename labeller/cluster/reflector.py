@@ -72,6 +72,7 @@ class Reflector:
         from labeller.cluster.kube import Forbidden, Gone, KubeError
 
         while not self.stop.is_set():
+            failure: KubeError | None = None
             try:
                 self._list_then_watch()
                 continue
@@ -83,12 +84,16 @@ class Reflector:
                 self._failing_since = self._failing_since or time.monotonic()
             except KubeError as exc:
                 self.stale()
-                self._report_failure(exc)
-            self.stop.wait(self.backoff.next())  # never a tight list-watch loop, even if 410 repeats
+                failure = exc
+            delay = self.backoff.next()  # never a tight list-watch loop, even if 410 repeats
+            if failure is not None:
+                self._report_failure(failure, delay)
+            self.stop.wait(delay)
 
-    def _report_failure(self, exc: Exception) -> None:
+    def _report_failure(self, exc: Exception, retry_in_s: float) -> None:
         """A warning when an outage begins; quiet (debug) while it lasts."""
-        fields = {"reason": "api-error", "resource": self.resource, "error": str(exc), **self.context}
+        fields = {"reason": "api-error", "resource": self.resource, "error": str(exc),
+                  "retry_in_s": round(retry_in_s, 2), **self.context}
         if self._failing_since is None:
             self._failing_since = time.monotonic()
             log.warning("watch failed, retrying", **fields)

@@ -19,7 +19,7 @@ from labeller.draplugin.publisher import SlicePublisher, content, quantity
 from labeller.host import NodeOptions, open_host
 from labeller.offer import PhysicalDevice
 from labeller.resourceslices import DraDevice
-from tests.builders import nvidia_part, wait_for
+from tests.builders import AT_ONCE_S, nvidia_part, wait_for
 from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
 from tests.fakes.apiserver import Fault, FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet
@@ -32,7 +32,8 @@ def generation(run: Running, driver: str = NVIDIA) -> int:
 
 
 def published_within(run: Running, condition: Callable[[], object]) -> float:
-    """How long until ``condition()`` held of the published slices (fails after 5 s)."""
+    """How long until ``condition()`` held of the published slices; tests hold it to ``AT_ONCE_S`` (a
+    second on a quiet machine: the plugin reacts to the change, it does not wait for a later probe)."""
     started = time.monotonic()
     wait_for(condition)
     return time.monotonic() - started
@@ -90,7 +91,7 @@ def test_a_slice_deleted_by_someone_else_is_written_again(api: FakeApiServer, dr
     with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
         (slice_,) = run.slices(NVIDIA)
         api.delete_slice(slice_["metadata"]["name"])  # a kubelet that starts deletes its node's slices
-        assert published_within(run, lambda: len(run.devices()) == 8) < 1.0
+        assert published_within(run, lambda: len(run.devices()) == 8) < AT_ONCE_S
         assert generation(run) == 2
 
 
@@ -101,9 +102,9 @@ def test_an_unhealthy_gpu_leaves_the_slice_and_comes_back(api: FakeApiServer, dr
         name = next(n for n, d in run.plugin.drivers[NVIDIA].snapshot.by_name.items() if d.health_key == uuid)
         run.nvml.inject_xid(uuid, 13)  # an application's fault: ignored
         run.nvml.inject_xid(uuid, 79)
-        assert published_within(run, lambda: name not in run.devices()) < 1.0
+        assert published_within(run, lambda: name not in run.devices()) < AT_ONCE_S
         assert len(run.devices()) == 7 and generation(run) == 2
-        assert published_within(run, lambda: name in run.devices()) < 2.0  # answered normally for 0.5 s
+        assert published_within(run, lambda: name in run.devices()) < AT_ONCE_S  # answered normally for 0.5 s
         assert generation(run) == 3
 
 
@@ -115,7 +116,7 @@ def test_an_amd_gpu_whose_kfd_node_goes_leaves_the_slice(api: FakeApiServer, dra
         path = run.host.host_root / f"sys/class/kfd/kfd/topology/nodes/{device.health_key.split(':')[1]}"
         saved = path.with_name("saved")
         path.rename(saved)
-        assert published_within(run, lambda: name not in run.devices(AMD)) < 1.0
+        assert published_within(run, lambda: name not in run.devices(AMD)) < AT_ONCE_S
         saved.rename(path)
         published_within(run, lambda: name in run.devices(AMD))
 
@@ -127,10 +128,10 @@ def test_a_changed_inventory_is_published_within_a_second(api: FakeApiServer, dr
     with open_host(NodeOptions(simulate=str(profile))) as host, running_plugin(api, drakubelet, dirs, host) as run:
         assert len(run.devices()) == 2
         write_yaml(profile, l40s_node(3, config=dra_config()))  # a GPU appears (no SIGHUP: the profile file is watched)
-        assert published_within(run, lambda: len(run.devices()) == 3) < 1.0
+        assert published_within(run, lambda: len(run.devices()) == 3) < AT_ONCE_S
         assert generation(run) == 2
         write_yaml(profile, l40s_node(3, amd_gpus=2, config=dra_config()))  # a second vendor: its driver registers
-        assert published_within(run, lambda: len(run.devices(AMD)) == 2) < 1.0
+        assert published_within(run, lambda: len(run.devices(AMD)) == 2) < AT_ONCE_S
         assert drakubelet.wait_for(lambda: drakubelet.seen("registered", AMD))
 
 
@@ -143,12 +144,12 @@ def test_a_vendor_moved_back_to_the_device_plugin_deregisters_and_its_slices_go(
         since = time.monotonic()
         write_yaml(config, dra_config("nvidia"))
         run.loop.request_reload()  # SIGHUP
-        assert published_within(run, lambda: run.slices(AMD) == []) < 1.0
+        assert published_within(run, lambda: run.slices(AMD) == []) < AT_ONCE_S
         assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", AMD, since=since))
         assert not (dirs.registry / f"{AMD}-reg.sock").exists() and len(run.devices()) == 2
         write_yaml(config, dra_config("nvidia", "amd"))  # and back to DRA
         run.loop.request_reload()
-        assert published_within(run, lambda: len(run.devices(AMD)) == 2) < 1.0
+        assert published_within(run, lambda: len(run.devices(AMD)) == 2) < AT_ONCE_S
         assert drakubelet.wait_for(lambda: drakubelet.seen("registered", AMD, since=since))
 
 
@@ -159,7 +160,7 @@ def test_a_gpu_that_goes_leaves_the_slice(api: FakeApiServer, drakubelet: FakeDr
     with open_host(NodeOptions(simulate=str(profile))) as host, running_plugin(api, drakubelet, dirs, host) as run:
         since = time.monotonic()
         write_yaml(profile, l40s_node(1, config=dra_config()))
-        assert published_within(run, lambda: run.slices(AMD) == [] and len(run.devices()) == 1) < 1.0
+        assert published_within(run, lambda: run.slices(AMD) == [] and len(run.devices()) == 1) < AT_ONCE_S
         assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", AMD, since=since))
 
 
@@ -169,12 +170,14 @@ def test_slices_are_written_again_once_the_api_answers(api: FakeApiServer, draku
         outage = api.faults.add(Fault(resource="resourceslices", status=503))
         uuid = nvidia_part(run.host.probe()).gpus[0].uuid
         run.nvml.inject_xid(uuid, 79)
-        wait_for(lambda: api.log.count("update", "resourceslices") >= 2)  # refused, and tried again
-        assert len(run.devices()) == 8 and not run.plugin.ready
+        # the GPU is unhealthy and the slices cannot say so: the plugin is not ready (whether its refused
+        # request was the update itself or the list and watch that precede it)
+        wait_for(lambda: run.plugin.board.unhealthy_keys() and not run.plugin.ready)
+        assert len(run.devices()) == 8
         api.faults.active.remove(outage)
         answered = time.monotonic()
         wait_for(lambda: len(run.devices()) == 7)
-        assert time.monotonic() - answered < 1.5
+        assert time.monotonic() - answered < AT_ONCE_S  # about a second on a quiet machine
 
 
 @pytest.mark.parametrize("profile", ["dgx-h100", "mi300x-x8-cpx"])

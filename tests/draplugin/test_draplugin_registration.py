@@ -8,7 +8,7 @@ import time
 import grpc
 
 from labeller.draplugin.api import dra_pb2
-from tests.builders import wait_for
+from tests.builders import AT_ONCE_S, wait_for
 from tests.draplugin.conftest import AMD, NVIDIA, Dirs, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet
@@ -41,7 +41,7 @@ def test_a_removed_registration_socket_registers_again(api: FakeApiServer, draku
         (dirs.registry / f"{NVIDIA}-reg.sock").unlink()  # the kubelet restarts
         assert drakubelet.wait_for(lambda: drakubelet.seen("registered", NVIDIA, since=removed))
         registered_again = drakubelet.seen("registered", NVIDIA, since=removed)[0].at
-        assert registered_again - removed < 2.0
+        assert registered_again - removed < AT_ONCE_S
         assert drakubelet.seen("deregistered", NVIDIA, since=removed)
         wait_for(lambda: run.plugin.ready)
         # prepared claims are still known: answered from the checkpoint, the spec file still there
