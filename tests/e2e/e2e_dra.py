@@ -35,14 +35,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from tests.e2e.e2e_plugin import JsonLines as PluginJsonLines  # noqa: E402
+from tests.e2e.e2e_plugin import named  # noqa: E402
 
 Event = dict[str, Any]
 results: list[tuple[bool, str]] = []
@@ -85,39 +87,17 @@ def wait(predicate: Callable[[], Any], timeout: float = 60, step: float = 0.05) 
     return None
 
 
-class JsonLines:
-    """A process's JSON lines, read on a thread and kept (with ``at``: time.monotonic() when read)."""
-
-    def __init__(self, stream: IO[str], copy: Path) -> None:
-        self.events: list[Event] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._read, args=(stream, copy), daemon=True).start()
-
-    def _read(self, stream: IO[str], copy: Path) -> None:
-        with copy.open("a") as out:
-            for line in stream:
-                out.write(line)
-                out.flush()
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                with self._lock:
-                    self.events.append({**event, "at": time.monotonic()})
-
-    def mark(self) -> int:
-        with self._lock:
-            return len(self.events)
+class JsonLines(PluginJsonLines):
+    """drakubelet's events (e2e_plugin's reader), looked up by name: None rather than an error when absent."""
 
     def find(self, name: str, since: int = 0, **fields: Any) -> Event | None:
-        with self._lock:
-            return next((e for e in self.events[since:]
-                         if e.get("event") == name and all(e.get(k) == v for k, v in fields.items())), None)
+        return next((e for e in self.since(since) if named(name, **fields)(e)), None)
 
-    def wait(self, name: str, since: int = 0, timeout: float = 60, **fields: Any) -> Event | None:
-        found: list[Event] = []
-        wait(lambda: found.append(e) or True if (e := self.find(name, since, **fields)) else False, timeout)
-        return found[0] if found else None
+    def wait(self, name: str, since: int = 0, timeout: float = 60, **fields: Any) -> Event | None:  # type: ignore[override]
+        try:
+            return super().wait(named(name, **fields), since, timeout)
+        except TimeoutError:
+            return None
 
 
 class Cluster:
