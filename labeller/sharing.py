@@ -29,7 +29,7 @@ A vendor the config serves through DRA (``labeller.dra.vendors``) offers nothing
 groups is withheld with that reason, and its GPUs are the DRA plugin's (``labeller.resourceslices``).
 
 Where GFD's labels contradict what NVIDIA's plugin advertises, gpu-labeller labels what is
-advertised (README, "Deviations"). The cases, all decided by the groups NVIDIA's package returns:
+advertised (docs/deviations.md). The cases, all decided by the groups NVIDIA's package returns:
 - ``migStrategy: none`` advertises MIG-enabled GPUs whole, so they are shared as configured and
   counted; GFD labels them ``replicas=0`` and ``sharing-strategy=none``.
 - ``migStrategy: mixed``: ``gpu.count`` counts the whole GPUs advertised as ``nvidia.com/gpu``;

@@ -3,7 +3,7 @@
 A value outside them (a negative count, a 17-bit PCI device id, 10 PiB of VRAM) says the probe is
 reading something other than a real GPU: that GPU becomes a reported problem (so the inventory is
 partial and nothing is removed), never a label. Each ceiling leaves a wide margin above the
-largest real part, so that new hardware does not trip it; the README lists them and why.
+largest real part, so that new hardware does not trip it; docs/operations.md lists them and why.
 """
 
 from __future__ import annotations

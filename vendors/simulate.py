@@ -1,7 +1,7 @@
 """Simulated nodes: a profile file replayed through the real backends.
 
-A profile describes a node as the vendor libraries and sysfs would report it (schema in the
-README). ``SimulatedProfile`` turns it into a host root (PCI, DMI and each vendor's files) plus
+A profile describes a node as the vendor libraries and sysfs would report it (schema in
+docs/profiles.md). ``SimulatedProfile`` turns it into a host root (PCI, DMI and each vendor's files) plus
 each vendor's stand-in (a fake ``pynvml`` module for NVIDIA), so discovery runs the same code as
 on real hardware, and builds it again when the profile file changes under a running process. A
 vendor's section is handed to its simulator (``Discovery.simulator``: ``build(section, root,

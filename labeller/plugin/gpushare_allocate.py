@@ -21,7 +21,7 @@ pod it serves. The extender has written its choice on the pod before binding it
 
 One lock serialises Allocate and GetPreferredAllocation, which prefers the units of the candidate
 pod's GPU so that the kubelet's device accounting matches the real GPU. The cost: one pod LIST per
-call, and containers on one node are allocated one at a time (README, "Memory sharing").
+call, and containers on one node are allocated one at a time (docs/memory-sharing.md).
 """
 
 from __future__ import annotations

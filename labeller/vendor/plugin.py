@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from labeller.config import Config
 from labeller.offer import PhysicalDevice, Resource
 
-DEVICE_PERMISSIONS = "rwm"  # "rw" without "m" breaks some frameworks (PyTorch on AMD), see the README
+DEVICE_PERMISSIONS = "rwm"  # "rw" without "m" breaks some frameworks (PyTorch on AMD), see docs/device-plugin.md
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The README's ResourceClaim examples, allocated against the ResourceSlices of every built-in profile.
+"""The ResourceClaim examples of docs/dra.md, allocated against the ResourceSlices of every built-in profile.
 
 Each example's CEL is evaluated as the scheduler does (cel-python, with Kubernetes' ``quantity`` and
 ``compareTo``): the DeviceClass's selector, then the request's; a request takes ``count`` distinct
@@ -23,7 +23,7 @@ from labeller.host import NodeOptions, open_host
 from labeller.resourceslices import resource_slices
 from vendors.simulate import builtin_profiles
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DRA_PAGE = Path(__file__).resolve().parents[2] / "docs" / "dra.md"
 # As the vendors' charts define them (NVIDIA's k8s-dra-driver-gpu, AMD's k8s-gpu-dra-driver).
 DEVICE_CLASSES = {
     "gpu.nvidia.com": 'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"',
@@ -132,10 +132,9 @@ def allocate(claim: dict[str, Any], devices: list[dict[str, Any]], cel: Cel) -> 
     return next(search(0, {}, set()), None)
 
 
-def readme_claims() -> dict[str, dict[str, Any]]:
-    """The ResourceClaimTemplates of the README's DRA section, by name."""
-    text = README.read_text()
-    section = text[text.index("## Dynamic Resource Allocation (DRA)"):text.index("\n## Deploy")]
+def doc_claims() -> dict[str, dict[str, Any]]:
+    """The ResourceClaimTemplates of docs/dra.md, by name."""
+    section = DRA_PAGE.read_text()
     claims = {}
     for block in re.findall(r"```yaml\n(.*?)```", section, re.DOTALL):
         document = yaml.safe_load(block)
@@ -151,13 +150,13 @@ def profile_devices(profile: str) -> list[dict[str, Any]]:
     return [cel_device(s["spec"]["driver"], d) for s in slices for d in s["spec"]["devices"]]
 
 
-def test_every_readme_claim_is_checked() -> None:
-    assert set(readme_claims()) == set(EXPECTED)
+def test_every_doc_claim_is_checked() -> None:
+    assert set(doc_claims()) == set(EXPECTED)
 
 
 @pytest.mark.parametrize("example", sorted(EXPECTED))
-def test_a_readme_claim_lands_on_the_profiles_it_says(example: str) -> None:
-    claim, cel = readme_claims()[example], Cel()
+def test_a_doc_claim_lands_on_the_profiles_it_says(example: str) -> None:
+    claim, cel = doc_claims()[example], Cel()
     satisfied = set()
     for profile in sorted(builtin_profiles()):
         devices = profile_devices(profile)
@@ -170,7 +169,7 @@ def test_a_readme_claim_lands_on_the_profiles_it_says(example: str) -> None:
 
 
 def test_two_partitions_of_one_gpu_share_its_bus_id_and_four_gpus_share_a_numa_node() -> None:
-    claims, cel = readme_claims(), Cel()
+    claims, cel = doc_claims(), Cel()
     partitions = allocate(claims["two-partitions-one-gpu"], profile_devices("mi300x-x8-cpx"), cel)
     devices = {d["_name"]: d for d in profile_devices("mi300x-x8-cpx")}
     assert partitions is not None and len(set(partitions)) == 2
@@ -185,7 +184,7 @@ def test_the_allocator_here_refuses_what_the_scheduler_refuses() -> None:
     """The harness itself: a device without the matched attribute, or one device for two requests, never fits."""
     cel = Cel()
     lonely = [cel_device("gpu.amd.com", {"name": "gpu-0-128", "attributes": {"type": {"string": "amdgpu-partition"}}})]
-    assert allocate(readme_claims()["two-partitions-one-gpu"], lonely, cel) is None
+    assert allocate(doc_claims()["two-partitions-one-gpu"], lonely, cel) is None
     two_without_bus = lonely + [cel_device("gpu.amd.com", {"name": "gpu-1-129",
                                                            "attributes": {"type": {"string": "amdgpu-partition"}}})]
-    assert allocate(readme_claims()["two-partitions-one-gpu"], two_without_bus, cel) is None
+    assert allocate(doc_claims()["two-partitions-one-gpu"], two_without_bus, cel) is None

@@ -340,17 +340,17 @@ def test_one_value_moves_every_node_without_the_label_from_the_device_plugin_to_
     assert json.loads(run("resourceslices", *pinned, "--format", "json"))["items"] == []
 
 
-def readme_values() -> dict[str, Any]:
-    """The chart values of the README's node-by-node example (Deploy, DRA)."""
-    text = (ROOT / "README.md").read_text()
-    part = text[text.index('<a id="dra-in-the-chart"></a>'):text.index("**Least privilege.**")]
+def doc_values() -> dict[str, Any]:
+    """The chart values of the node-by-node example in docs/deploy.md (DRA in the chart)."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    part = text[text.index("## DRA in the chart"):text.index("## RBAC and security")]
     (block,) = re.findall(r"```yaml\n(.*?)```", part, re.S)
     values: dict[str, Any] = yaml.safe_load(textwrap.dedent(block))
     return values
 
 
-def test_the_readmes_node_by_node_example_moves_only_a_labelled_node(tmp_path: Path) -> None:
-    values = readme_values()
+def test_the_docs_node_by_node_example_moves_only_a_labelled_node(tmp_path: Path) -> None:
+    values = doc_values()
     objects = render(values)
     assert "--config-label=nvidia.com/device-plugin.config" in container(dra_ds(objects))["args"]
     for name, text in one(objects, "ConfigMap", "gpu-labeller-config")["data"].items():
@@ -369,14 +369,14 @@ def device_classes() -> dict[str, Obj]:
     return {o["metadata"]["name"]: o for o in find(render(ON), "DeviceClass")}
 
 
-def test_device_classes_are_the_vendors_and_the_ones_the_readme_claims_use() -> None:
+def test_device_classes_are_the_vendors_and_the_ones_the_doc_claims_use() -> None:
     classes = device_classes()
     assert all(c["apiVersion"] == "resource.k8s.io/v1" for c in classes.values())
     expressions = {name: [s["cel"]["expression"] for s in c["spec"]["selectors"]] for name, c in classes.items()}
     assert expressions == {name: [expression] for name, expression in CLAIM_TEST_DEVICE_CLASSES.items()}
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "deploy.md").read_text()
     for name, (expression,) in expressions.items():
-        assert f"`{name}`" in readme and expression in readme
+        assert f"`{name}`" in page and expression in page
 
 
 @cache

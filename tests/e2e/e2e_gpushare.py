@@ -8,7 +8,7 @@ check failed. Not a test (pytest does not collect e2e_*.py): run it by hand.
 
 1. up.sh, the chart's RBAC (plugin with a memory-sharing named config, and the extender), two Nodes
    with dpkubelet and the plugin (4 x T4, 14 GiB each: aliyun.com/gpu-mem 56, gpu-count 4), the
-   extender with its own ServiceAccount's token, and the scheduler configured as the README says.
+   extender with its own ServiceAccount's token, and the scheduler configured as docs/memory-sharing.md says.
 2. One pod on idle nodes: creation -> bound -> Running.
 3. A burst of pods created at once: every one Running, no GPU holds more than 14 GiB, each
    container got the GPU the extender chose (dpkubelet's ``allocate`` events), figures.

@@ -87,7 +87,7 @@ def pod_body(name: str, containers: dict[str, dict[str, str]], annotations: dict
                                                       for c, limits in containers.items()]}}
 
 
-# The README's KubeSchedulerConfiguration for Kubernetes 1.23-1.24 (v1beta3), with this run's port.
+# docs/memory-sharing.md's KubeSchedulerConfiguration for Kubernetes 1.23-1.24 (v1beta3), with this run's port.
 SCHEDULER_CONFIG = """\
 apiVersion: kubescheduler.config.k8s.io/v1beta3
 kind: KubeSchedulerConfiguration

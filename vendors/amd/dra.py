@@ -7,8 +7,8 @@ types and value forms are AMD's; a partition carries its GPU's ``deviceID``, ``p
 ``driverVersion``, ``numaNode`` and ``resource.kubernetes.io/pciBusID`` (the same for all its
 partitions: ``matchAttribute`` on it keeps partitions on one GPU).
 
-Where the inventory does not hold a value, the attribute or capacity is left out (README, "Dynamic
-Resource Allocation"); AMD's driver publishes ``memory: 0`` (or a default size) for VRAM it cannot
+Where the inventory does not hold a value, the attribute or capacity is left out (docs/dra.md, "Where
+ours differ"); AMD's driver publishes ``memory: 0`` (or a default size) for VRAM it cannot
 read, ours publishes no ``memory``. ``resource.kubernetes.io/pcieRoot`` is left out (the PCI
 topology is not read). A node whose DRM card is unknown (a KFD capture) is ``gpu-render<minor>``.
 """

@@ -5,7 +5,7 @@ the simulated root, or lists GPUs inline (``gpus:``), from which a realistic tre
 KFD topology (CPU nodes first), mem banks, io_links, DRM cards, amdgpu module and partition files,
 and debugfs ``amdgpu_firmware_info`` for GPUs given a captured one (``firmware_info``).
 Either way PCI device entries are written for each physical GPU, as real captures lack them.
-Schema in the README; every problem is a ValueError naming the key.
+Schema in docs/profiles.md; every problem is a ValueError naming the key.
 """
 
 from __future__ import annotations

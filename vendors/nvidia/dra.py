@@ -12,8 +12,8 @@ probe could not read the placement, or the GPU instance is split into compute in
 device each, which NVIDIA's driver does not publish, and which would share that name), the name is
 ``gpu-<minor>-mig-gi<GI id>-ci<CI id>`` and ``memorySlice<i>`` is left out.
 
-Where the inventory does not hold a value, the attribute is left out (README, "Dynamic Resource
-Allocation"): ``brand`` and ``addressingMode`` (NVML calls the probe does not make) and
+Where the inventory does not hold a value, the attribute is left out (docs/dra.md, "Where ours
+differ"): ``brand`` and ``addressingMode`` (NVML calls the probe does not make) and
 ``resource.kubernetes.io/pcieRoot`` (the PCI topology is not read).
 """
 
