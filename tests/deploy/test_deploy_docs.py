@@ -44,7 +44,7 @@ def test_the_readme_is_short() -> None:
 
 
 def test_no_internal_issue_numbers_in_what_users_read() -> None:
-    texts = {ROOT / "README.md": (ROOT / "README.md").read_text()}
+    texts = {ROOT / name: (ROOT / name).read_text() for name in ("README.md", "CHANGELOG.md")}
     texts |= {page: page.read_text() for page in pages()}
     texts |= {path: path.read_text() for path in CHART.rglob("*") if path.is_file()}
     found = [f"{path.relative_to(ROOT)}: {match.group(0)}"
