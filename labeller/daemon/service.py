@@ -178,7 +178,7 @@ class Daemon:
             self.last_applied = dict(change.labels)
             return "unchanged"
         if self.options.dry_run:
-            if change != self._last_dry_run:
+            if change != self._last_dry_run and change.keys:
                 self.log.info("dry run: would apply", reason="dry-run", **change.summary())
                 self._last_dry_run = change
             return "dry-run"
@@ -222,7 +222,10 @@ class Daemon:
                 self._reported_adopted.add(key)
                 self.log.info("label taken over: gpu-labeller applies it from now on", reason="adopted", label=key,
                               previous_managers=managers_text(names))
-        self.log.info("labels updated", reason="labels-changed", output=self.sink.name, **change.summary())
+        if change.keys:
+            self.log.info("labels updated", reason="labels-changed", output=self.sink.name, **change.summary())
+        else:
+            self.log.debug("output refreshed, labels unchanged", reason="refreshed", output=self.sink.name)
 
     def _report_foreign(self, foreign: dict[str, tuple[str, ...]]) -> None:
         """Count the keys under our prefixes that other managers set; log each once, with its managers."""
