@@ -87,6 +87,16 @@ def test_run_labels_the_node_serves_metrics_and_exits_promptly_on_sigterm(api: F
     assert {entry["node"] for entry in daemon.events} == {NODE} and all("reason" in entry for entry in daemon.events)
 
 
+def test_a_daemon_stopped_by_ctrl_c_logs_sigint(tmp_path: Path) -> None:
+    features = tmp_path / "features"
+    with LoggedProcess("run", "--node-name", NODE, "--output", "features-file", "--features-file", str(features),
+                       "--simulate", GPU_PROFILE, "--start-jitter", "0", "--metrics-port", "0") as daemon:
+        daemon.event("labels updated")
+        assert daemon.stop(signal.SIGINT) == 0  # a clean stop, as on SIGTERM; it awaits "signal received" SIGINT
+    daemon.event("stopped", reason="stop")
+    assert "sigterm" not in daemon.log.lower() and "Traceback" not in daemon.log
+
+
 def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_path: Path) -> None:
     api.create_node(NODE, OTHERS)
     config = tmp_path / "config.yaml"
