@@ -104,8 +104,5 @@ for _command in (dryrun.labels, dryrun.probe, dryrun.resources, dryrun.resources
     main.add_command(_command)
 
 
-if __name__ == "__main__":  # pragma: no cover - ``python -m labeller.cli``, as the tests run it
-    from labeller.main import exit_on_interrupt
-
-    exit_on_interrupt()
+if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -8,7 +8,6 @@ commands take SIGINT over while they serve (``labeller.runtime.run_until_signall
 from __future__ import annotations
 
 import signal
-import sys
 from types import FrameType
 from typing import NoReturn
 
@@ -32,4 +31,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()
