@@ -36,6 +36,17 @@ def test_a_node_without_gpus_gets_no_labels(tmp_path: Path) -> None:
     assert json.loads(result.stdout) == {}
 
 
+@pytest.mark.parametrize(("command", "stdout"), [(["labels"], ""), (["labels", "--format", "json"], "{}\n"),
+                                                 (["resources"], ""), (["resourceslices", "--dra-vendors", "all"], "")],
+                         ids=lambda c: " ".join(c) if isinstance(c, list) else "")
+def test_a_node_without_gpus_says_so_on_stderr_and_names_simulate(command: list[str], stdout: str,
+                                                                    tmp_path: Path) -> None:
+    result = gpu_labeller("--log-format", "console", *command, "--host-root", str(empty_node(tmp_path)))
+    assert (result.returncode, result.stdout) == (0, stdout), result.stderr
+    [line] = result.stderr.splitlines()
+    assert "no GPU found" in line and "--simulate" in line and "gpu-labeller profiles" in line
+
+
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
