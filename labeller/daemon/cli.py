@@ -112,7 +112,7 @@ def run(node_options: NodeOptions, interval: float, metrics_port: int, metrics_b
         sink = make_sink(output, node_name, kube, features_file=features_file, namespace=namespace,
                          interval_s=interval, follow=not once, events=events,
                          node_observers=(follower.observe,) if follower is not None and watched_by_sink else ())
-        options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run)
+        options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run, once=once)
         daemon = Daemon(node_name, lambda: probe_labels(host), sink, metrics, options)
         loop = ProcessLoop(daemon, options.loop(), config=ConfigSource(host, node_options.config_path, follower),
                            inputs=host.offer_inputs)

@@ -39,6 +39,7 @@ class Options:
     interval_s: float = 60.0
     start_jitter_s: float = 2.0
     dry_run: bool = False
+    once: bool = False  # one reconcile (``run --once``): nothing is waited for
 
     def loop(self) -> LoopOptions:
         """The process loop's options: probe every interval; a loop stalled for three intervals (at
@@ -145,9 +146,12 @@ class Daemon:
         outcome = "failed"
         try:
             outcome = self._reconcile()
-        except NodeMissing:
+        except NodeMissing as exc:
             outcome = "node-missing"
-            self.log.warning("node not found, waiting for it", reason="node-not-found")
+            if self.options.once:
+                self.log.error(str(exc), reason="node-not-found")
+            else:
+                self.log.warning("node not found, waiting for it", reason="node-not-found")
         except NotOurs as exc:
             outcome = "not-ours"
             self._report_not_ours(str(exc))
