@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
 """Render the plain manifests in deploy/manifests/ from the Helm chart, with the real Helm engine.
 
-    python deploy/render.py            # rewrite deploy/manifests/*.yaml
-    python deploy/render.py --check    # exit 1 if they differ from a fresh render
+    python deploy/render.py                    # rewrite deploy/manifests/*.yaml
+    python deploy/render.py --check            # exit 1 if they differ from a fresh render
+    python deploy/render.py -f my-values.yaml  # print the chart with these values (as `helm template -f`)
+    python deploy/render.py --check -f my-values.yaml  # only check that they render and their configs are valid
+
+Values files (-f/--values, repeatable) merge in order as Helm merges them. Every render's named
+configs (the chart's ConfigMap) are checked with gpu-labeller's own config validator: a config the
+labeller would refuse is one line on stderr, exit 2, as is a values file that cannot be read or a
+value the chart refuses.
 
 gpu-labeller.yaml is the chart with its default values, plus createNamespace=true so that
 `kubectl apply -f` works without Helm, and two example named configs (EXAMPLE_CONFIGS: whole GPUs
@@ -19,11 +26,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import helm_python
 import yaml
+
+from labeller.config import ConfigError, parse_document
+from vendors import RESOURCE_NAMES
 
 DEPLOY = Path(__file__).resolve().parent
 CHART = DEPLOY / "helm" / "gpu-labeller"
@@ -102,12 +113,88 @@ def manifests() -> dict[str, str]:
     }
 
 
+class BadValues(Exception):
+    """Values that cannot be rendered, or that render a config the labeller refuses: one line."""
+
+
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base`` as Helm merges values files: mappings key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merged(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
+
+
+def read_values(paths: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for path in paths:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise BadValues(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise BadValues(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise BadValues(f"{path}: values must be a mapping, got a {type(data).__name__}")
+        values = merged(values, data)
+    return values
+
+
+def checked_configs(texts: Iterable[str]) -> list[str]:
+    """The names of the named configs in the rendered ConfigMaps, each parsed by gpu-labeller's own
+    config validator; BadValues naming the config on the first it would refuse."""
+    names: list[str] = []
+    for text in texts:
+        for obj in yaml.safe_load_all(text):
+            if not obj or obj.get("kind") != "ConfigMap":
+                continue
+            for name, document in (obj.get("data") or {}).items():
+                try:
+                    parse_document(yaml.safe_load(document), RESOURCE_NAMES)
+                except (ConfigError, yaml.YAMLError) as exc:
+                    raise BadValues(f"config.data.{name}: {str(exc).splitlines()[0]}") from None
+                names.append(name)
+    return names
+
+
+def render_values(paths: list[str], check: bool) -> int:
+    """The chart rendered with the values files: printed (as `helm template`), or with --check only a summary."""
+    try:
+        values = read_values(paths)
+        try:
+            rendered = render_chart(values)
+        except helm_python.errors.HelmError as exc:
+            raise BadValues(str(exc).strip().splitlines()[0]) from None
+        configs = checked_configs(rendered.values())
+    except BadValues as exc:
+        where = "" if str(exc).startswith(tuple(paths)) else f"{', '.join(paths)}: "
+        print(f"Error: {where}{exc}", file=sys.stderr)
+        return 2
+    docs = documents(rendered)
+    if check:
+        print(f"{', '.join(paths)}: renders {len(docs)} objects; configs {', '.join(configs) or '(none)'} valid")
+    else:
+        print(join(docs, f"values: {', '.join(paths)}"), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a file is stale")
+    parser.add_argument("--check", action="store_true",
+                        help="only compare (exit 1 when a file is stale); with -f, only check the values")
+    parser.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
+                        help="render with this values file (repeatable; later files win, as with helm -f)")
     args = parser.parse_args(argv)
+    if args.values:
+        return render_values(args.values, args.check)
+    try:
+        expected = manifests()
+        checked_configs(expected.values())
+    except BadValues as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
     stale = []
-    for name, text in manifests().items():
+    for name, text in expected.items():
         path = MANIFESTS / name
         if path.exists() and path.read_text() == text:
             continue
@@ -120,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for name in stale:
         print(f"wrote deploy/manifests/{name}")
+    if args.check:
+        print(f"deploy/manifests: {len(expected)} files up to date")
     return 0
 
 

@@ -3,7 +3,8 @@
 Commands that talk to a cluster or serve gRPC are imported only when invoked (``LAZY_COMMANDS``),
 so the dry-run path (``labels``, ``resources``, ``resourceslices``, ``probe``, ``profiles``) never loads the
 kubernetes client or grpc. A domain error (``labeller.errors.InputError``) raised by any command
-is printed here as one line, with exit code 2.
+is printed here as one line, with exit code 2; a cluster failure (``labeller.errors.ClusterError``:
+the API server cannot be reached or failed) as one line with exit code 1.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import click
 
 from labeller.commands import dryrun
 from labeller.commands.options import BadInput
-from labeller.errors import InputError
+from labeller.errors import ClusterError, InputError
 from labeller.log import LEVELS, configure
 
 # name -> ("module:attribute" of a click command loaded on first use, short help for --help)
@@ -37,6 +38,11 @@ LAZY_COMMANDS = {
 }
 
 
+def _as_click_error(exc: InputError | ClusterError) -> click.ClickException:
+    """``Error: <line>``: exit 2 for bad input, 1 for a cluster that failed (click's default)."""
+    return BadInput(str(exc)) if isinstance(exc, InputError) else click.ClickException(str(exc))
+
+
 # A link to gpu-labeller by one of these names runs that command: kubectl finds plugins by name on PATH.
 KUBECTL_PLUGINS = {"kubectl-inspect-gpushare": ("inspect", "kubectl inspect gpushare")}
 
@@ -54,8 +60,8 @@ class LazyGroup(click.Group):
             configure("warning", json_output=False)
             try:
                 return command.main(sys.argv[1:], prog, *rest, **extra)
-            except InputError as exc:  # the command ran outside this group's invoke
-                error = BadInput(str(exc))
+            except (InputError, ClusterError) as exc:  # the command ran outside this group's invoke
+                error = _as_click_error(exc)
                 error.show()
                 sys.exit(error.exit_code)
         return super().main(args, prog_name, *rest, **extra)
@@ -63,8 +69,8 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except InputError as exc:
-            raise BadInput(str(exc)) from None
+        except (InputError, ClusterError) as exc:
+            raise _as_click_error(exc) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])

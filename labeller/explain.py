@@ -154,6 +154,8 @@ def why_not(key: str, entry: Entry, label_set: LabelSet, inventory: Inventory, c
     if vendor is not None and not any(p.vendor == vendor.name for p in inventory.parts):
         report = next((r for r in inventory.reports if r.backend == vendor.name), None)
         return f"the {vendor.name} backend did not describe the GPUs" + (f": {report.detail}" if report else "")
+    if doc.missing is not None and (missing := doc.missing(inventory)):
+        return missing
     if doc in STATE_DOCS and not selection_in_use:
         return f"written only when {doc.when}"
     when = doc.when.format(mig_strategy=config.mig_strategy, sharing="mps" if config.sharing.strategy == "mps"

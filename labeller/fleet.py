@@ -100,11 +100,14 @@ class NodeRow:
                 "labeller": self.labeller, "plugin": self.plugin}
 
 
+# Where each vendor's device plugin offers its GPUs: gpushare's aliyun.com/ resources divide NVIDIA
+# GPUs by memory (sharing.memory), so they are NVIDIA's too.
+RESOURCE_DOMAINS = {"nvidia": ("nvidia.com/", "aliyun.com/"), "amd": ("amd.com/",)}
+
+
 def _vendors(labels: Mapping[str, str], resources: Iterable[str]) -> tuple[str, ...]:
     found = {v for v, key in PRESENCE.items() if labels.get(key) == "true"}
-    found |= {"nvidia" for r in resources if r.startswith("nvidia.com/")}
-    found |= {"amd" for r in resources if r.startswith("amd.com/")}
-    found |= {"gpushare" for r in resources if r.startswith("aliyun.com/")}
+    found |= {v for r in resources for v, domains in RESOURCE_DOMAINS.items() if r.startswith(domains)}
     return tuple(sorted(found))
 
 
@@ -122,15 +125,15 @@ def _join(*parts: str) -> str:
 
 
 def _sharing(labels: Mapping[str, str], resources: Iterable[str]) -> str:
-    parts = []
     strategy = labels.get("nvidia.com/gpu.sharing-strategy", "")
+    if strategy == "memory" or labels.get("gpushare") == "true" or any(r.startswith("aliyun.com/gpu-mem") for r in resources):
+        units = labels.get("nvidia.com/gpu.replicas") if strategy == "memory" else None
+        return "memory: aliyun.com/gpu-mem" + (f", {units} units per GPU" if units else "")
     if strategy and strategy != "none":
         shared = labels.get("nvidia.com/gpu.shared-count")
         subset = f" on {shared}" if shared else ""
-        parts.append(f"{strategy} x{labels.get('nvidia.com/gpu.replicas', '?')}{subset}")
-    if any(r.startswith("aliyun.com/gpu-mem") for r in resources) or labels.get("gpushare") == "true":
-        parts.append("gpushare memory")
-    return ", ".join(parts) or "none"
+        return f"{strategy} x{labels.get('nvidia.com/gpu.replicas', '?')}{subset}"
+    return "none"
 
 
 def _mig(labels: Mapping[str, str]) -> str:
@@ -156,8 +159,7 @@ def _labeller_state(labels: Mapping[str, str], vendors: Sequence[str]) -> str:
 
 
 def _plugin_state(resources: Sequence[ResourceRow], vendors: Sequence[str]) -> str:
-    domains = {"nvidia": "nvidia.com/", "amd": "amd.com/", "gpushare": "aliyun.com/"}
-    missing = [v for v in vendors if not any(r.name.startswith(domains[v]) and r.capacity > 0 for r in resources)]
+    missing = [v for v in vendors if not any(r.name.startswith(RESOURCE_DOMAINS[v]) and r.capacity > 0 for r in resources)]
     return "ready" if not missing else f"no capacity: {'/'.join(missing)}"
 
 

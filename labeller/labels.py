@@ -151,14 +151,16 @@ class KeyDoc:
     """A family of label keys, for people: ``pattern`` is a key where ``<name>`` stands for any text
     (``nvidia.com/mig-<profile>.count``); ``writer`` says who writes it ("gpu-labeller", or the owner
     of a key gpu-labeller never writes), ``upstream`` which other tools write the same key, ``when``
-    when gpu-labeller writes it (formatted with the config's ``mig_strategy`` and ``sharing``), and
-    ``group`` the ``labeller.labels`` group that turns it off."""
+    when gpu-labeller writes it (formatted with the config's ``mig_strategy`` and ``sharing``),
+    ``group`` the ``labeller.labels`` group that turns it off, and ``missing`` (from the probe) why
+    the value it is made of is missing on this node, "" when it is not."""
 
     pattern: str
     upstream: str
     when: str = ""
     group: str = ""
     writer: str = "gpu-labeller"
+    missing: Callable[[Inventory], str] | None = None
 
     @property
     def regex(self) -> re.Pattern[str]:

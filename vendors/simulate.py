@@ -14,6 +14,7 @@ SIGKILL leaves its root behind until then).
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shutil
@@ -72,8 +73,13 @@ def resolve(profile: str) -> Path:
     path = Path(profile)
     if path.is_file():
         return path
-    known = ", ".join(builtin_profiles())
-    raise ProfileError(f"{profile}: no such profile file or built-in profile (built-in: {known})")
+    names = list(builtin_profiles())
+    by_lower = {name.lower(): name for name in names}
+    near = difflib.get_close_matches(profile.lower(), by_lower, n=1, cutoff=0.6)
+    if near:
+        raise ProfileError(f"{profile}: no such profile file or built-in profile; did you mean {by_lower[near[0]]}? "
+                           "(gpu-labeller profiles lists them all)")
+    raise ProfileError(f"{profile}: no such profile file or built-in profile (built-in: {', '.join(names)})")
 
 
 def load_profile(path: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import ssl
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -22,6 +23,7 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from labeller.errors import ClusterError
 from labeller.labels import FIELD_MANAGER
 
 Obj = dict[str, Any]
@@ -40,7 +42,7 @@ _USER = re.compile(r'User "(?P<user>[^"]*)" cannot')
 _SERVICE_ACCOUNT = "system:serviceaccount:"
 
 
-class KubeError(Exception):
+class KubeError(ClusterError):
     """An API call failed. ``status`` is the HTTP code, 0 when there was no answer."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
@@ -50,6 +52,13 @@ class KubeError(Exception):
 
 class Unavailable(KubeError):
     """No answer, a timeout, or a 5xx / 429: try again later."""
+
+
+class Unreachable(Unavailable):
+    """No answer at all: ``str()`` is the one line that names the server and what failed."""
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class Forbidden(KubeError):
@@ -89,11 +98,41 @@ class Gone(KubeError):
     """410: the resourceVersion to resume a watch from is too old; list again."""
 
 
-def _network_error(exc: Exception) -> KubeError:
+def _network_error(exc: Exception, server: str) -> KubeError:
+    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
+        return Unreachable(0, type(exc).__name__, f"cannot reach the API server at {server}: {_what_failed(exc)}")
     detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, ApiException)):
+    if isinstance(exc, ApiException):
         return Unavailable(0, type(exc).__name__, detail)
     return KubeError(0, type(exc).__name__, detail)
+
+
+def _what_failed(exc: BaseException) -> str:
+    """What went wrong under urllib3's wrappers (MaxRetryError, NewConnectionError), in a few words:
+    "connection refused", "timed out", "host name not found", "TLS: <why>"."""
+    chain: list[BaseException] = []
+    cause: object = exc
+    while isinstance(cause, BaseException) and cause not in chain:
+        chain.append(cause)
+        cause = getattr(cause, "reason", None) or cause.__cause__ or cause.__context__
+
+    def first(*kinds: type[BaseException]) -> BaseException | None:
+        return next((error for error in chain if isinstance(error, kinds)), None)
+
+    if first(urllib3.exceptions.NameResolutionError) is not None:
+        return "host name not found"
+    if (tls := first(urllib3.exceptions.SSLError, ssl.SSLError)) is not None:
+        return "TLS: " + _first_line(tls.args[-1] if tls.args else tls)
+    refused = next((e for e in chain if isinstance(e, OSError) and not isinstance(e, TimeoutError) and e.strerror), None)
+    if isinstance(refused, OSError) and refused.strerror:  # connection refused, network unreachable, ...
+        return refused.strerror[0].lower() + refused.strerror[1:]
+    if first(urllib3.exceptions.TimeoutError, TimeoutError) is not None:
+        return "timed out"
+    return _first_line(chain[-1])
+
+
+def _first_line(thing: object) -> str:
+    return (str(thing).strip().splitlines() or [type(thing).__name__])[0]
 
 
 def _status_error(status: int, data: bytes, verb: str, resource: str) -> KubeError:
@@ -163,6 +202,7 @@ class Kube:
         configuration = load_configuration(kubeconfig)
         configuration.connection_pool_maxsize = pool_size
         self._client: Any = kubernetes.client.ApiClient(configuration)
+        self.server = str(configuration.host)
         self._observe = observer or (lambda verb, code: None)
         self._timeout = request_timeout
 
@@ -189,7 +229,7 @@ class Kube:
             response.release_conn()
         except Exception as exc:  # noqa: BLE001 - urllib3 errors, timeouts, client errors: all become KubeError
             self._observe(verb, 0)
-            raise _network_error(exc) from None
+            raise _network_error(exc, self.server) from None
         self._observe(verb, int(response.status))
         if not 200 <= response.status < 300:
             raise _status_error(int(response.status), data, verb, resource)
@@ -225,7 +265,7 @@ class Kube:
             response = self._send("GET", path, query, timeout=(self._timeout[0], timeout_s + 30))
         except Exception as exc:  # noqa: BLE001 - as in _request
             self._observe("watch", 0)
-            raise _network_error(exc) from None
+            raise _network_error(exc, self.server) from None
         self._observe("watch", int(response.status))
         try:
             if response.status != 200:

@@ -74,6 +74,15 @@ def probe_host(host: Host) -> Inventory:
         raise BadInput(str(exc)) from None
 
 
+def say_if_no_gpu(inventory: Inventory, options: NodeOptions) -> None:
+    """On a machine without GPUs the dry-run commands print nothing: say why on stderr, and how to
+    see what they print on a GPU node. Standard output and the exit code (0) stay as they are."""
+    if not inventory.pci_gpus and options.simulate is None:
+        log.warning("no GPU found on this machine (no NVIDIA or AMD GPU among the PCI devices), so nothing to "
+                    "describe; to see the output for a GPU node, add --simulate PROFILE (gpu-labeller profiles "
+                    "lists them)", reason="no-gpu")
+
+
 def offer_of(host: Host, inventory: Inventory, options: NodeOptions) -> Offer:
     """The host's offer; a sharing config that does not fit this host (a device it lacks) is bad
     input, named like a bad config file."""
@@ -108,6 +117,7 @@ def labels(node_options: NodeOptions, fmt: str, min_memory: int | None, output: 
         inventory = probe_host(host)
         label_set = host.labels(inventory, offer_of(host, inventory, node_options))
     label_set.log_problems(log)
+    say_if_no_gpu(inventory, node_options)
     text = _snippet(label_set.labels, fmt, min_memory) if fmt in SNIPPET_FORMATS else render(label_set.labels, fmt)
     if output is None:
         emit(text)
@@ -220,7 +230,9 @@ def resources(node_options: NodeOptions, fmt: str) -> None:
     """Print what the device plugin would advertise on this node: each resource, its devices and
     their IDs, replicas and health checks (dry run: serves nothing, touches no cluster)."""
     with open_host(node_options, node_options.chosen()) as host:
-        document = offer_document(offer_of(host, probe_host(host), node_options), host)
+        inventory = probe_host(host)
+        document = offer_document(offer_of(host, inventory, node_options), host)
+    say_if_no_gpu(inventory, node_options)
     emit(json.dumps(document, indent=2) + "\n" if fmt == "json" else offer_text(document))
 
 
@@ -254,6 +266,7 @@ def resourceslices(node_options: NodeOptions, dra_vendors: str | None, fmt: str)
             host.config = dataclasses.replace(host.config, dra_vendors=_dra_vendors(dra_vendors, host))
         inventory = probe_host(host)
         devices = host.dra_devices(inventory, offer_of(host, inventory, node_options))
+    say_if_no_gpu(inventory, node_options)
     if not host.config.dra_vendors:
         log.warning("DRA serves no vendor under this config: no slices (set labeller.dra.vendors, or preview with "
                     "--dra-vendors all)", reason="dra-off")

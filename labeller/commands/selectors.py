@@ -21,6 +21,7 @@ from labeller.explain import explain as explain_keys
 from labeller.log import at_least
 from labeller.host import NodeOptions, open_host
 from labeller.commands.options import BadInput, discovery_options
+from labeller.errors import ClusterError
 from labeller.selectors import (Selector, SelectorError, Term, hint, load_selector, near_miss, nothing_matches,
                                 parse_selector)
 
@@ -93,13 +94,15 @@ def profile_targets(profiles: Sequence[str], profiles_dir: Path | None, config_p
 def node_targets(kubeconfig: str | None) -> list[Target]:
     """Every Node of the cluster, with its labels: one list call."""
     from labeller.cluster.connect import connect
-    from labeller.cluster.kube import KubeError
+    from labeller.cluster.kube import KubeError, Unreachable
 
     kube = connect(kubeconfig)
     try:
         nodes, _ = kube.list_nodes()
+    except Unreachable:
+        raise
     except KubeError as exc:
-        raise BadInput(f"cannot list nodes: {exc.message}") from None
+        raise ClusterError(f"cannot list nodes: {exc}") from None
     finally:
         kube.close()
     return [Target(str(n["metadata"]["name"]), dict(n["metadata"].get("labels") or {})) for n in nodes]
@@ -196,14 +199,16 @@ def nodes(kubeconfig: str | None, fmt: str, names: tuple[str, ...]) -> None:
     and one of Pods (bound, not finished), however many nodes."""
     from labeller.cluster.connect import connect
     from labeller.fleet import POD_FIELD_SELECTOR, fleet, fleet_text
-    from labeller.cluster.kube import KubeError
+    from labeller.cluster.kube import KubeError, Unreachable
 
     kube = connect(kubeconfig)
     try:
         node_list, _ = kube.list_nodes()
         pod_list, _ = kube.list_pods(field_selector=POD_FIELD_SELECTOR)
+    except Unreachable:
+        raise
     except KubeError as exc:
-        raise BadInput(f"cannot list nodes and pods: {exc.message}") from None
+        raise ClusterError(f"cannot list nodes and pods: {exc}") from None
     finally:
         kube.close()
     rows = [r for r in fleet(node_list, pod_list) if not names or r.name in names]

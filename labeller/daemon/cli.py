@@ -61,10 +61,7 @@ def probe_labels(host: Host) -> ProbeResult:
     not_owned = sorted(set(label_set.labels) - set(labels))
     if not_owned:
         log.warning("labels outside the owned prefixes are never written", reason="not-owned", labels=not_owned)
-    problems = [f"{r.backend}: {r.status} {r.detail}".strip() for r in inventory.reports
-                if r.status in ("error", "unavailable") or r.problems]
-    if inventory.partial:
-        log.warning("inventory is partial", reason="partial-probe", problems=problems)
+    # discovery logged each backend's problem; the daemon says what a partial probe means for the labels
     return ProbeResult(labels, partial=inventory.partial)
 
 
@@ -88,7 +85,8 @@ def probe_labels(host: Host) -> ProbeResult:
               help="Namespace of the NodeFeature object (--output nodefeature). [env: NAMESPACE]")
 @click.option("--events/--no-events", default=False, show_default=True, help="Record a Kubernetes Event when labels change.")
 @click.option("--start-jitter", type=Duration(), default="2s", show_default=True,
-              help="Wait a random time up to this (2s, 500ms) before the first reconcile, so a fleet does not stampede.")
+              help="Wait a random time up to this (2s, 500ms) before the first reconcile, so a fleet does not stampede "
+                   "(not with --once).")
 def run(node_options: NodeOptions, interval: float, metrics_port: int, metrics_bind: str, once: bool, dry_run: bool,
         output: str, features_file: Path, namespace: str, events: bool, start_jitter: float) -> None:
     """Keep this node's labels true on the cluster."""
@@ -114,7 +112,7 @@ def run(node_options: NodeOptions, interval: float, metrics_port: int, metrics_b
         sink = make_sink(output, node_name, kube, features_file=features_file, namespace=namespace,
                          interval_s=interval, follow=not once, events=events,
                          node_observers=(follower.observe,) if follower is not None and watched_by_sink else ())
-        options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run)
+        options = Options(interval_s=interval, start_jitter_s=start_jitter, dry_run=dry_run, once=once)
         daemon = Daemon(node_name, lambda: probe_labels(host), sink, metrics, options)
         loop = ProcessLoop(daemon, options.loop(), config=ConfigSource(host, node_options.config_path, follower),
                            inputs=host.offer_inputs)

@@ -91,6 +91,8 @@ class Live:
     labels: Owned = field(default_factory=lambda: Owned({}))
     managers: Mapping[str, frozenset[Manager]] = field(default_factory=dict)
     resource_version: str = field(default="", compare=False)  # of the object it was read from
+    # The target holds the right labels but must be rewritten anyway (a features file near its expiry).
+    refresh_due: bool = field(default=False, compare=False)
 
     @classmethod
     def of_node(cls, obj: Mapping[str, Any]) -> Live:
@@ -101,10 +103,10 @@ class Live:
                    str(metadata.get("resourceVersion") or ""))
 
     @classmethod
-    def written_by_us(cls, labels: Mapping[str, str]) -> Live:
+    def written_by_us(cls, labels: Mapping[str, str], refresh_due: bool = False) -> Live:
         """A target only gpu-labeller writes (its features file, its NodeFeature): every label is ours."""
         ours = owned(labels)
-        return cls(ours, {key: frozenset({APPLIED_BY_US}) for key in ours})
+        return cls(ours, {key: frozenset({APPLIED_BY_US}) for key in ours}, refresh_due=refresh_due)
 
     def applied_by_us(self, key: str) -> bool:
         return APPLIED_BY_US in self.managers.get(key, ())
@@ -137,6 +139,7 @@ class Change:
     dropped by the apply: ``removed`` when gpu-labeller was its only manager, ``relinquished`` when
     another manager also set it (the label stays, theirs). ``patch_out`` are removed keys an apply
     cannot drop (set through an update, or foreign with ``include_foreign``): a merge patch does.
+    A change that ``needed`` but touches no ``keys`` only refreshes the target (its expiry).
     """
 
     labels: Labels
@@ -185,7 +188,7 @@ def plan(live: Live, desired: Owned, probe_ok: bool, include_foreign: bool = Fal
     if include_foreign:
         removed = sorted([*removed, *foreign])
         patch_out, foreign = {**patch_out, **foreign}, {}
-    apply = bool(added or changed or adopted or any(live.applied_by_us(k) for k in dropped))
+    apply = bool(added or changed or adopted or any(live.applied_by_us(k) for k in dropped) or live.refresh_due)
     return Change(want, added, changed, adopted, tuple(removed), relinquished, patch_out, foreign, apply)
 
 

@@ -39,6 +39,7 @@ class Options:
     interval_s: float = 60.0
     start_jitter_s: float = 2.0
     dry_run: bool = False
+    once: bool = False  # one reconcile (``run --once``): nothing is waited for
 
     def loop(self) -> LoopOptions:
         """The process loop's options: probe every interval; a loop stalled for three intervals (at
@@ -145,9 +146,12 @@ class Daemon:
         outcome = "failed"
         try:
             outcome = self._reconcile()
-        except NodeMissing:
+        except NodeMissing as exc:
             outcome = "node-missing"
-            self.log.warning("node not found, waiting for it", reason="node-not-found")
+            if self.options.once:
+                self.log.error(str(exc), reason="node-not-found")
+            else:
+                self.log.warning("node not found, waiting for it", reason="node-not-found")
         except NotOurs as exc:
             outcome = "not-ours"
             self._report_not_ours(str(exc))
@@ -178,7 +182,7 @@ class Daemon:
             self.last_applied = dict(change.labels)
             return "unchanged"
         if self.options.dry_run:
-            if change != self._last_dry_run:
+            if change != self._last_dry_run and change.keys:
                 self.log.info("dry run: would apply", reason="dry-run", **change.summary())
                 self._last_dry_run = change
             return "dry-run"
@@ -222,7 +226,10 @@ class Daemon:
                 self._reported_adopted.add(key)
                 self.log.info("label taken over: gpu-labeller applies it from now on", reason="adopted", label=key,
                               previous_managers=managers_text(names))
-        self.log.info("labels updated", reason="labels-changed", output=self.sink.name, **change.summary())
+        if change.keys:
+            self.log.info("labels updated", reason="labels-changed", output=self.sink.name, **change.summary())
+        else:
+            self.log.debug("output refreshed, labels unchanged", reason="refreshed", output=self.sink.name)
 
     def _report_foreign(self, foreign: dict[str, tuple[str, ...]]) -> None:
         """Count the keys under our prefixes that other managers set; log each once, with its managers."""

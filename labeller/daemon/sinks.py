@@ -208,14 +208,14 @@ class FeaturesFileSink:
         if text is None:
             return Live()
         labels: dict[str, str] = {}
+        refresh_due = True  # a file without an expiry is rewritten with one
         for line in text.splitlines():
             if line.startswith("# +expiry-time="):
-                if self._expires_soon(line.split("=", 1)[1]):
-                    return Live()  # count it as absent so it is rewritten
+                refresh_due = self._expires_soon(line.split("=", 1)[1])
             elif line and not line.startswith("#") and "=" in line:
                 key, value = line.split("=", 1)
                 labels[key] = value
-        return Live.written_by_us(labels)
+        return Live.written_by_us(labels, refresh_due=refresh_due)
 
     def _expires_soon(self, stamp: str) -> bool:
         try:
@@ -298,6 +298,8 @@ class EventSink:
 
     def write(self, change: Change) -> None:
         self.inner.write(change)
+        if not change.keys:
+            return  # a refresh (the features file's expiry) changes no label
         counts = f"{len(change.added)} added, {len(change.changed)} changed, {len(change.removed)} removed"
         record_node_event(self.kube, self.node, self.namespace, "Normal", "GPULabelsChanged", f"gpu-labeller: {counts}")
 

@@ -255,3 +255,16 @@ def test_run_refuses_a_time_that_is_not_a_duration(tmp_path: Path, option: str) 
     result = gpu_labeller(*features_file_run(tmp_path, "--once", option, "soon"))
     assert result.returncode == 2 and not (tmp_path / "gpu-labeller").exists()
     assert f"Invalid value for '{option}': 'soon' is not a duration like 60, 60s, 500ms or 2m" in result.stderr
+
+
+@pytest.mark.parametrize("asked", ["dgx-h10", "DGX-H100", "dgx_h100"])
+def test_a_mistyped_profile_name_suggests_the_built_in_one(asked: str) -> None:
+    result = gpu_labeller("labels", "--simulate", asked)
+    line = error_line(result)
+    assert result.returncode == 2 and f"Error: {asked}: no such profile" in line
+    assert line.endswith("did you mean dgx-h100? (gpu-labeller profiles lists them all)"), line
+
+
+def test_a_profile_name_like_none_lists_the_built_in_ones() -> None:
+    result = gpu_labeller("labels", "--simulate", "qqqq")
+    assert result.returncode == 2 and "(built-in: a100-mig-single, " in error_line(result)

@@ -36,6 +36,41 @@ def test_a_node_without_gpus_gets_no_labels(tmp_path: Path) -> None:
     assert json.loads(result.stdout) == {}
 
 
+@pytest.mark.parametrize(("command", "stdout"), [(["labels"], ""), (["labels", "--format", "json"], "{}\n"),
+                                                 (["resources"], ""), (["resourceslices", "--dra-vendors", "all"], "")],
+                         ids=lambda c: " ".join(c) if isinstance(c, list) else "")
+def test_a_node_without_gpus_says_so_on_stderr_and_names_simulate(command: list[str], stdout: str,
+                                                                    tmp_path: Path) -> None:
+    result = gpu_labeller("--log-format", "console", *command, "--host-root", str(empty_node(tmp_path)))
+    assert (result.returncode, result.stdout) == (0, stdout), result.stderr
+    [line] = result.stderr.splitlines()
+    assert "no GPU found" in line and "--simulate" in line and "gpu-labeller profiles" in line
+
+
+NVML_MISSING = "NVML Shared Library Not Found"  # what pynvml says on a machine without the NVIDIA driver
+
+
+@pytest.mark.parametrize("command", [["labels"], ["resources"],
+                                     ["run", "--once", "--dry-run", "--node-name", "n1", "--output", "features-file"]],
+                         ids=lambda c: c[0])
+def test_nvml_missing_is_logged_once(command: list[str], tmp_path: Path) -> None:
+    root = empty_node(tmp_path / "root")
+    add_pci_device(root, "0000:3b:00.0", 0x10DE, 0x2330, 0x030200, driver="nvidia")
+    extra = ["--features-file", str(tmp_path / "features")] if command[0] == "run" else []
+    result = gpu_labeller("--log-format", "console", *command, "--host-root", str(root), *extra)
+    assert result.returncode in (0, 1), result.stderr  # run --once: 1, the probe was partial
+    assert "nvidia.com/gpu.present" in result.stdout + result.stderr
+    assert sum(NVML_MISSING in line for line in result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_run_once_does_not_wait_a_start_jitter(tmp_path: Path) -> None:
+    """The jitter spreads a fleet's first reconcile; one reconcile by hand (--once) has no fleet to spread."""
+    result = gpu_labeller("run", "--once", "--dry-run", "--node-name", "n1", "--output", "features-file",
+                          "--features-file", str(tmp_path / "features"), "--simulate", "dgx-h100",
+                          "--start-jitter", "3600s")  # times out (PATIENCE_S) if it waited
+    assert result.returncode == 0, result.stderr
+
+
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")

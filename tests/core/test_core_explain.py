@@ -112,6 +112,15 @@ def why(key: str, label_set: LabelSet, inventory: Inventory, config: Config) -> 
     return item.why_not
 
 
+@pytest.mark.parametrize("key", ["amd.com/gpu.vram", "beta.amd.com/gpu.vram", "beta.amd.com/gpu.vram.64G"])
+def test_a_value_the_probe_lacks_is_the_reason_given(key: str) -> None:
+    """mi210-x8's capture has no VRAM size (``probe``: vram_bytes null): that is why, not disagreement."""
+    inventory, config = profile("mi210-x8")
+    reason = why(key, label_set_of(inventory, config), inventory, config)
+    assert reason.startswith("the probe found no VRAM size"), reason
+    assert "vram_bytes" in reason and "mem_banks/0/properties" in reason and "agree" not in reason
+
+
 def test_keys_not_produced_say_why() -> None:
     inventory, config = profile("dgx-h100")
     labels = label_set_of(inventory, config)

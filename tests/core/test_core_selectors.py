@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from labeller.snippets import snippet
 from labeller.selectors import Requirement, SelectorError, parse_selector, selector_from_document
 from tests.core.cli import error_line, gpu_labeller
 from vendors.simulate import builtin_profiles
@@ -149,6 +150,21 @@ def test_match_on_a_profiles_dir(tmp_path: Path) -> None:
     (tmp_path / "mine.yaml").write_text(source.read_text())
     result = gpu_labeller("match", "nvidia.com/gpu.product=Tesla-T4-SHARED", "--profiles-dir", str(tmp_path))
     assert result.returncode == 0 and result.stdout.splitlines()[0] == "match  mine", result.stdout
+
+
+def test_affinity_with_min_memory_on_a_node_with_amd_and_nvidia_says_the_amd_gpus_go_by_model() -> None:
+    """The minimum applies to NVIDIA's numeric gpu.memory; the AMD GPUs stay selected by model, and a
+    comment line says so (AMD's vram is text, which Gt cannot compare)."""
+    labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.memory": "46068",
+              "amd.com/gpu.present": "true", "amd.com/gpu.product-name": "AMD_Instinct_MI210"}
+    text = snippet(labels, "affinity", min_memory=40000)
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert len(comments) == 1 and "AMD" in comments[0] and "amd.com/gpu.product-name" in comments[0], text
+    assert "--min-memory" in comments[0] and "nvidia.com/gpu.memory" in comments[0]
+    [term] = yaml.safe_load(text)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert {"key": "amd.com/gpu.product-name", "operator": "In", "values": ["AMD_Instinct_MI210"]} in term["matchExpressions"]
+    assert {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["39999"]} in term["matchExpressions"]
 
 
 @pytest.mark.slow

@@ -87,6 +87,16 @@ def test_run_labels_the_node_serves_metrics_and_exits_promptly_on_sigterm(api: F
     assert {entry["node"] for entry in daemon.events} == {NODE} and all("reason" in entry for entry in daemon.events)
 
 
+def test_a_daemon_stopped_by_ctrl_c_logs_sigint(tmp_path: Path) -> None:
+    features = tmp_path / "features"
+    with LoggedProcess("run", "--node-name", NODE, "--output", "features-file", "--features-file", str(features),
+                       "--simulate", GPU_PROFILE, "--start-jitter", "0", "--metrics-port", "0") as daemon:
+        daemon.event("labels updated")
+        assert daemon.stop(signal.SIGINT) == 0  # a clean stop, as on SIGTERM; it awaits "signal received" SIGINT
+    daemon.event("stopped", reason="stop")
+    assert "sigterm" not in daemon.log.lower() and "Traceback" not in daemon.log
+
+
 def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_path: Path) -> None:
     api.create_node(NODE, OTHERS)
     config = tmp_path / "config.yaml"
@@ -100,9 +110,18 @@ def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_p
     assert daemon.count("reloading config and probing again", reason="sighup") == 1
 
 
+def test_once_with_no_such_node_says_so_in_one_error_line_and_waits_for_nothing(kubeconfig: Path) -> None:
+    result = subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, text=True, timeout=PATIENCE_S, check=False)
+    assert result.returncode == 1
+    entries = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [(e["level"], e["event"]) for e in entries if e["level"] in ("warning", "error")] == [
+        ("error", f"node {NODE} not found")]
+    assert "waiting" not in result.stderr
+
+
 def test_once_exit_codes(api: FakeApiServer, kubeconfig: Path) -> None:
     missing = run_once(kubeconfig)
-    assert missing.returncode == 1 and "node not found" in missing.stderr
+    assert missing.returncode == 1 and f"node {NODE} not found" in missing.stderr
     api.create_node(NODE, OTHERS)
     done = run_once(kubeconfig)
     assert done.returncode == 0, done.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labeller.fleet import pod_requests
+from labeller.fleet import fleet_text, node_row, pod_requests
 from tests.builders import PATIENCE_S
 from tests.core.cli import error_line, gpu_labeller
 from tests.fakes.apiserver import FakeApiServer
@@ -109,6 +109,23 @@ def test_pod_requests_default_to_limits_and_count_init_containers() -> None:
                                                   "limits": {"nvidia.com/gpu": "1"}}}],
                     "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
     assert pod_requests(pod) == {"nvidia.com/gpu": 4}
+
+
+def test_a_memory_sharing_node_is_nvidia_served_by_its_plugin() -> None:
+    """gpushare's aliyun.com/gpu-mem and gpu-count are how the device plugin serves NVIDIA GPUs on a
+    memory-sharing node: the plugin is ready, the vendor is nvidia, and the sharing is said once."""
+    labels = {"gpushare": "true", "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "4",
+              "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15109",
+              "nvidia.com/gpu.replicas": "14", "nvidia.com/gpu.sharing-strategy": "memory"}
+    node = {"metadata": {"name": "t4-0", "labels": labels},
+            "status": {"capacity": {"aliyun.com/gpu-mem": "56", "aliyun.com/gpu-count": "4"},
+                       "allocatable": {"aliyun.com/gpu-mem": "56", "aliyun.com/gpu-count": "4"}}}
+    row = node_row(node, {"aliyun.com/gpu-mem": 10})
+    assert row is not None
+    assert (row.vendors, row.labeller, row.plugin) == (("nvidia",), "ready", "ready")
+    assert row.sharing == "memory: aliyun.com/gpu-mem, 14 units per GPU"
+    line = fleet_text([row]).splitlines()[1]
+    assert line.split()[:2] == ["t4-0", "nvidia"] and line.count("gpushare") == 0
 
 
 # --- completion ---------------------------------------------------------------------------------

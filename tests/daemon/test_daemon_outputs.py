@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -136,3 +136,30 @@ def test_kube_reports_every_request_to_its_observer(api: FakeApiServer, kubeconf
     with pytest.raises(NotFound):
         kube.get_node("missing")
     assert seen == [("get", 200), ("get", 404)]
+
+
+def test_refreshing_the_features_file_expiry_is_not_a_label_change(api: FakeApiServer, tmp_path: Path,
+                                                                    start: Start) -> None:
+    """The file is rewritten as its expiry draws near, with the same labels: no "labels updated"
+    line with every key "added", and no GPULabelsChanged Event, for a mere refresh."""
+    api.create_node(NODE, OTHERS)
+    path = tmp_path / "features.d" / "gpu-labeller"
+    with structlog.testing.capture_logs() as logs:
+        start(sink=lambda kube: FeaturesFileSink(path, expiry_s=2), interval_s=0.05, events=True)
+        first = wait_for(lambda: path.exists() and path.read_text())
+        wait_for(lambda: path.read_text() != first)  # the expiry was refreshed
+    assert [line for line in path.read_text().splitlines() if not line.startswith("#")] == \
+        [line for line in first.splitlines() if not line.startswith("#")]
+    updates = [entry for entry in logs if entry.get("reason") == "labels-changed"]
+    assert len(updates) == 1 and updates[0]["added"] == sorted(GPU_LABELS)
+    assert [event["message"] for event in api.events()] == ["gpu-labeller: 4 added, 0 changed, 0 removed"]
+
+
+def test_a_features_file_near_its_expiry_still_reports_its_labels(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-labeller"
+    sink = FeaturesFileSink(path, expiry_s=300)
+    path.write_text(render(GPU_LABELS, "nfd", expiry=datetime.now(UTC)))
+    live = sink.live()
+    assert live.labels == GPU_LABELS and live.refresh_due
+    path.write_text(render(GPU_LABELS, "nfd", expiry=datetime.now(UTC) + timedelta(seconds=300)))
+    assert sink.live().labels == GPU_LABELS and not sink.live().refresh_due

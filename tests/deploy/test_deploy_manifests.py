@@ -106,3 +106,52 @@ def test_dra_file_holds_only_the_dra_objects_and_uses_the_main_files_namespace_a
     # the example configs leave every node on the device plugin until a config names a vendor
     assert all("dra" not in yaml.safe_load(config).get("labeller", {}) for config in config_map["data"].values())
     assert "--config-label=nvidia.com/device-plugin.config" in spec["containers"][0]["args"]
+
+
+def test_check_mode_says_in_one_line_that_the_files_are_up_to_date(capsys: pytest.CaptureFixture[str]) -> None:
+    assert load_render_script().main(["--check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["deploy/manifests: 4 files up to date"]
+
+
+def write_values(path: Path, values: dict[str, object]) -> str:
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def test_a_values_file_is_checked_with_the_labellers_config_validator(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The chart renders any string as a config; render.py refuses what the labeller would refuse."""
+    values = write_values(tmp_path / "values.yaml", {"config": {"data": {
+        "default": {"version": "v1", "flags": {"migStrategy": "Mixed"}}}}})
+    assert load_render_script().main(["--check", "-f", values]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line == (f"Error: {values}: config.data.default: flags.migStrategy: must be one of none, single, mixed, "
+                    "got 'Mixed'")
+
+
+def test_values_files_merge_in_order_as_helm_takes_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = write_values(tmp_path / "a.yaml", {"config": {"data": {
+        "default": {"version": "v1", "flags": {"migStrategy": "none"}},
+        "mig": {"version": "v1", "flags": {"migStrategy": "single"}}}}})
+    second = write_values(tmp_path / "b.yaml", {"config": {"data": {
+        "mig": {"version": "v1", "flags": {"migStrategy": "mixed"}}}}})
+    script = load_render_script()
+    assert script.main(["--check", "--values", first, "-f", second]) == 0
+    [summary] = capsys.readouterr().out.splitlines()
+    assert summary.startswith(f"{first}, {second}: renders ") and "configs default, mig valid" in summary
+    assert script.main(["-f", first, "-f", second]) == 0  # without --check: the manifests, as `helm template`
+    objects = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert yaml.safe_load(config_map["data"]["mig"])["flags"]["migStrategy"] == "mixed"
+    assert yaml.safe_load(config_map["data"]["default"])["flags"]["migStrategy"] == "none"
+
+
+def test_a_values_file_the_chart_refuses_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    values = write_values(tmp_path / "values.yaml", {"dra": {"enabled": True, "vendors": ["nvidia"]},
+                                                     "config": {"name": "theirs", "create": False}})
+    assert load_render_script().main(["--check", "-f", values]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"Error: {values}: ") and "dra.vendors: the chart does not write" in line

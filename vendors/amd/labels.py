@@ -224,15 +224,25 @@ _AMD = "AMD k8s-node-labeller (ROCm/k8s-device-plugin)"
 _COUNTED = ("vram", "simd-count", "cu-count", "device-id", "family", "product-name")
 
 
+def _vram_missing(inventory: Inventory) -> str:
+    """Why no ``vram`` key can be written: no KFD node the probe found has a VRAM size."""
+    nodes = [node for gpu in _gpus(inventory) for node in gpu.nodes]
+    if not nodes or any(node.vram_bytes is not None for node in nodes):
+        return ""
+    return ("the probe found no VRAM size for any GPU (KFD nodes without mem_banks/0/properties size_in_bytes; "
+            "`gpu-labeller probe` shows vram_bytes: null)")
+
+
 def _counted_docs(kind: str) -> tuple[KeyDoc, ...]:
     one = "all GPUs (KFD nodes for vram, simd-count, cu-count) agree on one value"
     several = "the GPUs (KFD nodes for vram, simd-count, cu-count) have several values: one key per value"
+    each = "the GPUs (KFD nodes for vram, simd-count, cu-count) have the value: one key per value, counting them"
+    missing = _vram_missing if kind == "vram" else None
     return (
-        KeyDoc(f"{NEW}{kind}", _AMD, one, "amd"),
-        KeyDoc(f"{NEW}{kind}.<value>", _AMD, several, "amd"),
-        KeyDoc(f"{BETA}{kind}", _AMD, one, "amdBeta"),
-        KeyDoc(f"{BETA}{kind}.<value>", _AMD, "always, one key per value, counting the GPUs (KFD nodes) that have it",
-               "amdBeta"),
+        KeyDoc(f"{NEW}{kind}", _AMD, one, "amd", missing=missing),
+        KeyDoc(f"{NEW}{kind}.<value>", _AMD, several, "amd", missing=missing),
+        KeyDoc(f"{BETA}{kind}", _AMD, one, "amdBeta", missing=missing),
+        KeyDoc(f"{BETA}{kind}.<value>", _AMD, each, "amdBeta", missing=missing),
     )
 
 

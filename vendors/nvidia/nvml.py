@@ -417,10 +417,7 @@ def _probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | Non
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        report = _init_failure(nvml, exc, len(nvidia_pci))
-        if report.status != "absent":
-            log.warning("NVML unavailable", vendor="nvidia", status=report.status, reason=report.detail)
-        return None, report
+        return None, _init_failure(nvml, exc, len(nvidia_pci))  # discovery logs the report, once
     try:
         return _inventory(nvml, host_root, nvidia_pci)
     finally:
