@@ -189,13 +189,14 @@ class DraPlugin:
                 drivers[driver].snapshot = snapshot
             else:
                 drivers[driver] = self._start_driver(driver, snapshot)
-        self.drivers = drivers
         with self._lock:
             self._devices = {driver: list(devices) for driver, devices in found.items()}
         physical = {d.physical for devices in found.values() for d in devices}
         self.board.track(p.health_key for p in physical)
         self._health.follow(physical, host_root, self.host.handles, self.host.vendors)
         self._publish()
+        # Only now: ``ready`` reads the drivers, and must not see one before its devices are published.
+        self.drivers = drivers
 
     def _vendor(self, driver: str) -> Vendor:
         return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)

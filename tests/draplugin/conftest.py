@@ -119,7 +119,7 @@ def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host
     thread.start()
     try:
         if ready:
-            wait_for(lambda: plugin.ready, 10)
+            wait_for(lambda: plugin.ready)
         yield Running(plugin, host, loop, api, kubelet, dirs, exit_code)
     finally:
         loop.stop()

@@ -240,3 +240,30 @@ def test_a_config_that_serves_a_vendor_absent_here_is_not_ready(api: FakeApiServ
     with simulated_plugin(api, drakubelet, dirs, "dgx-h100", config_path=config, ready=False) as run:
         wait_for(lambda: run.plugin.probes >= 2)  # probed again: the GPUs may yet come
         assert not run.plugin.ready and run.slices() == [] and drakubelet.seen("registered") == []
+
+
+def test_ready_only_once_the_slices_are_on_the_api_however_slow_the_first_publish(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/readyz must not say ready while the node's devices are not published yet (the window between
+    a driver's registration and its first slices; a loaded machine widens it)."""
+    publish = SlicePublisher.publish
+    entered = threading.Event()
+
+    def slow_publish(self: SlicePublisher, devices: Any) -> None:
+        entered.set()
+        time.sleep(0.5)  # stands for a slow step, not for a condition: the publish itself is delayed
+        publish(self, devices)
+
+    monkeypatch.setattr(SlicePublisher, "publish", slow_publish)
+    config_path = dirs.plugins.parent / "dra-config.yaml"
+    write_yaml(config_path, dra_config())
+    seen_ready_without_slices: list[int] = []
+    with open_host(NodeOptions(simulate="dgx-h100", config_path=config_path)) as host, \
+            running_plugin(api, drakubelet, dirs, host, config_path=config_path, ready=False) as run:
+        wait_for(entered.is_set)
+        while not run.slices(NVIDIA):
+            if run.plugin.ready and not run.slices(NVIDIA):
+                seen_ready_without_slices.append(len(run.plugin.drivers))
+            time.sleep(0.005)
+        wait_for(lambda: run.plugin.ready)
+    assert seen_ready_without_slices == []
