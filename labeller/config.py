@@ -148,6 +148,7 @@ class LabelGroups:
 
 
 DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
+MIN_SLEEP_INTERVAL_S = 0.01  # as run's --interval
 
 
 @dataclass(frozen=True)
@@ -449,12 +450,16 @@ def _gfd_flags(gfd: Mapping[str, Any]) -> GfdFlags:
     interval = gfd.get("sleepInterval")
     seconds = None
     if interval is not None:
-        try:
-            seconds = go_duration(interval) if isinstance(interval, str) else None
-        except ValueError:
-            pass
-        if seconds is None or seconds <= 0:
-            raise ConfigError(f"flags.gfd.sleepInterval: must be a positive duration such as 60s or 1m30s, got {interval!r}")
+        if isinstance(interval, (int, float)) and not isinstance(interval, bool):
+            seconds = interval / 1e9  # a bare number is nanoseconds, as GFD reads it
+        elif isinstance(interval, str):
+            try:
+                seconds = go_duration(interval)
+            except ValueError:
+                pass
+        if seconds is None or seconds < MIN_SLEEP_INTERVAL_S:
+            raise ConfigError(f"flags.gfd.sleepInterval: must be a duration of at least 10ms such as 60s or 1m30s "
+                              f"(a bare number is nanoseconds, as in GFD), got {interval!r}")
     return GfdFlags(oneshot=gfd.get("oneshot", False), sleep_interval_s=seconds, output_file=gfd.get("outputFile") or None,
                     machine_type_file=gfd.get("machineTypeFile") or DEFAULT_MACHINE_TYPE_FILE)
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 import structlog
 
+from labeller.config import MIN_SLEEP_INTERVAL_S
 from labeller.host import NodeOptions
 from labeller.upstream import UpstreamFlag, flags_for, go_duration, overrides_and_warnings
 
@@ -32,8 +33,8 @@ class GoDuration(click.ParamType[str]):
             seconds = go_duration(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
-        if seconds <= 0:
-            self.fail(f"{value!r} is not a positive duration", param, ctx)
+        if seconds < MIN_SLEEP_INTERVAL_S:
+            self.fail(f"{value!r} is shorter than 10ms", param, ctx)
         return str(value)
 
 

@@ -107,6 +107,8 @@ def test_an_unhonoured_config_key_is_one_warning_naming_it(tmp_path: Path) -> No
 def test_a_bad_upstream_value_is_one_line_and_exit_2() -> None:
     result = invoke("labels", "--simulate", MIG_PROFILE, "--mig-strategy", "half")
     assert result.exit_code == 2 and "--mig-strategy" in result.stderr and "Traceback" not in result.stderr
+    result = invoke("run", "--sleep-interval", "10")  # Go durations have a unit
+    assert result.exit_code == 2 and "--sleep-interval" in result.stderr and "Traceback" not in result.stderr
 
 
 # --- every flag of the table -------------------------------------------------------------------
@@ -223,13 +225,18 @@ def test_gfd_settings_are_read(tmp_path: Path) -> None:
     assert load_config(path, RESOURCE_NAMES).labels.timestamp
 
 
-@pytest.mark.parametrize("interval", ["10", "0s", "ten", "[1]"])
+@pytest.mark.parametrize("interval", ["10", "0s", "5ms", "ten", "[1]", "true"])
 def test_a_bad_sleep_interval_names_the_key(tmp_path: Path, interval: str) -> None:
     from labeller.config import ConfigError
 
     path = Path(config_file(tmp_path, f"flags: {{gfd: {{sleepInterval: {interval}}}}}\n"))
-    with pytest.raises(ConfigError, match="flags.gfd.sleepInterval: must be a positive duration"):
+    with pytest.raises(ConfigError, match="flags.gfd.sleepInterval: must be a duration of at least 10ms"):
         load_config(path, RESOURCE_NAMES)
+
+
+def test_a_bare_sleep_interval_is_nanoseconds_as_in_gfd(tmp_path: Path) -> None:
+    path = Path(config_file(tmp_path, "flags: {gfd: {sleepInterval: 60000000000}}\n"))
+    assert load_config(path, RESOURCE_NAMES).gfd.sleep_interval_s == 60.0
 
 
 def test_run_takes_gfds_interval_oneshot_and_output_file_where_its_own_options_are_not_given() -> None:
