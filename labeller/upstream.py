@@ -12,7 +12,7 @@ Also here: the config keys of NVIDIA's format that are read and not honoured, an
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -87,7 +87,7 @@ UPSTREAM_FLAGS: tuple[UpstreamFlag, ...] = (
                  note=_NO_CONTAINER_ROOT),
     # --- NVIDIA's device plugin (cmd/nvidia-device-plugin/main.go): gpu-labeller device-plugin
     UpstreamFlag("plugin", ("--mig-strategy",), ("MIG_STRATEGY",), ("none", "single", "mixed"),
-                 key="flags.migStrategy", commands=("device-plugin",)),
+                 key="flags.migStrategy", commands=("device-plugin", "resources")),
     UpstreamFlag("plugin", ("--fail-on-init-error",), ("FAIL_ON_INIT_ERROR",), key="flags.failOnInitError",
                  commands=("device-plugin",),
                  note="the default is false here (true in NVIDIA's plugin): the plugin waits for the driver"),
@@ -176,7 +176,7 @@ def overlay(raw: Any, overrides: Overrides) -> Any:
 
 # --- config keys of NVIDIA's format that gpu-labeller reads and does not honour ---------------------
 # key -> (the value that asks for what gpu-labeller does anyway, or NOTHING, and why)
-NOTHING = object()
+NOTHING = object()  # no value is neutral: any value is a warning
 UNHONOURED_KEYS: dict[str, tuple[Any, str]] = {
     "flags.gdrcopyEnabled": (False, "containers get no GDRCopy device nodes"),
     "flags.gdsEnabled": (False, "containers get no NVIDIA_GDS=enabled"),
@@ -190,25 +190,22 @@ UNHONOURED_KEYS: dict[str, tuple[Any, str]] = {
 }
 
 
-def _present(raw: Mapping[str, Any], dotted: str) -> Iterator[Any]:
+def _value_at(raw: Mapping[str, Any], dotted: str) -> Any:
+    """The value of the dotted key in ``raw``; None when it is not there."""
     where: Any = raw
     for part in dotted.split("."):
-        if not isinstance(where, Mapping) or part not in where:
-            return
-        where = where[part]
-    yield where
+        if not isinstance(where, Mapping):
+            return None
+        where = where.get(part)
+    return where
 
 
 def unhonoured_keys(raw: Any) -> list[str]:
     """One line for each key of the config document ``raw`` that gpu-labeller reads and does not honour."""
     if not isinstance(raw, Mapping):
         return []
-    lines = []
-    for key, (neutral, why) in UNHONOURED_KEYS.items():
-        for value in _present(raw, key):
-            if value is not None and value != neutral:
-                lines.append(f"{key}: not honoured by gpu-labeller: {why}")
-    return lines
+    return [f"{key}: not honoured by gpu-labeller: {why}" for key, (neutral, why) in UNHONOURED_KEYS.items()
+            if (value := _value_at(raw, key)) is not None and value != neutral]
 
 
 # --- Go durations (GFD's sleepInterval) -----------------------------------------------------------

@@ -215,9 +215,10 @@ def offer_text(document: dict[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-@click.command()
+@click.command(epilog=EPILOG)
 @discovery_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@upstream_options("resources")
 def resources(node_options: NodeOptions, fmt: str) -> None:
     """Print what the device plugin would advertise on this node: each resource, its devices and
     their IDs, replicas and health checks (dry run: serves nothing, touches no cluster)."""

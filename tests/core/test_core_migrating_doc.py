@@ -14,7 +14,7 @@ from labeller.upstream import UPSTREAM_FLAGS
 from tests.core.test_core_upstream import sample
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "migrating.md"
-COMMANDS = ("run", "labels", "device-plugin")
+COMMANDS = ("run", "labels", "device-plugin", "resources")
 TICKED = re.compile(r"`([^`]+)`")
 
 

@@ -247,3 +247,14 @@ def test_run_takes_gfds_interval_oneshot_and_output_file_where_its_own_options_a
     assert _gfd_settings(GfdFlags(), False, None, None, "node") == (False, 60.0, DEFAULT_FEATURES_FILE)
     assert _gfd_settings(gfd, False, None, None, "features-file") == (True, 10.0, Path("/out/gfd"))
     assert _gfd_settings(gfd, False, 5.0, Path("/mine"), "features-file") == (True, 5.0, Path("/mine"))
+
+
+def test_each_unhonoured_key_of_nvidias_format_is_named() -> None:
+    from labeller.upstream import unhonoured_keys
+
+    raw = {"version": "v1", "flags": {"deviceDiscoveryStrategy": "tegra", "useNodeFeatureAPI": False,
+                                      "plugin": {"containerDriverRoot": "/driver-root"}},
+           "imex": {"channelIDs": [0]}, "resources": {"gpus": []}}
+    assert [line.split(":")[0] for line in unhonoured_keys(raw)] == [
+        "flags.deviceDiscoveryStrategy", "flags.plugin.containerDriverRoot", "resources", "imex"]
+    assert unhonoured_keys({"version": "v1", "flags": {"deviceDiscoveryStrategy": "auto"}}) == []
