@@ -16,8 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import structlog
+
 from labeller.documents import DocumentError, read_document
 from labeller.errors import InputError
+from labeller.upstream import Overrides, go_duration, overlay, unhonoured_keys
+
+log = structlog.get_logger(__name__)
 
 MigStrategy = Literal["none", "single", "mixed"]
 SharingStrategy = Literal["none", "time-slicing", "mps", "memory"]
@@ -142,12 +147,27 @@ class LabelGroups:
     timestamp: bool = False
 
 
+DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
+MIN_SLEEP_INTERVAL_S = 0.01  # as run's --interval
+
+
+@dataclass(frozen=True)
+class GfdFlags:
+    """``flags.gfd``, GFD's settings, as ``run`` honours them."""
+
+    oneshot: bool = False  # as --once
+    sleep_interval_s: float | None = None  # as --interval
+    output_file: str | None = None  # as --features-file
+    machine_type_file: str = DEFAULT_MACHINE_TYPE_FILE  # where nvidia.com/gpu.machine is read, under the host root
+
+
 @dataclass(frozen=True)
 class Config:
     mig_strategy: MigStrategy = "none"
     sharing: Sharing = field(default_factory=Sharing)
     plugin: PluginFlags = field(default_factory=PluginFlags)
     labels: LabelGroups = field(default_factory=LabelGroups)
+    gfd: GfdFlags = field(default_factory=GfdFlags)
     # labeller.amd.resourceNamingStrategy, as AMD's plugin's -resource_naming_strategy
     amd_resource_naming: AmdResourceNaming = "single"
     # labeller.dra.vendors: the vendors whose GPUs this node serves through DRA (the DRA plugin's
@@ -175,7 +195,7 @@ _PLUGIN_SPEC: dict[str, Spec] = {
 _GFD_SPEC: dict[str, Spec] = {
     "oneshot": bool,
     "noTimestamp": bool,
-    "sleepInterval": IGNORED,
+    "sleepInterval": IGNORED,  # a Go duration; checked in _gfd_flags
     "outputFile": str,
     "machineTypeFile": str,
 }
@@ -426,7 +446,35 @@ def _plugin_flags(flags: Mapping[str, Any]) -> PluginFlags:
     )
 
 
-def _label_groups(raw: Mapping[str, Any]) -> LabelGroups:
+def _gfd_flags(gfd: Mapping[str, Any]) -> GfdFlags:
+    interval = gfd.get("sleepInterval")
+    seconds = None
+    if interval is not None:
+        if isinstance(interval, (int, float)) and not isinstance(interval, bool):
+            seconds = interval / 1e9  # a bare number is nanoseconds, as GFD reads it
+        elif isinstance(interval, str):
+            try:
+                seconds = go_duration(interval)
+            except ValueError:
+                pass
+        if seconds is None or seconds < MIN_SLEEP_INTERVAL_S:
+            raise ConfigError(f"flags.gfd.sleepInterval: must be a duration of at least 10ms such as 60s or 1m30s "
+                              f"(a bare number is nanoseconds, as in GFD), got {interval!r}")
+    return GfdFlags(oneshot=gfd.get("oneshot", False), sleep_interval_s=seconds, output_file=gfd.get("outputFile") or None,
+                    machine_type_file=gfd.get("machineTypeFile") or DEFAULT_MACHINE_TYPE_FILE)
+
+
+def _timestamp(groups: Mapping[str, Any], gfd: Mapping[str, Any]) -> bool:
+    """GFD's noTimestamp: true always drops the timestamp; else labeller.labels.timestamp decides, else
+    an explicit noTimestamp: false asks for it (GFD's default); else none."""
+    if gfd.get("noTimestamp") is True:
+        return False
+    if "timestamp" in groups:
+        return bool(groups["timestamp"])
+    return gfd.get("noTimestamp") is False
+
+
+def _label_groups(raw: Mapping[str, Any], gfd: Mapping[str, Any]) -> LabelGroups:
     groups = raw.get("labels", {})
     defaults = LabelGroups()
     return LabelGroups(
@@ -435,7 +483,7 @@ def _label_groups(raw: Mapping[str, Any]) -> LabelGroups:
         amd_beta=groups.get("amdBeta", defaults.amd_beta),
         firmware=groups.get("firmware", defaults.firmware),
         machine=groups.get("machine", defaults.machine),
-        timestamp=groups.get("timestamp", defaults.timestamp),
+        timestamp=_timestamp(groups, gfd),
     )
 
 
@@ -468,31 +516,36 @@ def parse_config(raw: Any, names: ResourceNames) -> Config:
         mig_strategy=mig_strategy,
         sharing=_sharing(raw.get("sharing", {}), mig_strategy, names),
         plugin=_plugin_flags(flags),
-        labels=_label_groups(raw.get("labeller", {})),
+        labels=_label_groups(raw.get("labeller", {}), flags.get("gfd", {})),
+        gfd=_gfd_flags(flags.get("gfd", {})),
         amd_resource_naming=raw.get("labeller", {}).get("amd", {}).get("resourceNamingStrategy", "single"),
         dra_vendors=_dra_vendors(raw.get("labeller", {}), names),
     )
 
 
-def parse_document(raw: Any, names: ResourceNames) -> Config:
-    """A whole config document (a file, a profile's ``config`` section): ``version: v1`` is required."""
+def parse_document(raw: Any, names: ResourceNames, overrides: Overrides = ()) -> Config:
+    """A whole config document (a file, a profile's ``config`` section): ``version: v1`` is required.
+    ``overrides`` (the upstream flags given: labeller.upstream) are set over it; each key read and not
+    honoured is a warning."""
+    for line in unhonoured_keys(raw):
+        log.warning(line, reason="not-honoured")
     if not isinstance(raw, Mapping):
         got = "an empty document" if raw is None else f"a {type(raw).__name__}"
         raise ConfigError(f"must be a mapping that starts with 'version: v1', got {got}")
     if "version" not in raw:
         raise ConfigError("version: required; add 'version: v1' (the only version)")
-    return parse_config(raw, names)
+    return parse_config(overlay(raw, overrides), names)
 
 
-def load_config(path: Path | None, names: ResourceNames) -> Config:
-    """Read a config file; None gives the defaults."""
+def load_config(path: Path | None, names: ResourceNames, overrides: Overrides = ()) -> Config:
+    """Read a config file, with ``overrides`` set over it; None gives the defaults (and the overrides)."""
     if path is None:
-        return Config()
+        return parse_config(overlay(None, overrides), names)
     try:
         raw = read_document(path, "config file")
     except DocumentError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        return parse_document(raw, names)
+        return parse_document(raw, names, overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

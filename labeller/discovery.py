@@ -36,7 +36,7 @@ def discover(host_root: Path, config: Config, vendors: Sequence[Vendor],
         if part is not None:
             parts.append(part)
     try:
-        machine = dmi.read_machine(host_root)
+        machine = dmi.read_machine(host_root, config.gfd.machine_type_file)
     except Untrusted as exc:
         machine = None
         reports.append(BackendReport("dmi", "error", f"machine name unreadable: {exc}"))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from labeller import sharing
-from labeller.config import Config, ConfigError, load_config, parse_document
+from labeller.config import Config, ConfigError, load_config, parse_config, parse_document
 from labeller.discovery import discover
 from labeller.inventory import Inventory
 from labeller.labels import LabelSet
@@ -23,6 +23,7 @@ from labeller.namedconfigs import CONFIG_LABEL, Chooser, ConfigDir, Selection
 from labeller.offer import Offer
 from labeller.nodelabels import node_labels
 from labeller.resourceslices import DraDevice
+from labeller.upstream import Overrides, overlay
 from labeller.vendor import Vendor
 from vendors import RESOURCE_NAMES, VENDORS
 
@@ -47,6 +48,7 @@ class Host:
     config_from_profile: bool = False
     vendors: Sequence[Vendor] = VENDORS
     selection: Selection | None = None  # the named config in force, when configs come from a directory
+    overrides: Overrides = ()  # config keys the command line sets over every config read (labeller.upstream)
 
     def probe(self) -> Inventory:
         if self.simulation is not None:
@@ -81,7 +83,7 @@ class Host:
 
     def read_config(self, path: Path) -> Config:
         """The config file at ``path`` (ConfigError naming it when it does not load)."""
-        return load_config(path, RESOURCE_NAMES)
+        return load_config(path, RESOURCE_NAMES, self.overrides)
 
     def offer_inputs(self) -> object | None:
         """What the offer reads besides the hardware under this config (NVIDIA's MPS readiness file),
@@ -102,7 +104,7 @@ class Host:
 
         def check(node: SimulatedNode) -> None:
             if self.config_from_profile:
-                _profile_config(node, where)  # a bad config section rejects the whole change
+                _profile_config(node, where, self.overrides)  # a bad config section rejects the whole change
 
         try:
             changed = simulation.refresh(check)
@@ -114,18 +116,19 @@ class Host:
             node = simulation.node
             self.host_root, self.handles = node.host_root, node.handles
             if self.config_from_profile:
-                self.config = _profile_config(node, where)
+                self.config = _profile_config(node, where, self.overrides)
             log.info("profile changed; simulated node rebuilt", reason="profile-changed", profile=where)
 
 
-def _profile_config(node: SimulatedNode, where: str) -> Config:
-    """The config a profile carries (the defaults when it has none); ProfileError naming ``where``."""
+def _profile_config(node: SimulatedNode, where: str, overrides: Overrides = ()) -> Config:
+    """The config a profile carries (the defaults when it has none), with ``overrides`` set over it;
+    ProfileError naming ``where``."""
     from vendors.simulate import ProfileError
 
-    if node.config is None:
-        return Config()
     try:
-        return parse_document(node.config, RESOURCE_NAMES)
+        if node.config is None:
+            return parse_config(overlay(None, overrides), RESOURCE_NAMES)
+        return parse_document(node.config, RESOURCE_NAMES, overrides)
     except ConfigError as exc:
         raise ProfileError(f"{where}: config: {exc}") from None
 
@@ -149,6 +152,7 @@ class NodeOptions:
     config_label: str = CONFIG_LABEL
     node_name: str | None = None
     kubeconfig: str | None = None
+    overrides: Overrides = ()  # config keys set by upstream tools' flags (labeller.upstream), over every config
 
     def named_configs(self) -> Chooser | None:
         """The named configs ``--config-dir`` gives (None without it); OptionsError for a combination
@@ -162,7 +166,7 @@ class NodeOptions:
                                f"(got {self.config_path} and {self.config_dir})")
         if not self.config_dir.is_dir():
             raise OptionsError(f"{self.config_dir}: --config-dir: not a directory")
-        return Chooser(ConfigDir(self.config_dir, RESOURCE_NAMES), self.config_name)
+        return Chooser(ConfigDir(self.config_dir, RESOURCE_NAMES, self.overrides), self.config_name)
 
     def chosen(self) -> Selection | None:
         """A dry run's named config: the one ``--config-name`` names (else the default), which must
@@ -176,9 +180,10 @@ def open_host(options: NodeOptions, selection: Selection | None = None) -> Itera
     """The host ``options`` name, with its config: ``selection`` (a named config), else ``--config``,
     else a simulated profile's own config, else the defaults. ConfigError or ProfileError (both
     InputError) when one does not load."""
-    config = selection.config if selection is not None else load_config(options.config_path, RESOURCE_NAMES)
+    config = (selection.config if selection is not None
+              else load_config(options.config_path, RESOURCE_NAMES, options.overrides))
     if options.simulate is None:
-        yield Host(options.host_root, config, selection=selection)
+        yield Host(options.host_root, config, selection=selection, overrides=options.overrides)
         return
     from vendors.simulate import SimulatedProfile
 
@@ -186,6 +191,6 @@ def open_host(options: NodeOptions, selection: Selection | None = None) -> Itera
         node = simulation.node
         from_profile = options.config_path is None and selection is None
         if from_profile:
-            config = _profile_config(node, options.simulate)
+            config = _profile_config(node, options.simulate, options.overrides)
         yield Host(node.host_root, config, node.handles, simulation if simulation.follows_file else None,
-                   config_from_profile=from_profile, selection=selection)
+                   config_from_profile=from_profile, selection=selection, overrides=options.overrides)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labeller.config import Config, ConfigError, ResourceNames, load_config
+from labeller.upstream import Overrides
 from labeller.labels import Labels, LabelSet, derived, validated
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"  # set by people or the GPU Operator, read only
@@ -42,9 +43,10 @@ class ConfigDir:
     dot (a ConfigMap volume's ``..data`` and timestamped directories are hidden). ``resource_names``:
     the registered vendors' (``vendors.RESOURCE_NAMES``), for parsing the files."""
 
-    def __init__(self, path: Path, resource_names: ResourceNames) -> None:
+    def __init__(self, path: Path, resource_names: ResourceNames, overrides: Overrides = ()) -> None:
         self.path = path
         self.resource_names = resource_names
+        self.overrides = overrides  # config keys the command line sets over each file (labeller.upstream)
 
     def names(self) -> list[str]:
         try:
@@ -59,7 +61,7 @@ class ConfigDir:
         if name not in names:
             there = ", ".join(names) if names else "none"
             raise ConfigError(f"no config named {name!r} in {self.path} (there: {there})")
-        return load_config(self.path / name, self.resource_names)
+        return load_config(self.path / name, self.resource_names, self.overrides)
 
     def signature(self) -> Hashable:
         """Changes whenever a config file may have: the target of a ConfigMap volume's ``..data`` link

@@ -23,6 +23,7 @@ from labeller.inventory import Inventory, ProbeError
 from labeller.host import Host, NodeOptions, open_host
 from labeller.offer import Offer
 from labeller.commands.options import BadInput, discovery_options
+from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.outputs import FORMATS, render, write_atomic
 from labeller.resourceslices import resource_slices
 from labeller.snippets import SNIPPET_FORMATS, SnippetError, snippet
@@ -98,7 +99,7 @@ def offer_of(host: Host, inventory: Inventory, options: NodeOptions) -> Offer:
         raise BadInput(f"{where}{exc}") from None
 
 
-@click.command()
+@click.command(epilog=EPILOG)
 @discovery_options
 @click.option("--format", "fmt", type=click.Choice([*FORMATS, *SNIPPET_FORMATS]), default="text", show_default=True,
               help="text: key=value lines; nfd: NFD features.d file; selector, affinity: a ready-to-paste "
@@ -109,6 +110,7 @@ def offer_of(host: Host, inventory: Inventory, options: NodeOptions) -> Offer:
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
               help="Write to this file instead of standard output: a regular file is replaced atomically, "
                    "a symlink's target is written, a device or FIFO is written through.")
+@upstream_options("labels")
 def labels(node_options: NodeOptions, fmt: str, min_memory: int | None, output: Path | None) -> None:
     """Print the labels gpu-labeller would apply to this node (dry run: touches no cluster)."""
     if min_memory is not None and fmt != "affinity":
@@ -223,9 +225,10 @@ def offer_text(document: dict[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-@click.command()
+@click.command(epilog=EPILOG)
 @discovery_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@upstream_options("resources")
 def resources(node_options: NodeOptions, fmt: str) -> None:
     """Print what the device plugin would advertise on this node: each resource, its devices and
     their IDs, replicas and health checks (dry run: serves nothing, touches no cluster)."""
@@ -278,10 +281,16 @@ def resourceslices(node_options: NodeOptions, dra_vendors: str | None, fmt: str)
 
 
 @click.command()
-def profiles() -> None:
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: a list of {name, description}.")
+def profiles(fmt: str) -> None:
     """List the built-in simulated node profiles."""
     from vendors.simulate import builtin_profiles
 
+    if fmt == "json":
+        emit(json.dumps([{"name": name, "description": description}
+                         for name, description in builtin_profiles().items()], indent=2) + "\n")
+        return
     emit("".join(f"{name:<24} {description}\n" for name, description in builtin_profiles().items()))
 
 

@@ -57,8 +57,9 @@ def discovery_options(func: F) -> F:
              "[env: CONFIG_DIR]",
     )(func)
     func = click.option(
-        "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="CONFIG_FILE",
-        help="Config file (NVIDIA device-plugin config v1 format plus a 'labeller' section). [env: CONFIG_FILE]",
+        "--config", "--config-file", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="CONFIG_FILE",
+        help="Config file (NVIDIA device-plugin config v1 format plus a 'labeller' section); --config-file is "
+             "NVIDIA's name for it. [env: CONFIG_FILE]",
     )(func)
     func = click.option(
         "--simulate", metavar="PROFILE|FILE", envvar="GPU_LABELLER_SIMULATE", shell_complete=complete_profiles,

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -126,28 +127,39 @@ def selector_of(selector_text: str | None, affinity: Path | None) -> Selector:
     return Selector(tuple(Term((*extra, *t.requirements), t.fields) for t in loaded.terms))
 
 
-def match_report(selector: Selector, targets: Sequence[Target], verbose: bool, what: str) -> tuple[str, int]:
-    """The lines ``match`` prints and how many targets match."""
+def match_document(selector: Selector, targets: Sequence[Target], what: str) -> dict[str, Any]:
+    """What ``match --format json`` prints: every target, whether it matches, the term that matched or
+    came closest (1-based), whether it is a near miss and why it fails; the hints when nothing matches."""
     everywhere = [t.labels for t in targets]
-    lines, matched, others = [], 0, 0
+    results = []
     for target in targets:
         outcome = selector.evaluate(target.labels, target.name)
-        term = f" (term {outcome.term + 1})" if len(selector.terms) > 1 else ""
-        if outcome.matched:
-            matched += 1
-            lines.append(f"match  {target.name}{term}")
-        elif (near := near_miss(outcome, target.labels, everywhere)) or verbose:
-            label = "near " if near else "no   "
-            reasons = "; ".join(hint(r, target.labels, everywhere) for r in outcome.failed)
-            lines.append(f"{label}  {target.name}{term}: {reasons}")
+        results.append({"name": target.name, "match": outcome.matched, "term": outcome.term + 1,
+                        "near": near_miss(outcome, target.labels, everywhere),
+                        "reasons": [hint(r, target.labels, everywhere) for r in outcome.failed]})
+    matched = sum(1 for r in results if r["match"])
+    return {"targets": what, "matched": matched, "total": len(targets), "terms": len(selector.terms),
+            "results": results, "hints": [] if matched else nothing_matches(selector, everywhere)}
+
+
+def match_report(selector: Selector, targets: Sequence[Target], verbose: bool, what: str) -> tuple[str, int]:
+    """The lines ``match`` prints and how many targets match."""
+    document = match_document(selector, targets, what)
+    lines, others = [], 0
+    for result in document["results"]:
+        term = f" (term {result['term']})" if document["terms"] > 1 else ""
+        if result["match"]:
+            lines.append(f"match  {result['name']}{term}")
+        elif result["near"] or verbose:
+            label = "near " if result["near"] else "no   "
+            lines.append(f"{label}  {result['name']}{term}: {'; '.join(result['reasons'])}")
         else:
             others += 1
-    if not matched:
-        lines += nothing_matches(selector, everywhere)
-    summary = f"{matched} of {len(targets)} {what} match"
+    lines += document["hints"]
+    summary = f"{document['matched']} of {len(targets)} {what} match"
     if others:
         summary += f"; {others} other{'s' if others > 1 else ''} far from it (--verbose says why)"
-    return "".join(line + "\n" for line in [*lines, summary]), matched
+    return "".join(line + "\n" for line in [*lines, summary]), document["matched"]
 
 
 @click.command()
@@ -165,8 +177,11 @@ def match_report(selector: Selector, targets: Sequence[Target], verbose: bool, w
               help="Evaluate against the Nodes of the cluster this kubeconfig reaches instead of profiles (one list "
                    "call). KUBECONFIG is not read here: without this option, profiles are the targets.")
 @click.option("--verbose", "-v", is_flag=True, help="Also say why each other target does not match.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: {targets, matched, total, terms, results: [{name, match, term, near, reasons}], hints}, "
+                   "every target included.")
 def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str, ...], profiles_dir: Path | None,
-          config_path: Path | None, kubeconfig: str | None, verbose: bool) -> None:
+          config_path: Path | None, kubeconfig: str | None, verbose: bool, fmt: str) -> None:
     """Which nodes a label selector (k=v, k!=v, k in (a,b), k notin (a,b), k, !k) or a node affinity
     file would land on: built-in profiles, given profiles, or a live cluster's Nodes. Near misses
     name the requirement that failed and the closest existing value. Exit 0 when something
@@ -180,8 +195,13 @@ def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str,
         targets, what = node_targets(kubeconfig), "nodes"
     else:
         targets, what = profile_targets(profiles, profiles_dir, config_path), "profiles"
-    text, matched = match_report(selector, targets, verbose, what)
-    emit(text)
+    if fmt == "json":
+        document = match_document(selector, targets, what)
+        emit(json.dumps(document, indent=2) + "\n")
+        matched = document["matched"]
+    else:
+        text, matched = match_report(selector, targets, verbose, what)
+        emit(text)
     if not matched:
         sys.exit(1)
 

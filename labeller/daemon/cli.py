@@ -5,19 +5,23 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import structlog
 
 from labeller.commands.completion import complete_node_names
+from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.process.follow import ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.daemon.service import Daemon, Options
 from labeller.host import Host, NodeOptions, open_host
 from labeller.commands.options import BadInput, config_label_option, discovery_options, endpoint_options
 from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
+from labeller.config import GfdFlags
 from labeller.cluster.nodes import record_node_event
 from labeller.cluster.permissions import PermissionLog
 from labeller.labels import FIELD_MANAGER
@@ -65,30 +69,34 @@ def probe_labels(host: Host) -> ProbeResult:
     return ProbeResult(labels, partial=inventory.partial)
 
 
-@click.command()
-@click.option("--node-name", envvar="NODE_NAME", shell_complete=complete_node_names,
-              help="This Node's name (downward API); required. [env: NODE_NAME]")
+@click.command(epilog=EPILOG)
+@click.option("--node-name", envvar=["NODE_NAME", "DS_NODE_NAME"], shell_complete=complete_node_names,
+              help="This Node's name (downward API); required. [env: NODE_NAME, or AMD's DS_NODE_NAME]")
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
 @discovery_options
 @config_label_option
-@click.option("--interval", type=Duration(minimum=0.01), default="60s", show_default=True, envvar="GPU_LABELLER_INTERVAL",
+@click.option("--interval", type=Duration(minimum=0.01), show_default="flags.gfd.sleepInterval, else 60s",
+              envvar="GPU_LABELLER_INTERVAL",
               help="Time between hardware probes: 60, 60s, 500ms, 2m. [env: GPU_LABELLER_INTERVAL]")
 @endpoint_options(8080)
-@click.option("--once", is_flag=True, help="Reconcile once and exit: 0 on success, 1 on failure.")
+@click.option("--once", is_flag=True, help="Reconcile once and exit: 0 on success, 1 on failure (also: flags.gfd.oneshot).")
 @click.option("--dry-run", is_flag=True, help="Log the change that would be applied; write nothing.")
 @click.option("--output", type=click.Choice(OUTPUTS), default="node", show_default=True,
               help="node: server-side apply to the Node; features-file: NFD features.d file; nodefeature: NFD NodeFeature object.")
-@click.option("--features-file", type=click.Path(path_type=Path, dir_okay=False), default=DEFAULT_FEATURES_FILE,
-              show_default=True, help="Path of the features.d file (--output features-file).")
+@click.option("--features-file", type=click.Path(path_type=Path, dir_okay=False),
+              show_default=f"flags.gfd.outputFile, else {DEFAULT_FEATURES_FILE}",
+              help="Path of the features.d file (--output features-file).")
 @click.option("--namespace", envvar="NAMESPACE", default="default", show_default=True,
               help="Namespace of the NodeFeature object (--output nodefeature). [env: NAMESPACE]")
 @click.option("--events/--no-events", default=False, show_default=True, help="Record a Kubernetes Event when labels change.")
 @click.option("--start-jitter", type=Duration(), default="2s", show_default=True,
               help="Wait a random time up to this (2s, 500ms) before the first reconcile, so a fleet does not stampede "
                    "(not with --once).")
-def run(node_options: NodeOptions, interval: float, metrics_port: int, metrics_bind: str, once: bool, dry_run: bool,
-        output: str, features_file: Path, namespace: str, events: bool, start_jitter: float) -> None:
+@upstream_options("run")
+def run(node_options: NodeOptions, interval: float | None, metrics_port: int, metrics_bind: str, once: bool,
+        dry_run: bool, output: str, features_file: Path | None, namespace: str, events: bool,
+        start_jitter: float) -> None:
     """Keep this node's labels true on the cluster."""
     node_name, kubeconfig = node_options.node_name, node_options.kubeconfig
     if not node_name:
@@ -108,6 +116,7 @@ def run(node_options: NodeOptions, interval: float, metrics_port: int, metrics_b
         follower, selection = follow_configs(chooser, label, kube, node_name, ConfigMetrics(metrics.registry, "gpu_labeller"),
                                              recorder)
     with open_host(node_options, selection) as host:
+        once, interval, features_file = _gfd_settings(host.config.gfd, once, interval, features_file, output)
         watched_by_sink = follower is not None and label is not None and output == "node"
         sink = make_sink(output, node_name, kube, features_file=features_file, namespace=namespace,
                          interval_s=interval, follow=not once, events=events,
@@ -125,6 +134,18 @@ def run(node_options: NodeOptions, interval: float, metrics_port: int, metrics_b
         serve(loop, Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: daemon.ready),
               output=sink.name, interval_s=interval, dry_run=dry_run)
         log.info("stopped", reason="stop")
+
+
+def _gfd_settings(gfd: GfdFlags, once: bool, interval: float | None, features_file: Path | None,
+                  output: str) -> tuple[bool, float, Path]:
+    """--once, --interval and --features-file, each from GFD's flags.gfd key where not given (read at
+    start: a reload does not change them)."""
+    if gfd.output_file is not None and features_file is None and output != "features-file":
+        log.warning("flags.gfd.outputFile is the path of --output features-file, and the labels go elsewhere",
+                    reason="not-honoured", output=output, output_file=gfd.output_file)
+    return (once or gfd.oneshot,
+            interval if interval is not None else gfd.sleep_interval_s or 60.0,
+            features_file or (Path(gfd.output_file) if gfd.output_file else DEFAULT_FEATURES_FILE))
 
 
 def _run_once(daemon: Daemon) -> int:
@@ -145,8 +166,11 @@ def _run_once(daemon: Daemon) -> int:
               help="Also remove labels under gpu-labeller's prefixes that other managers set (migrating from GFD "
                    "or AMD's labeller). The GPU Operator's keys are never removed.")
 @click.option("--dry-run", is_flag=True, help="Print what would be removed; change nothing.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: at the end, a list of {node, cleaned, dry_run, removed, released, left}; each key an "
+                   "object {key, managers}.")
 def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None, include_foreign: bool,
-            dry_run: bool) -> None:
+            dry_run: bool, fmt: str) -> None:
     """Remove the labels gpu-labeller set (for uninstall); print, per node, what was removed and what was left."""
     if bool(nodes) == all_nodes:
         raise click.UsageError("give --node NAME (repeatable) or --all-nodes")
@@ -157,15 +181,20 @@ def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None, inc
         log.error("cannot reach the cluster", reason="api-error", error=str(exc))
         sys.exit(1)
     permissions = PermissionLog()
-    failures = sum(not clean_node(kube, name, permissions, include_foreign, dry_run) for name in names)
-    sys.exit(1 if failures else 0)
+    documents = [clean_node(kube, name, permissions, include_foreign, dry_run, print_lines=fmt == "text")
+                 for name in names]
+    if fmt == "json":
+        click.echo(json.dumps(documents, indent=2))
+    sys.exit(0 if all(d["cleaned"] for d in documents) else 1)
 
 
 def clean_node(kube: Kube, name: str, permissions: PermissionLog, include_foreign: bool = False,
-               dry_run: bool = False) -> bool:
+               dry_run: bool = False, print_lines: bool = True) -> dict[str, Any]:
     """The Node output writing an empty desired set: what gpu-labeller applied goes (keys another
     manager also set are only released), keys it set through older merge patches are patched out.
-    Prints each key. False (after one error line) when the node could not be cleaned."""
+    Prints each key (``print_lines``); returns what ``cleanup --format json`` prints of the node, with
+    ``cleaned`` false (after one error line) when it could not be cleaned."""
+    failed = {"node": name, "cleaned": False, "dry_run": dry_run, "removed": [], "released": [], "left": []}
     try:
         for attempt in range(3):  # a Node changed under the merge patch (409): look again
             sink = NodeSink(kube, name)
@@ -181,30 +210,50 @@ def clean_node(kube: Kube, name: str, permissions: PermissionLog, include_foreig
                     raise
     except NodeMissing:
         log.error("node not found", node=name, reason="node-not-found")
-        return False
+        return failed
     except PermissionDenied as exc:
         permissions.report(exc, node=name)
-        return False
+        return failed
     except SinkError as exc:
         log.error("cleanup failed", node=name, reason="api-error", error=str(exc))
-        return False
-    for line in cleanup_report(name, before, after, change, dry_run):
-        click.echo(line)
-    return True
+        return failed
+    document = cleanup_document(name, before, after, change, dry_run)
+    if print_lines:
+        for line in cleanup_text(document):
+            click.echo(line)
+    return document
+
+
+def cleanup_document(node: str, before: Live, after: Live, change: Change, dry_run: bool) -> dict[str, Any]:
+    """The keys removed (or, on a dry run, to remove), released and left, each with the managers that
+    set it (for a released key: the others). A key planned for removal that is still there after the
+    write (another manager set it meanwhile) is left."""
+    removed = [key for key in change.removed if dry_run or key not in after.labels]
+    left = {**change.foreign, **{key: after.names(key) for key in change.removed if key not in removed}}
+    return {
+        "node": node, "cleaned": True, "dry_run": dry_run,
+        "removed": [{"key": key, "managers": list(before.names(key))} for key in removed],
+        "released": [{"key": key, "managers": [n for n in before.names(key) if n != FIELD_MANAGER]}
+                     for key in change.relinquished],
+        "left": [{"key": key, "managers": list(names)} for key, names in sorted(left.items())],
+    }
+
+
+def cleanup_text(document: dict[str, Any]) -> list[str]:
+    """One line per key removed, released or left, then a count."""
+    node, dry_run = document["node"], document["dry_run"]
+    verb = "would remove" if dry_run else "removed"
+    lines = [f"{node}: {verb} {k['key']} (set by {managers_text(tuple(k['managers']))})" for k in document["removed"]]
+    lines += [f"{node}: {'would release' if dry_run else 'released'} {k['key']} (also set by "
+              f"{managers_text(tuple(k['managers']))}, so it stays)" for k in document["released"]]
+    lines += [f"{node}: left {k['key']} (set by {managers_text(tuple(k['managers']))}; --include-foreign removes it)"
+              for k in document["left"]]
+    counts = ("to remove", "to release") if dry_run else ("removed", "released")
+    lines.append(f"{node}: {len(document['removed'])} {counts[0]}, {len(document['released'])} {counts[1]}, "
+                 f"{len(document['left'])} left")
+    return lines
 
 
 def cleanup_report(node: str, before: Live, after: Live, change: Change, dry_run: bool) -> list[str]:
-    """One line per key removed, released or left, then a count. A key planned for removal that is
-    still there after the write (another manager set it meanwhile) is reported as left."""
-    removed = [key for key in change.removed if dry_run or key not in after.labels]
-    left = {**change.foreign, **{key: after.names(key) for key in change.removed if key not in removed}}
-    verb = "would remove" if dry_run else "removed"
-    lines = [f"{node}: {verb} {key} (set by {managers_text(before.names(key))})" for key in removed]
-    lines += [f"{node}: {'would release' if dry_run else 'released'} {key} (also set by "
-              f"{managers_text(tuple(n for n in before.names(key) if n != FIELD_MANAGER))}, so it stays)"
-              for key in change.relinquished]
-    lines += [f"{node}: left {key} (set by {managers_text(names)}; --include-foreign removes it)"
-              for key, names in sorted(left.items())]
-    counts = ("to remove", "to release") if dry_run else ("removed", "released")
-    lines.append(f"{node}: {len(removed)} {counts[0]}, {len(change.relinquished)} {counts[1]}, {len(left)} left")
-    return lines
+    """The lines ``cleanup`` prints for one node."""
+    return cleanup_text(cleanup_document(node, before, after, change, dry_run))

@@ -16,6 +16,7 @@ from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.host import NodeOptions, open_host
 from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options
 from labeller.commands.params import Duration
+from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.cdi import DEFAULT_SPEC_DIR
 from labeller.plugin.metrics import PluginMetrics
@@ -44,7 +45,7 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
     return connect
 
 
-@click.command("device-plugin")
+@click.command("device-plugin", epilog=EPILOG)
 @discovery_options
 @own_node_options
 @click.option("--socket-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_SOCKET_DIR,
@@ -60,6 +61,7 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
               show_default=True, envvar="CDI_SPEC_DIR",
               help="Where CDI spec files go when flags.plugin.deviceListStrategy has cdi-annotations or cdi-cri "
                    "(gpu-labeller-<vendor>.json). [env: CDI_SPEC_DIR]")
+@upstream_options("device-plugin")
 def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: str, metrics_port: int,
                   metrics_bind: str, health_recovery_seconds: float, cdi_spec_dir: Path) -> None:
     """Serve this node's GPUs to the kubelet (device plugin API v1beta1).

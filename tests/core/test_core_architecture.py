@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
          "labeller.sharing", "labeller.vendor", "labeller.vendor.discovery", "labeller.vendor.devices",
          "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare", "labeller.namedconfigs",
-         "labeller.resourceslices", "labeller.vendor.dra"}
+         "labeller.resourceslices", "labeller.vendor.dra", "labeller.upstream"}
 
 
 def module_name(path: Path) -> str:

@@ -131,11 +131,12 @@ def machine_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels
     if _nvidia(inventory) is None or not config.labels.machine:
         return {}
     # As GFD: "unknown" only when the name cannot be read; an empty one stays empty.
+    where = config.gfd.machine_type_file
     if inventory.machine is None:
-        return {"nvidia.com/gpu.machine": derived("unknown", "dmi", "/sys/class/dmi/id/product_name: cannot be read",
+        return {"nvidia.com/gpu.machine": derived("unknown", "dmi", f"{where}: cannot be read",
                                                    "GFD: unknown when the DMI product name cannot be read")}
     return {"nvidia.com/gpu.machine": derived(sanitise(inventory.machine), "dmi",
-                                              f"/sys/class/dmi/id/product_name = {inventory.machine!r}", SANITISE_RULE)}
+                                              f"{where} = {inventory.machine!r}", SANITISE_RULE)}
 
 
 def _driver_version_labels(version: str) -> Labels:
