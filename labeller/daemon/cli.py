@@ -20,6 +20,7 @@ from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
 from labeller.cluster.nodes import record_node_event
 from labeller.cluster.permissions import PermissionLog
+from labeller.documents import not_a_regular_file
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.metrics import Metrics
 from labeller.process.configsource import ConfigSource
@@ -95,6 +96,8 @@ def run(node_options: NodeOptions, interval: float, metrics_port: int, metrics_b
     node_name, kubeconfig = node_options.node_name, node_options.kubeconfig
     if not node_name:
         raise BadInput("no node name: give --node-name NAME or set NODE_NAME (a DaemonSet sets it from spec.nodeName)")
+    if output == "features-file" and (kind := not_a_regular_file(features_file)) is not None:
+        raise BadInput(f"--features-file {features_file}: {kind}")
     structlog.contextvars.bind_contextvars(node=node_name)
     chooser = node_options.named_configs()
     label = followed_label(chooser, node_options.config_label)
