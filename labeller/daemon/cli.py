@@ -5,6 +5,7 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -141,6 +142,9 @@ def _run_once(daemon: Daemon) -> int:
     return 0 if daemon.probe_ok and outcome in ("unchanged", "applied", "dry-run") else 1
 
 
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # a DNS subdomain
+
+
 @click.command()
 @click.option("--node", "nodes", multiple=True, shell_complete=complete_node_names, help="Node to clean (repeatable).")
 @click.option("--all-nodes", is_flag=True, help="Clean every node in the cluster.")
@@ -155,6 +159,10 @@ def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None, inc
     """Remove the labels gpu-labeller set (for uninstall); print, per node, what was removed and what was left."""
     if bool(nodes) == all_nodes:
         raise click.UsageError("give --node NAME (repeatable) or --all-nodes")
+    for name in nodes:
+        if len(name) > 253 or not NODE_NAME.fullmatch(name):
+            raise BadInput(f"--node {name!r}: not a node name (lowercase letters, digits, '-' and '.', "
+                           "at most 253 characters)")
     kube = connect(kubeconfig)
     try:
         names = kube.list_node_names() if all_nodes else list(nodes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -121,8 +122,26 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
+class SocketUnavailable(Exception):
+    """The socket cannot be created at its path (a directory is there, no permission); ``str()`` is one line."""
+
+
+def _clear(path: Path) -> None:
+    """Make room for a socket at ``path``: a stale socket or file there is removed, a directory never."""
+    try:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise SocketUnavailable(f"{path}: a directory, not a socket; remove it")
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise SocketUnavailable(f"{path}: {exc.strerror or exc}") from None
+
+
 class SocketServer:
-    """Serves a DevicePluginService on ``<socket_dir>/<resource socket name>``; can be re-created."""
+    """Serves a DevicePluginService on ``<socket_dir>/<resource socket name>``; can be re-created.
+    ``start`` raises SocketUnavailable when the socket cannot be created."""
 
     def __init__(self, service: DevicePluginService, socket_dir: Path):
         self.service = service
@@ -135,11 +154,15 @@ class SocketServer:
         return self.path.name
 
     def start(self) -> None:
-        self.path.unlink(missing_ok=True)
+        _clear(self.path)
         self.service.resume()
         server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=self.endpoint))
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port(f"unix://{self.path}")
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError as exc:  # gRPC could not bind: the directory is gone or not writable
+            server.stop(grace=None)
+            raise SocketUnavailable(f"{self.path}: cannot listen there ({exc})") from None
         server.start()
         self._server = server
         try:
@@ -164,7 +187,3 @@ class SocketServer:
         if self.socket_ok():
             self.path.unlink(missing_ok=True)
         self._inode = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()

@@ -106,3 +106,11 @@ def test_a_fifo_as_the_features_file_is_refused_not_waited_on(fifo: Path) -> Non
     line = refused("run", "--node-name", "n1", "--simulate", "dgx-h100", "--output", "features-file",
                    "--features-file", str(fifo), "--once", "--start-jitter", "10ms")
     assert line == f"Error: --features-file {fifo}: a FIFO, not a regular file"
+
+
+@pytest.mark.parametrize("name", ["", "Node_1", "-a", "a" * 254])
+def test_cleanup_of_a_node_name_that_cannot_be_is_bad_input(name: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    line = refused("cleanup", "--node", name, env=env)
+    assert line == (f"Error: --node {name!r}: not a node name (lowercase letters, digits, '-' and '.', "
+                    "at most 253 characters)")
