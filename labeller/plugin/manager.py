@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -27,7 +27,8 @@ import structlog
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.metrics import PluginMetrics
-from labeller.plugin.server import OPTIONS, SocketServer, SocketUnavailable
+from labeller.plugin.server import OPTIONS, SocketServer
+from labeller.process.sockets import SocketRetry, SocketUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -43,9 +44,7 @@ class _State:
     registered: bool = False
     next_attempt: float = 0.0
     backoff: float = FIRST_BACKOFF
-    socket_problem: str | None = None  # why the socket could not be created, until it is
-    socket_retry_at: float = 0.0
-    socket_backoff: float = FIRST_BACKOFF
+    socket: SocketRetry = field(default_factory=SocketRetry)  # while the socket cannot be created
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -79,28 +78,22 @@ class PluginManager:
     def add(self, server: SocketServer) -> None:
         """Serve a new resource; the next tick registers it."""
         name = server.service.resource.name
-        state = _State()
+        state = _State(socket=SocketRetry(resource=name, socket=str(server.path)))
         self._servers = {**self._servers, name: server}
         self._states = {**self._states, name: state}
-        if self._start(name, server, state):
+        if self._start(server, state):
             log.info("serving", resource=name, vendor=server.service.resource.vendor, socket=str(server.path),
                      devices=len(server.service.resource.devices))
 
-    def _start(self, name: str, server: SocketServer, state: _State) -> bool:
-        """Create the socket; False (logged once per problem, retried with backoff) when it cannot be."""
+    @staticmethod
+    def _start(server: SocketServer, state: _State) -> bool:
+        """Create the socket; False (logged once per problem, tried again with backoff) when it cannot be."""
         try:
             server.start()
         except SocketUnavailable as exc:
-            if state.socket_problem != str(exc):
-                log.error("cannot create the plugin socket; retrying", reason="socket-unavailable", resource=name,
-                          socket=str(server.path), error=str(exc))
-            state.socket_problem = str(exc)
-            state.socket_retry_at = time.monotonic() + state.socket_backoff
-            state.socket_backoff = min(state.socket_backoff * 2, MAX_BACKOFF)
+            state.socket.failed(exc)
             return False
-        if state.socket_problem is not None:
-            log.info("plugin socket created", reason="socket-available", resource=name, socket=str(server.path))
-        state.socket_problem, state.socket_backoff = None, FIRST_BACKOFF
+        state.socket.succeeded()
         return True
 
     def remove(self, name: str) -> None:
@@ -127,13 +120,13 @@ class PluginManager:
         for name, server in self._servers.items():
             state = self._states[name]
             if not server.socket_ok():
-                if state.socket_problem is not None and now < state.socket_retry_at:
+                if not state.socket.due():
                     continue
-                if state.socket_problem is None:
+                if state.socket.problem is None:
                     log.warning("plugin socket missing; re-creating it", resource=name, socket=str(server.path))
                 self._unregister(state, immediately=True)
                 server.stop()
-                if not self._start(name, server, state):
+                if not self._start(server, state):
                     continue
             if kubelet is not None and not state.registered and time.monotonic() >= state.next_attempt:
                 self._register(server, state)

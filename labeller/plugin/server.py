@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from labeller.plugin.allocate import RequestError, ResourceAllocator, Unmatched
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard
+from labeller.process.sockets import SocketUnavailable, clear_socket_path
 from labeller.plugin.metrics import PluginMetrics
 from labeller.offer import Resource
 
@@ -122,23 +122,6 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-class SocketUnavailable(Exception):
-    """The socket cannot be created at its path (a directory is there, no permission); ``str()`` is one line."""
-
-
-def _clear(path: Path) -> None:
-    """Make room for a socket at ``path``: a stale socket or file there is removed, a directory never."""
-    try:
-        mode = os.lstat(path).st_mode
-        if stat.S_ISDIR(mode):
-            raise SocketUnavailable(f"{path}: a directory, not a socket; remove it")
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise SocketUnavailable(f"{path}: {exc.strerror or exc}") from None
-
-
 class SocketServer:
     """Serves a DevicePluginService on ``<socket_dir>/<resource socket name>``; can be re-created.
     ``start`` raises SocketUnavailable when the socket cannot be created."""
@@ -154,7 +137,7 @@ class SocketServer:
         return self.path.name
 
     def start(self) -> None:
-        _clear(self.path)
+        clear_socket_path(self.path)
         self.service.resume()
         server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=self.endpoint))
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
