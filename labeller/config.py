@@ -33,6 +33,11 @@ MAX_RESOURCE_NAME_LENGTH = 63
 DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 # Clients one MPS server accepts from Volta on (16 before): more replicas could never all run.
 MPS_MAX_CLIENTS = 48
+# Bounds NVIDIA's plugin does not set (it only wants replicas >= 1), so that checking a config stays
+# fast and bounded whatever it says; the offer's own bound is labeller.offer.MAX_DEVICES_PER_RESOURCE.
+MAX_REPLICAS = 1024  # replicas of one device
+MAX_DEVICE_REFS = 1024  # devices one sharing entry may list or count; a node has at most a few hundred
+MAX_SHARED_RESOURCES = 256  # entries under resources: every MIG profile and partition of every vendor fits
 
 
 class ConfigError(InputError, ValueError):
@@ -300,12 +305,19 @@ def _device_selector(value: Any, path: str) -> DeviceSelector:
     if value == "all":
         return DeviceSelector()
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if value > MAX_DEVICE_REFS:
+            raise ConfigError(f"{path}: {value} is more than {MAX_DEVICE_REFS}, the most devices one entry may share")
         return DeviceSelector(count=value)
     if isinstance(value, list) and value:
+        if len(value) > MAX_DEVICE_REFS:
+            raise ConfigError(f"{path}: {len(value)} entries, more than {MAX_DEVICE_REFS}, the most devices one "
+                              "entry may list")
         refs = tuple(_device_ref(v, f"{path}[{i}]") for i, v in enumerate(value))
-        repeated = sorted({r for r in refs if refs.count(r) > 1})
-        if repeated:
-            raise ConfigError(f"{path}: {repeated[0]} is listed twice")
+        seen: set[str] = set()
+        for ref in refs:
+            if ref in seen:
+                raise ConfigError(f"{path}: {ref} is listed twice")
+            seen.add(ref)
         return DeviceSelector(refs=refs)
     raise ConfigError(f"{path}: must be 'all', a positive count, or a list of GPU indices or UUIDs, got {value!r}")
 
@@ -337,6 +349,8 @@ def _shared_entry(entry: Any, where: str, rename_by_default: bool, names: Resour
         raise ConfigError(f"{where}.replicas: required integer, got {replicas!r}")
     if replicas < 2:
         raise ConfigError(f"{where}.replicas: must be at least 2, got {replicas}")
+    if replicas > MAX_REPLICAS:
+        raise ConfigError(f"{where}.replicas: {replicas} is more than {MAX_REPLICAS}, the most replicas of one device")
     qualified = _qualified(name, f"{where}.name", names)
     rename = _rename(entry["rename"], qualified, f"{where}.rename", names) if "rename" in entry else None
     devices = _device_selector(entry.get("devices", "all"), f"{where}.devices")
@@ -352,18 +366,23 @@ def _shared_resources(block: Mapping[str, Any], path: str, names: ResourceNames)
     resources = block.get("resources")
     if not isinstance(resources, list) or not resources:
         raise ConfigError(f"{path}.resources: must be a non-empty list")
+    if len(resources) > MAX_SHARED_RESOURCES:
+        raise ConfigError(f"{path}.resources: {len(resources)} entries, more than {MAX_SHARED_RESOURCES}, the most "
+                          "resources one config may share")
     rename_by_default = bool(block.get("renameByDefault", False))
     out: list[SharedResource] = []
+    shared_names: set[str] = set()  # the resources listed so far
     registered: set[str] = set()  # every name registered so far: the resources' own and the replicas'
     for i, entry in enumerate(resources):
         where = f"{path}.resources[{i}]"
         shared = _shared_entry(entry, where, rename_by_default, names)
-        if shared.name in {r.name for r in out}:
+        if shared.name in shared_names:
             raise ConfigError(f"{where}.name: {shared.name} is listed twice")
         advertised = shared.rename or (f"{shared.name}.shared" if rename_by_default else shared.name)
-        if advertised != shared.name and advertised in registered | {r.name for r in out}:
+        if advertised != shared.name and (advertised in registered or advertised in shared_names):
             raise ConfigError(f"{where}.rename: {advertised} is already the name of another resource")
         registered |= {shared.name, advertised}
+        shared_names.add(shared.name)
         out.append(shared)
     return tuple(out)
 

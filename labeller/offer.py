@@ -13,6 +13,11 @@ from functools import cached_property
 from labeller.config import SharingStrategy
 
 REPLICA_SEPARATOR = "::"
+# The most devices one resource may advertise. The kubelet takes a resource's devices in one
+# ListAndWatch message of at most 4 MiB (gRPC's default); a device with the longest ID there is (a
+# MIG UUID of the old form with a replica suffix) and a NUMA node encodes in 77 bytes, so this many
+# take 2.4 MiB. More, and the kubelet drops the message while the plugin believes it registered.
+MAX_DEVICES_PER_RESOURCE = 32768
 
 
 @dataclass(frozen=True, kw_only=True)

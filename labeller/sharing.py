@@ -47,7 +47,8 @@ from collections.abc import Callable, Iterable
 from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource
 from labeller.gpushare import RESOURCE_COUNT, RESOURCE_MEM
 from labeller.inventory import Inventory
-from labeller.offer import AdvertisedDevice, DeviceGroup, Held, Offer, PhysicalDevice, Resource, replica_id
+from labeller.offer import (MAX_DEVICES_PER_RESOURCE, AdvertisedDevice, DeviceGroup, Held, Offer, PhysicalDevice,
+                            Resource, replica_id)
 from labeller.vendor import Vendor
 
 # (a resource with MPS replicas) -> why it cannot be served by MPS now and whether that may change, or None
@@ -83,12 +84,26 @@ def _selected(group: DeviceGroup, selector: DeviceSelector, where: str) -> set[i
     return {by_name[ref] for ref in selector.refs}
 
 
-def replicated(group: DeviceGroup, devices: Iterable[PhysicalDevice], config: Config) -> Resource:
+def too_many(name: str, count: int, how: str, fix: str) -> str:
+    """The problem of a resource that would advertise ``count`` devices, or "" when the kubelet takes them."""
+    if count <= MAX_DEVICES_PER_RESOURCE:
+        return ""
+    return (f"{name} would be advertised as {count} devices ({how}), more than the {MAX_DEVICES_PER_RESOURCE} the "
+            f"kubelet takes for one resource; {fix}")
+
+
+def replicated(group: DeviceGroup, devices: list[PhysicalDevice], config: Config) -> Resource:
+    """The replicas of ``devices``; ConfigError, before building them, when they are more than the kubelet takes."""
     sharing = config.sharing
     replicas = sharing.replicas_for(group.base)
+    name = sharing.advertised_name(group.base)
+    problem = too_many(name, len(devices) * replicas, f"{len(devices)} x {replicas} replicas",
+                       f"lower replicas to {max(1, MAX_DEVICES_PER_RESOURCE // len(devices))} or less")
+    if problem:
+        entry = sharing.entry(group.base)
+        raise ConfigError(f"{entry.where if entry is not None else 'sharing'}: {problem}")
     advertised = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in devices for n in range(replicas))
-    return Resource(sharing.advertised_name(group.base), group.base, group.vendor, advertised, replicas,
-                    sharing.strategy)
+    return Resource(name, group.base, group.vendor, advertised, replicas, sharing.strategy)
 
 
 def time_sliced(whole_part: list[Resource], shared: Resource) -> tuple[list[Resource], list[Held]]:
@@ -129,6 +144,11 @@ def memory_shared(group: DeviceGroup, memory: MemorySharing) -> tuple[list[Resou
     gpus = [p for p in group.devices if p.health_key not in problems]
     if not gpus:
         return [], held
+    problem = too_many(RESOURCE_MEM, sum(memory_units(p, memory) for p in gpus),
+                       f"one per {memory.unit} of {len(gpus)} GPUs",
+                       "use unit: GiB" if memory.unit != "GiB" else "offer fewer GPUs by memory")
+    if problem:
+        raise ConfigError(f"sharing.memory.unit: {problem}")
     units = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in gpus
                   for n in range(memory_units(p, memory)))
     per_gpu = min(memory_units(p, memory) for p in gpus)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from labeller.cluster.kube import Kube, KubeError, Observer
+from labeller.documents import DocumentError, read_limited
 from labeller.errors import InputError
 
 
@@ -14,6 +18,8 @@ def connect(kubeconfig: str | None, *, alternative: str = "", observer: Observer
             pool_size: int | None = None) -> Kube:
     """A client with the kubeconfig's credentials, else the pod's; NoCredentials when there are none.
     ``alternative`` is what else the user could do (a flag that needs no credentials)."""
+    if kubeconfig:
+        _check_kubeconfig_files(kubeconfig)
     try:
         if pool_size is None:
             return Kube(kubeconfig, observer=observer)
@@ -24,3 +30,16 @@ def connect(kubeconfig: str | None, *, alternative: str = "", observer: Observer
         suggestion = "give --kubeconfig FILE (env KUBECONFIG)" + (f", or {alternative}" if alternative else "")
         raise NoCredentials(f"no Kubernetes credentials: no kubeconfig given and no in-cluster service account "
                             f"({exc.message.rstrip('.')}); {suggestion}") from None
+
+
+def _check_kubeconfig_files(kubeconfig: str) -> None:
+    """Each file KUBECONFIG lists that exists must be a regular file of at most 1 MiB: the client would
+    wait forever on a FIFO and read a device without end. Missing ones are the client's to report."""
+    for name in kubeconfig.split(os.pathsep):
+        path = Path(os.path.expanduser(name)) if name else None
+        if path is None or not os.path.lexists(path):
+            continue
+        try:
+            read_limited(path, "kubeconfig")
+        except DocumentError as exc:
+            raise NoCredentials(str(exc)) from None

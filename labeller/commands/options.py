@@ -25,6 +25,13 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
+def parent_must_exist(directory: Path, flag: str) -> None:
+    """BadInput naming ``directory``'s parent when it is missing: a socket directory is created when it
+    is not there (the kubelet may not have made it yet), but a whole missing tree is a wrong path."""
+    if not directory.parent.is_dir():
+        raise BadInput(f"{flag} {directory}: directory {directory.parent} does not exist")
+
+
 NODE_OPTIONS = frozenset(f.name for f in fields(NodeOptions))
 
 

@@ -6,6 +6,7 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from labeller.cluster.kube import Kube, KubeError
 from labeller.config import GfdFlags
 from labeller.cluster.nodes import record_node_event
 from labeller.cluster.permissions import PermissionLog
+from labeller.documents import not_a_regular_file
 from labeller.labels import FIELD_MANAGER
 from labeller.daemon.metrics import Metrics
 from labeller.process.configsource import ConfigSource
@@ -117,6 +119,8 @@ def run(node_options: NodeOptions, interval: float | None, metrics_port: int, me
                                              recorder)
     with open_host(node_options, selection) as host:
         once, interval, features_file = _gfd_settings(host.config.gfd, once, interval, features_file, output)
+        if output == "features-file" and (kind := not_a_regular_file(features_file)) is not None:
+            raise BadInput(f"--features-file {features_file}: {kind}")
         watched_by_sink = follower is not None and label is not None and output == "node"
         sink = make_sink(output, node_name, kube, features_file=features_file, namespace=namespace,
                          interval_s=interval, follow=not once, events=events,
@@ -157,6 +161,9 @@ def _run_once(daemon: Daemon) -> int:
     return 0 if daemon.probe_ok and outcome in ("unchanged", "applied", "dry-run") else 1
 
 
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # a DNS subdomain
+
+
 @click.command()
 @click.option("--node", "nodes", multiple=True, shell_complete=complete_node_names, help="Node to clean (repeatable).")
 @click.option("--all-nodes", is_flag=True, help="Clean every node in the cluster.")
@@ -174,6 +181,10 @@ def cleanup(nodes: tuple[str, ...], all_nodes: bool, kubeconfig: str | None, inc
     """Remove the labels gpu-labeller set (for uninstall); print, per node, what was removed and what was left."""
     if bool(nodes) == all_nodes:
         raise click.UsageError("give --node NAME (repeatable) or --all-nodes")
+    for name in nodes:
+        if len(name) > 253 or not NODE_NAME.fullmatch(name):
+            raise BadInput(f"--node {name!r}: not a node name (lowercase letters, digits, '-' and '.', "
+                           "at most 253 characters)")
     kube = connect(kubeconfig)
     try:
         names = kube.list_node_names() if all_nodes else list(nodes)

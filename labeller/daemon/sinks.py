@@ -11,6 +11,7 @@ lazily, so the features.d output and the dry-run path never import it.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from labeller.cluster.nodes import NodeCache, NodeWatch, record_node_event
 from labeller.cluster.permissions import PermissionLog
 from labeller.daemon.reconcile import Change, Live
+from labeller.documents import DocumentError, not_a_regular_file, read_limited
 from labeller.outputs import render, write_atomic
 
 if TYPE_CHECKING:
@@ -192,12 +194,15 @@ class FeaturesFileSink:
 
     def _ours(self) -> str | None:
         """Our file's text; None when there is none."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
+        if not os.path.lexists(self.path):
             return None
-        except OSError as exc:
-            raise Unavailable(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        kind = not_a_regular_file(self.path)
+        if kind is not None:
+            raise NotOurs(f"{self.path} is {kind}; it is left as it is")
+        try:
+            data = read_limited(self.path, "features file")
+        except DocumentError as exc:
+            raise Unavailable(str(exc)) from None
         if not data.startswith(WRITTEN_BY.encode()):
             raise NotOurs(f"{self.path} exists and gpu-labeller did not write it (no '{WRITTEN_BY}' first line); "
                           "it is left as it is")

@@ -11,7 +11,7 @@ import click
 import structlog
 
 from labeller.cluster.connect import connect
-from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options
+from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options, parent_must_exist
 from labeller.commands.params import Duration
 from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DraPlugin,
                                    DraSettings, probe_inputs)
@@ -69,6 +69,8 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     node_name = node_options.node_name
     if not node_name:
         raise BadInput("the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME")
+    parent_must_exist(plugins_dir, "--plugins-dir")
+    parent_must_exist(registry_dir, "--registry-dir")
     api = connect(node_options.kubeconfig)
     stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
     metrics = DraMetrics()

@@ -26,6 +26,7 @@ from labeller.draplugin.api import registration_pb2 as reg
 from labeller.draplugin.api import registration_pb2_grpc as reg_grpc
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import ClaimError, ClaimRef, Preparer
+from labeller.process.sockets import SocketRetry, SocketUnavailable, clear_socket_path
 
 log = structlog.get_logger(__name__)
 
@@ -107,7 +108,7 @@ class DraService(dra_grpc.DRAPluginServicer):
 
 
 class SocketServer:
-    """One gRPC server on one unix socket; ``restart`` re-creates it."""
+    """One gRPC server on one unix socket; ``stop`` then ``start`` re-creates it."""
 
     def __init__(self, path: Path, add: Callable[[Any], None], name: str) -> None:
         self.path, self._add, self.name = path, add, name
@@ -115,11 +116,19 @@ class SocketServer:
         self._identity: tuple[int, int] | None = None
 
     def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)
+        """Serve on the socket; SocketUnavailable when it cannot be created."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)  # the command line checked its parent
+        except OSError as exc:
+            raise SocketUnavailable(f"{self.path.parent}: {exc.strerror or exc}") from None
+        clear_socket_path(self.path)
         server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=self.name))
         self._add(server)
-        server.add_insecure_port(f"unix://{self.path}")
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError as exc:  # gRPC could not bind: the directory is gone or not writable
+            server.stop(grace=None)
+            raise SocketUnavailable(f"{self.path}: cannot listen there ({exc})") from None
         server.start()
         self._server = server
         self._identity = self._stat()  # None: removed at once (a restarting kubelet); the next tick re-creates it
@@ -143,9 +152,6 @@ class SocketServer:
             self.path.unlink(missing_ok=True)
         self._identity = None
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 class DriverSockets:
@@ -162,22 +168,42 @@ class DriverSockets:
         self.dra = SocketServer(self.endpoint, lambda s: add_dra(service, s), f"dra-{driver}")
         self.registration = SocketServer(registry_dir / f"{driver}-reg.sock", lambda s: add_registration(registration, s),
                                          f"reg-{driver}")
+        self._dra_retry = SocketRetry(driver=driver, socket=str(self.endpoint))
+        self._registration_retry = SocketRetry(driver=driver, socket=str(self.registration.path))
 
     def start(self) -> None:
-        self.dra.start()  # first: the kubelet calls it as soon as it has registered the plugin
-        self.registration.start()
-        log.info("serving", driver=self.driver, endpoint=str(self.endpoint), registration=str(self.registration.path))
+        # the DRA socket first: the kubelet calls it as soon as it has registered the plugin
+        if self._start(self.dra, self._dra_retry) and self._start(self.registration, self._registration_retry):
+            log.info("serving", driver=self.driver, endpoint=str(self.endpoint),
+                     registration=str(self.registration.path))
+
+    @staticmethod
+    def _start(server: SocketServer, retry: SocketRetry) -> bool:
+        """(Re-)create one socket; False (logged once per problem, tried again with backoff) when it cannot be."""
+        server.stop()
+        try:
+            server.start()
+        except SocketUnavailable as exc:
+            retry.failed(exc)
+            return False
+        retry.succeeded()
+        return True
 
     def tick(self) -> None:
         """Re-create a socket that is gone; a new registration socket makes the kubelet register again."""
         if not self.dra.socket_ok():
-            log.warning("DRA socket missing; re-creating it", driver=self.driver, socket=str(self.endpoint))
-            self.dra.restart()
-        if not self.registration.socket_ok():
-            log.info("registration socket gone (kubelet restarted?); registering again", driver=self.driver,
-                     socket=str(self.registration.path))
+            if not self._dra_retry.due():
+                return
+            if self._dra_retry.problem is None:
+                log.warning("DRA socket missing; re-creating it", driver=self.driver, socket=str(self.endpoint))
+            if not self._start(self.dra, self._dra_retry):
+                return
+        if not self.registration.socket_ok() and self._registration_retry.due():
+            if self._registration_retry.problem is None:
+                log.info("registration socket gone (kubelet restarted?); registering again", driver=self.driver,
+                         socket=str(self.registration.path))
             self._set_registered(False)
-            self.registration.restart()
+            self._start(self.registration, self._registration_retry)
 
     def _on_status(self, registered: bool, error: str) -> None:
         self._set_registered(registered)

@@ -112,7 +112,7 @@ class DevicePlugin:
             offer, self._batch = self._batch, None
         if offer is None:
             return
-        self.settings.socket_dir.mkdir(parents=True, exist_ok=True)
+        self.settings.socket_dir.mkdir(exist_ok=True)  # its parent exists: the command line checked
         if self._cdi is not None:  # before a kubelet can allocate the names Allocate gives
             self._cdi.update(offer.resources, offer.config, offer.host_root)
         policy = offer.config.plugin.shared_devices_allocation_policy

@@ -14,7 +14,7 @@ import structlog
 
 from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.host import NodeOptions, open_host
-from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options
+from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options, parent_must_exist
 from labeller.commands.params import Duration
 from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.plugin.app import DevicePlugin, PluginSettings
@@ -81,6 +81,7 @@ def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: s
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     if "/" in kubelet_socket:
         raise click.BadParameter("a file name in --socket-dir, not a path", param_hint="--kubelet-socket")
+    parent_must_exist(socket_dir, "--socket-dir")
     stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
     metrics = PluginMetrics()
     follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_plugin"), stop)

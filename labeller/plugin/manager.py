@@ -9,14 +9,16 @@ calls), together with ``add`` and ``remove``, so none of them needs a lock:
   (60 s), so a plugin waiting for a kubelet that never comes says so;
 - a plugin socket is missing or replaced: re-create it and register again;
 - a registration that fails is retried with exponential backoff (0.1 s doubling to 5 s), so
-  starting before the kubelet is fine.
+  starting before the kubelet is fine;
+- a plugin socket that cannot be created (a directory took its path) is one error line, and is
+  tried again with the same backoff until it can.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -26,6 +28,7 @@ from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.server import OPTIONS, SocketServer
+from labeller.process.sockets import SocketRetry, SocketUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +44,7 @@ class _State:
     registered: bool = False
     next_attempt: float = 0.0
     backoff: float = FIRST_BACKOFF
+    socket: SocketRetry = field(default_factory=SocketRetry)  # while the socket cannot be created
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -74,11 +78,23 @@ class PluginManager:
     def add(self, server: SocketServer) -> None:
         """Serve a new resource; the next tick registers it."""
         name = server.service.resource.name
-        server.start()
+        state = _State(socket=SocketRetry(resource=name, socket=str(server.path)))
         self._servers = {**self._servers, name: server}
-        self._states = {**self._states, name: _State()}
-        log.info("serving", resource=name, vendor=server.service.resource.vendor, socket=str(server.path),
-                 devices=len(server.service.resource.devices))
+        self._states = {**self._states, name: state}
+        if self._start(server, state):
+            log.info("serving", resource=name, vendor=server.service.resource.vendor, socket=str(server.path),
+                     devices=len(server.service.resource.devices))
+
+    @staticmethod
+    def _start(server: SocketServer, state: _State) -> bool:
+        """Create the socket; False (logged once per problem, tried again with backoff) when it cannot be."""
+        try:
+            server.start()
+        except SocketUnavailable as exc:
+            state.socket.failed(exc)
+            return False
+        state.socket.succeeded()
+        return True
 
     def remove(self, name: str) -> None:
         """Stop serving a resource: its ListAndWatch streams end and its socket is removed."""
@@ -104,9 +120,14 @@ class PluginManager:
         for name, server in self._servers.items():
             state = self._states[name]
             if not server.socket_ok():
-                log.warning("plugin socket missing; re-creating it", resource=name, socket=str(server.path))
-                server.restart()
+                if not state.socket.due():
+                    continue
+                if state.socket.problem is None:
+                    log.warning("plugin socket missing; re-creating it", resource=name, socket=str(server.path))
                 self._unregister(state, immediately=True)
+                server.stop()
+                if not self._start(server, state):
+                    continue
             if kubelet is not None and not state.registered and time.monotonic() >= state.next_attempt:
                 self._register(server, state)
         for name, state in self._states.items():

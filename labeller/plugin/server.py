@@ -17,6 +17,7 @@ from labeller.plugin.allocate import RequestError, ResourceAllocator, Unmatched
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard
+from labeller.process.sockets import SocketUnavailable, clear_socket_path
 from labeller.plugin.metrics import PluginMetrics
 from labeller.offer import Resource
 
@@ -122,7 +123,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
 
 
 class SocketServer:
-    """Serves a DevicePluginService on ``<socket_dir>/<resource socket name>``; can be re-created."""
+    """Serves a DevicePluginService on ``<socket_dir>/<resource socket name>``; can be re-created.
+    ``start`` raises SocketUnavailable when the socket cannot be created."""
 
     def __init__(self, service: DevicePluginService, socket_dir: Path):
         self.service = service
@@ -135,11 +137,15 @@ class SocketServer:
         return self.path.name
 
     def start(self) -> None:
-        self.path.unlink(missing_ok=True)
+        clear_socket_path(self.path)
         self.service.resume()
         server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=self.endpoint))
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port(f"unix://{self.path}")
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError as exc:  # gRPC could not bind: the directory is gone or not writable
+            server.stop(grace=None)
+            raise SocketUnavailable(f"{self.path}: cannot listen there ({exc})") from None
         server.start()
         self._server = server
         try:
@@ -164,7 +170,3 @@ class SocketServer:
         if self.socket_ok():
             self.path.unlink(missing_ok=True)
         self._inode = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()

@@ -75,6 +75,10 @@ class LoopOptions:
     start_jitter_s: float = 0.0
     inputs_poll_s: float = INPUTS_POLL_S
     stall_s: float = 300.0  # a loop that has not turned for this long is not healthy
+    # A turn (a probe, a reload, a reconcile) running longer than this makes the process not ready
+    # until it ends: every step is bounded (requests time out, inputs have size limits), so one
+    # this slow is stuck, and the node should not count on what the process last said.
+    busy_s: float = 30.0
     heartbeat_s: float = 5.0  # the loop turns at least this often, so its heartbeat tells a stall
 
 
@@ -88,6 +92,7 @@ class ProcessLoop:
         self.retry = retry or Backoff(base_s=1.0, cap_s=30.0)
         self.stopped = threading.Event()
         self.heartbeat = time.monotonic()
+        self._turn_started: float | None = None  # while a turn runs: when it began
         self._wake = threading.Event()
         self._reload: str | None = None  # why: "sighup"
         self._config_changed = False
@@ -121,6 +126,11 @@ class ProcessLoop:
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < self.options.stall_s
 
+    def responsive(self) -> bool:
+        """False while the current turn has run longer than ``busy_s`` (see LoopOptions)."""
+        started = self._turn_started
+        return started is None or time.monotonic() - started < self.options.busy_s
+
     # -- the loop
     def run(self) -> int:
         jitter = self.options.start_jitter_s
@@ -135,7 +145,7 @@ class ProcessLoop:
                 self._wake.clear()  # before reading the requests: one that comes later wakes the next wait
                 if self.stopped.is_set():
                     return 0
-                now = self.heartbeat = time.monotonic()
+                now = self.heartbeat = self._turn_started = time.monotonic()
                 if self._requests_probe(now):
                     next_probe = now
                 if now >= next_probe:
@@ -143,9 +153,17 @@ class ProcessLoop:
                 wake_at = min(next_probe, self.service.work(now), now + self.options.heartbeat_s)
                 if self._inputs is not None:
                     wake_at = min(wake_at, self._inputs_checked + self.options.inputs_poll_s)
+                self._turn_ended(now)
                 self._wake.wait(max(0.0, wake_at - time.monotonic()))
         except Exit as exc:
             return exc.code
+
+    def _turn_ended(self, started: float) -> None:
+        self._turn_started = None
+        took = time.monotonic() - started
+        if took >= self.options.busy_s:
+            log.warning("a turn of the loop ran long; not ready while it ran", reason="slow-turn",
+                        seconds=round(took, 1), limit_s=self.options.busy_s)
 
     def _requests_probe(self, now: float) -> bool:
         """Handle SIGHUP, a config change and changed inputs; True when the node must be probed now."""

@@ -26,12 +26,17 @@ class Endpoints:
     healthy: Callable[[], bool] = lambda: True
 
 
+def readiness(loop: ProcessLoop, endpoints: Endpoints) -> Callable[[], bool]:
+    """``/readyz``: the service is ready and its loop is not stuck in a turn (``ProcessLoop.responsive``)."""
+    return lambda: loop.responsive() and endpoints.ready()
+
+
 def serve(loop: ProcessLoop, endpoints: Endpoints, started: str = "started", **fields: object) -> int:
     """Install the signals, start the endpoints, log ``started`` (with the port and ``fields``), run
     the loop until it stops; its exit code.
 
     PortUnavailable (one line naming the port) when the port cannot be bound."""
-    http = start_http_server(endpoints.port, endpoints.bind, ready=endpoints.ready,
+    http = start_http_server(endpoints.port, endpoints.bind, ready=readiness(loop, endpoints),
                              healthy=lambda: loop.healthy() and endpoints.healthy(), registry=endpoints.registry)
     log.info(started, reason="start", port=http.port, **fields)
     try:

@@ -151,6 +151,19 @@ def test_host_paths_are_read_only_except_the_plugin_socket_dir(name: str, values
                 assert bool(mount.get("readOnly")) is read_only, (box["name"], host_path)
 
 
+@pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
+def test_read_only_host_trees_are_read_only_all_the_way_down(name: str, values: dict[str, Any]) -> None:
+    # readOnly alone leaves the mounts under a tree writable (/dev/shm, /dev/pts, /sys/fs/cgroup under
+    # /dev and /sys). recursiveReadOnly (Kubernetes 1.30+; IfPossible: a runtime without it mounts
+    # plain read-only) needs no mount propagation.
+    for ds in daemonsets(render(values)):
+        for box in containers(ds):
+            for host_path, (_, mount) in host_mounts(ds, box["name"]).items():
+                if mount.get("readOnly"):
+                    assert mount.get("recursiveReadOnly") == "IfPossible", (ds["metadata"]["name"], box["name"], host_path)
+                    assert mount.get("mountPropagation", "None") == "None", (box["name"], host_path)
+
+
 def test_host_mounts_are_the_documented_ones() -> None:
     objects = render()
     assert {p: m for p, (m, _) in host_mounts(labeller_ds(objects)).items()} == {
@@ -370,7 +383,8 @@ def test_mps_runs_the_control_daemon_beside_the_plugin_and_both_see_the_mps_root
     daemon = host_mounts(plugin, "mps-control-daemon")
     assert daemon["/run/nvidia/mps"][0] == "/run/nvidia/mps" and daemon["/run/nvidia/mps/shm"][0] == "/dev/shm"
     assert host_mounts(plugin)["/run/nvidia/mps"] == (
-        "/run/nvidia/mps", {"name": "mps-root", "mountPath": "/run/nvidia/mps", "readOnly": True})
+        "/run/nvidia/mps", {"name": "mps-root", "mountPath": "/run/nvidia/mps", "readOnly": True,
+                            "recursiveReadOnly": "IfPossible"})
     assert host_mounts(labeller_ds(objects))["/run/nvidia/mps"][1]["readOnly"] is True
     mps_env = {e["name"]: e.get("value") for e in container(plugin, "mps-control-daemon")["env"]}
     assert mps_env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and mps_env["NVIDIA_VISIBLE_DEVICES"] == "all"
@@ -391,7 +405,8 @@ def test_cdi_mounts_the_spec_dir_and_the_driver_files_only_when_a_cdi_strategy_i
     plugin = plugin_ds(render(MPS_CDI))
     mounts = host_mounts(plugin)
     assert mounts["/var/run/cdi"][0] == "/var/run/cdi" and not mounts["/var/run/cdi"][1].get("readOnly")
-    assert mounts["/usr"] == ("/host/usr", {"name": "host-usr", "mountPath": "/host/usr", "readOnly": True})
+    assert mounts["/usr"] == ("/host/usr", {"name": "host-usr", "mountPath": "/host/usr", "readOnly": True,
+                                            "recursiveReadOnly": "IfPossible"})
     assert "--cdi-spec-dir=/var/run/cdi" in container(plugin)["args"]
     assert "/var/run/cdi" not in host_mounts(plugin_ds(render()))
     listed = plugin_ds(render({"config": {"version": "v1", "flags": {"plugin": {"deviceListStrategy": ["envvar"]}}}}))

@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 
 import grpc
+import structlog
 
 from labeller.draplugin.api import dra_pb2
-from tests.builders import AT_ONCE_S, wait_for
+from tests.builders import AT_ONCE_S, stays_true, wait_for
 from tests.draplugin.conftest import AMD, NVIDIA, Dirs, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet
@@ -77,3 +78,21 @@ def test_stopping_removes_the_sockets_and_keeps_the_slices(api: FakeApiServer, d
     assert run.exit_code == [0]
     # the next plugin takes them over; the kubelet deletes them 30 s after a driver that did not come back
     assert len(run.devices()) == 8
+
+
+def test_a_directory_at_the_dra_socket_path_is_one_error_line_and_a_retry(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                                          dirs: Dirs) -> None:
+    taken = dirs.plugins / NVIDIA / "dra.sock"
+    taken.mkdir(parents=True)
+    problem = "cannot create the plugin socket; retrying"
+    with structlog.testing.capture_logs() as logs, \
+            simulated_plugin(api, drakubelet, dirs, "dgx-h100", ready=False) as run:
+        wait_for(lambda: any(e["event"] == problem for e in logs))
+        assert [e["error"] for e in logs if e["event"] == problem] == [f"{taken}: a directory, not a socket; remove it"]
+        # ticks come every few ms here: a line (or a traceback) per tick would show at once
+        stays_true(lambda: sum(e["event"] == problem for e in logs) == 1 and not any("exc_info" in e for e in logs),
+                   seconds=1.0)
+        assert not run.plugin.ready
+        taken.rmdir()
+        assert drakubelet.wait_for(lambda: [e.driver for e in drakubelet.seen("registered")] == [NVIDIA])
+        wait_for(lambda: run.plugin.ready)

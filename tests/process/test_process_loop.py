@@ -11,10 +11,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from labeller.config import Config
 from labeller.host import Host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import Exit, LoopOptions, ProcessLoop
+from labeller.process.serve import Endpoints, readiness
 from labeller.runtime import Backoff
 from tests.builders import wait_for
 
@@ -175,3 +178,19 @@ def test_a_stalled_loop_is_not_healthy() -> None:
         wait_for(lambda: not loop.healthy())  # the probe hangs: no turn for longer than stall_s
         release.set()
         wait_for(loop.healthy)
+
+
+def test_a_turn_that_runs_long_makes_the_process_not_ready_until_it_ends() -> None:
+    # A reload that validated for minutes at 100% CPU left /readyz at 200: readiness now follows the
+    # loop's current turn, and comes back as soon as the turn ends.
+    release = threading.Event()
+    service = Recorder(on_probe=lambda: release.wait(30) and None)
+    loop = ProcessLoop(service, LoopOptions(busy_s=0.2, heartbeat_s=0.05))
+    ready = readiness(loop, Endpoints(0, "127.0.0.1", CollectorRegistry(), ready=lambda: True))
+    assert ready()  # not started yet: nothing stalls
+    with running(loop):
+        wait_for(lambda: service.probes == 1)
+        wait_for(lambda: not ready())  # the probe hangs past busy_s
+        assert loop.healthy()  # ...not yet long enough to count as dead (stall_s)
+        release.set()
+        wait_for(ready)
