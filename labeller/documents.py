@@ -34,7 +34,8 @@ class DocumentError(ValueError):
     """A file that cannot be read as a document; the message is one line naming the file."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is ("a FIFO"), from its ``st_mode``."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -48,7 +49,7 @@ def not_a_regular_file(path: Path) -> str | None:
         mode = os.stat(path).st_mode
     except OSError:
         return None  # missing or unreadable: the reader says which
-    return None if stat.S_ISREG(mode) else f"{_kind(mode)}, not a regular file"
+    return None if stat.S_ISREG(mode) else f"{file_kind(mode)}, not a regular file"
 
 
 def read_limited(path: Path, what: str, limit: int = DOCUMENT_LIMIT) -> bytes:
@@ -62,7 +63,7 @@ def read_limited(path: Path, what: str, limit: int = DOCUMENT_LIMIT) -> bytes:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise DocumentError(f"{path}: not a {what}: {_kind(mode)}, not a regular file")
+            raise DocumentError(f"{path}: not a {what}: {file_kind(mode)}, not a regular file")
         chunks: list[bytes] = []
         size = 0
         while chunk := os.read(fd, limit + 1 - size):

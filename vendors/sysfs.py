@@ -18,6 +18,8 @@ import os
 import stat
 from pathlib import Path
 
+from labeller.documents import file_kind
+
 # A sysfs attribute is at most one page (4 KiB); debugfs text such as amdgpu_firmware_info is a few KiB.
 ATTRIBUTE_LIMIT = 64 * 1024
 # PCI Express extended configuration space; sysfs serves 256 bytes for conventional PCI.
@@ -40,14 +42,6 @@ class Untrusted(Exception):
         self.reason = reason
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
@@ -57,7 +51,7 @@ def read_bytes(path: Path, limit: int = ATTRIBUTE_LIMIT) -> bytes | None:
     file, holds more than ``limit`` bytes, or cannot be read."""
     try:
         if not stat.S_ISREG(mode := os.stat(path).st_mode):  # follows symlinks; a loop raises ELOOP
-            raise Untrusted(path, f"{_kind(mode)}, not a regular file")
+            raise Untrusted(path, f"{file_kind(mode)}, not a regular file")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except _MISSING:
         return None
@@ -65,7 +59,7 @@ def read_bytes(path: Path, limit: int = ATTRIBUTE_LIMIT) -> bytes | None:
         raise Untrusted(path, _reason(exc)) from None
     try:
         if not stat.S_ISREG(mode := os.fstat(fd).st_mode):  # replaced since the stat
-            raise Untrusted(path, f"{_kind(mode)}, not a regular file")
+            raise Untrusted(path, f"{file_kind(mode)}, not a regular file")
         chunks: list[bytes] = []
         size = 0
         while chunk := os.read(fd, limit + 1 - size):  # sysfs may hand a file over in pieces
