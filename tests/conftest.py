@@ -9,8 +9,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tests.fakes.apiserver import FakeApiServer
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_before() -> Iterator[None]:
+    """A command run in-process (click's CliRunner) configures structlog for the whole process, its
+    level included: put it back after each test, so that no test sees what an earlier one left (a
+    test that reads debug lines failed only after one that ran ``run`` in-process)."""
+    before = structlog.get_config()
+    yield
+    structlog.configure(**before)
+    structlog.contextvars.clear_contextvars()
 
 
 @pytest.fixture

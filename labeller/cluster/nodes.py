@@ -53,10 +53,12 @@ class NodeCache(Generic[V]):
         self._synced = threading.Event()
         self.observers = tuple(observers)
 
-    def put(self, obj: Mapping[str, Any] | None) -> bool:
-        """Store a newer view of the node (None: it does not exist). True if its ``view`` changed
-        (what the view leaves out, status and the like, does not count)."""
-        changed = self._put(obj)
+    def put(self, obj: Mapping[str, Any] | None, *, gone_at: int = 0) -> bool:
+        """Store a newer view of the node (None: it does not exist, as of resourceVersion ``gone_at``
+        when known: a watch's DELETED, a list without it). True if its ``view`` changed (what the view
+        leaves out, status and the like, does not count). A view older than the one stored, present
+        or gone, is ignored: a write's answer can come back after the watch said the node was deleted."""
+        changed = self._put(obj, gone_at)
         if changed is None:
             return False
         labels = None if obj is None else node_labels(obj)
@@ -64,17 +66,18 @@ class NodeCache(Generic[V]):
             observer(labels)
         return changed
 
-    def _put(self, obj: Mapping[str, Any] | None) -> bool | None:
+    def _put(self, obj: Mapping[str, Any] | None, gone_at: int) -> bool | None:
         """``put`` with the lock held; None when ``obj`` is older than what is stored."""
         with self._lock:
             self._synced.set()
+            rv = gone_at if obj is None else _rv(obj)
+            if self.synced and rv and rv < self.resource_version:
+                return None
             if obj is None:
                 changed = self.exists or not self.synced
                 self.synced, self.exists, self.live = True, False, self.view({})
+                self.resource_version = max(self.resource_version, rv)
                 return changed
-            rv = _rv(obj)
-            if self.synced and self.exists and rv and rv < self.resource_version:
-                return None
             live = self.view(obj)
             changed = not (self.synced and self.exists and live == self.live)
             self.synced, self.exists, self.live, self.resource_version = True, True, live, rv
@@ -116,11 +119,12 @@ class NodeWatch(Generic[V]):
         return self.reflector.start(f"watch-{self.name}")
 
     def _replace(self, items: list[Obj], resource_version: str) -> None:
-        if self.cache.put(items[0] if items else None):
+        gone_at = int(resource_version) if resource_version.isdigit() else 0
+        if self.cache.put(items[0] if items else None, gone_at=gone_at):
             self.notify()
 
     def _changed(self, kind: str, obj: Obj) -> None:
-        if self.cache.put(None if kind == "DELETED" else obj):
+        if self.cache.put(None, gone_at=_rv(obj)) if kind == "DELETED" else self.cache.put(obj):
             self.notify()
 
 

@@ -254,3 +254,22 @@ def test_node_cache_ignores_older_resource_versions_and_other_labels() -> None:
     assert (synced, exists, live.labels, live.names("nvidia.com/gpu.count")) == (
         True, True, {"nvidia.com/gpu.count": "1"}, ("kubectl-label",))
     assert cache.put(None) and cache.snapshot()[1] is False
+
+
+def test_a_write_answer_older_than_the_nodes_deletion_does_not_bring_it_back() -> None:
+    """The watch's DELETED (resourceVersion 103) can arrive while our write, answered at 102, is on its
+    way back: the answer is older news, and the node stays gone (the daemon says "node not found")."""
+    cache = NodeCache(Live.of_node)
+    assert cache.put(node({"nvidia.com/gpu.count": "1"}, rv="101"))
+    assert cache.put(None, gone_at=103)  # the watch: DELETED at 103
+    assert not cache.put(node({"nvidia.com/gpu.count": "1"}, rv="102"))  # the write's answer, late
+    assert cache.snapshot()[:2] == (True, False)
+    assert cache.put(node({}, rv="104"))  # created again: newer than the deletion
+    assert cache.snapshot()[:2] == (True, True)
+
+
+def test_a_list_without_the_node_is_as_new_as_the_lists_resource_version() -> None:
+    cache = NodeCache(Live.of_node)
+    assert cache.put(None, gone_at=50)  # listed, absent, at 50
+    assert not cache.put(node({"nvidia.com/gpu.count": "1"}, rv="49"))
+    assert cache.snapshot()[:2] == (True, False)
