@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from labeller import gpushare
+from labeller import gpushare, quantity
 from labeller.extender import placement
 from labeller.extender.placement import Gpus
 
@@ -43,10 +43,7 @@ class Placed:
 def node_gpus(node: Obj) -> tuple[int, int] | None:
     """(GPU count, units per GPU) from a Node's capacity (gpushare's rule: gpu-mem / gpu-count), or None."""
     capacity = (node.get("status") or {}).get("capacity") or {}
-    try:
-        memory, count = int(str(capacity[gpushare.RESOURCE_MEM])), int(str(capacity[gpushare.RESOURCE_COUNT]))
-    except (KeyError, ValueError):
-        return None
+    memory, count = quantity.whole(capacity.get(gpushare.RESOURCE_MEM)), quantity.whole(capacity.get(gpushare.RESOURCE_COUNT))
     return (count, memory // count) if count > 0 and memory > 0 else None
 
 
