@@ -27,7 +27,7 @@ def parse(value: Any) -> Fraction | None:
         return None
     number, binary, decimal, exponent = match.groups()
     if binary:
-        return Fraction(number) * 1024 ** _BINARY[binary]
+        return Fraction(number) * Fraction(1024) ** _BINARY[binary]
     power = _DECIMAL[decimal] if decimal else int(exponent or 0)
     if abs(power) > _MAX_EXPONENT:
         return None

@@ -102,7 +102,7 @@ class Binder:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._observe_wait(time.monotonic() - started)
-                age = "" if waiting.assume_ns is None else f", bound {(self._clock_ns() - waiting.assume_ns) / 1e9:.1f}s ago"
+                age = f", bound {(self._clock_ns() - waiting.assume_ns) / 1e9:.1f}s ago"
                 raise BindError(f"node {node}: pod {waiting.key} still awaits its GPU from the device plugin{age}; "
                                 f"one pod per node at a time awaits Allocate, the scheduler will try again")
             self.cache.wait(min(left, 0.5))
