@@ -292,6 +292,11 @@ class ShareCache:
             return [(node, placement.score(self._free.get(node, ()), request, self._shape.get(node, (0, 0))[1], policy))
                     for node in nodes]
 
+    def unfit(self, node: str, request: int) -> str | None:
+        """Why ``request`` units fit on no GPU of ``node`` now, or None."""
+        with self.lock:
+            return placement.unfit_reason(self.gpus(node), self._free.get(node, ()), request)
+
     def choose(self, node: str, request: int, policy: str) -> tuple[int, int] | str:
         """(GPU index, units of one GPU) for the pod on ``node``, or why it does not fit."""
         with self.lock:

@@ -48,12 +48,14 @@ POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP hand
                    "keep it below the scheduler's extender httpTimeout (default 5s).")
 @click.option("--assume-timeout", type=Duration(minimum=1), default="60s", show_default=True,
               help="A pod bound this long ago and still not allocated no longer holds its node's allocation lock.")
+@click.option("--scheduler-name", "scheduler_names", multiple=True, default=("default-scheduler",), show_default=True,
+              help="The schedulerName of the pods /bind binds (repeatable): the scheduler profiles that call this extender.")
 @click.option("--watch-timeout", type=Duration(minimum=1), default="300s", show_default=True,
               help="Length of one watch request (watches are resumed).")
 def scheduler_extender(port: int, bind_address: str, kubeconfig: str | None, policy: str, bind_wait: float,
-                       assume_timeout: float, watch_timeout: float) -> None:
+                       assume_timeout: float, scheduler_names: tuple[str, ...], watch_timeout: float) -> None:
     """Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible: filter, prioritize, bind."""
-    options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout)
+    options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout, scheduler_names=scheduler_names)
     try:
         running = start(lambda metrics: connect(kubeconfig, observer=metrics.observe_request, pool_size=POOL_SIZE),
                         port, bind_address, options, int(watch_timeout))
