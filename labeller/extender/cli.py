@@ -84,9 +84,6 @@ def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str |
     try:
         tls = server_tls(tls_cert_file, tls_key_file, client_ca_file) if tls_cert_file and tls_key_file and client_ca_file else None
         bind_address = bind_address or ("0.0.0.0" if tls else "127.0.0.1")
-        if tls is None:
-            log.warning("serving without authentication: whoever reaches the port can bind pods; give --tls-cert-file, "
-                        "--tls-key-file and --client-ca-file", reason="unauthenticated", bind=bind_address, port=port)
         running = start(lambda metrics: connect(kubeconfig, observer=metrics.observe_request, pool_size=POOL_SIZE),
                         port, bind_address, options, int(watch_timeout), limits=limits, tls=tls)
         if metrics_port is not None:
@@ -95,6 +92,10 @@ def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str |
                                                    limits=limits))
     except InputError as exc:
         raise BadInput(str(exc)) from None
+    if tls is None:
+        log.warning("serving without authentication: whoever reaches the port can bind pods; give --tls-cert-file, "
+                    "--tls-key-file and --client-ca-file", reason="unauthenticated", bind=bind_address,
+                    port=running.http.port)
     log.info("started", reason="start", port=running.http.port, policy=policy, tls=tls is not None,
              metrics_port=metrics_port)
     run_until_signalled(running.stop.wait, running.stop.set, lambda: None)
