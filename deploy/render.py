@@ -82,7 +82,9 @@ def manifests() -> dict[str, str]:
     main = render_chart({"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}})
     policy = render_chart({"admissionPolicy": {"enabled": True}})
     vap = {path: text for path, text in policy.items() if path.endswith("/" + VAP_TEMPLATE)}
-    extender = {path: text for path, text in render_chart({"extender": {"enabled": True}}).items()
+    # No generated keys in a file everyone downloads: the manifest takes the Secret the user makes (README).
+    extender_values = {"extender": {"enabled": True, "tls": {"existingSecret": "gpu-labeller-scheduler-extender-tls"}}}
+    extender = {path: text for path, text in render_chart(extender_values).items()
                 if path.endswith("/" + EXTENDER_TEMPLATE)}
     dra_values = {"config": {"data": EXAMPLE_CONFIGS}, "dra": {"enabled": True}, "admissionPolicy": {"enabled": True}}
     dra = {path: text for path, text in render_chart(dra_values).items()
