@@ -226,6 +226,7 @@ def _handler(ready: Callable[[], bool], healthy: Callable[[], bool], registry: C
                     self.refused = True
                     log.info("TLS handshake refused", reason="tls-refused", client=self.client_address[0],
                              error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    return  # the socket is closed: no files to make on it
             super().setup()
             self._reader = _DeadlineReader(self.connection, limits.request_timeout_s)
             self.rfile = io.BufferedReader(self._reader)
@@ -235,10 +236,12 @@ def _handler(ready: Callable[[], bool], healthy: Callable[[], bool], registry: C
                 super().handle()
 
         def finish(self) -> None:
+            if self.refused:
+                return
             try:
                 super().finish()
             finally:
-                if tls is not None and not self.refused:
+                if tls is not None:
                     self.connection.close()
 
         def handle_one_request(self) -> None:
