@@ -38,6 +38,7 @@ def _signed(directory: Path, name: str, ca: str, extensions: str) -> None:
 
 
 def make_certs(directory: Path) -> Certs:
+    directory.mkdir(parents=True, exist_ok=True)
     _ca(directory, "ca")
     _ca(directory, "stranger-ca")
     _signed(directory, "server", "ca", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
