@@ -319,16 +319,22 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._refused_since_log = 0
+        self._accept_failing = False
         super().__init__(address, handler)
 
     def get_request(self) -> tuple[Any, Any]:
         try:
-            return super().get_request()
+            accepted = super().get_request()
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                log.warning("cannot accept a connection", reason="accept-failed", error=exc.strerror)
+                if not self._accept_failing:
+                    log.warning("cannot accept connections; pausing between tries", reason="accept-failed",
+                                error=exc.strerror)
+                self._accept_failing = True
                 time.sleep(self.ACCEPT_PAUSE_S)  # the listening socket stays readable: do not spin on it
             raise
+        self._accept_failing = False
+        return accepted
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
