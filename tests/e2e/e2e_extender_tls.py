@@ -13,8 +13,8 @@ collect e2e_*.py): run it by hand.
 3. Pods asking aliyun.com/gpu-mem are bound by the real scheduler through the extender.
 4. Clients without the scheduler's certificate are refused on every path: no certificate, another CA's,
    plain HTTP.
-5. While 200 slow clients trickle bytes and a client sends a 100 MB body, the scheduler keeps placing
-   pods; the body is refused (413) unread, the slow clients are closed at the request timeout, the
+5. A quiet burst of pods, then, while 200 slow clients trickle bytes and a client sends a 100 MB body,
+   another: the scheduler keeps placing pods; the body is refused (413) unread, the slow clients are closed at the request timeout, the
    extender's CPU and memory stay low.
 """
 
@@ -236,7 +236,24 @@ def main() -> int:
         check(all(refused(url + path, stranger) for path in paths), "a client with another CA's certificate is refused")
         check(refused(f"http://127.0.0.1:{args.port}/gpushare-scheduler/inspect", None), "plain HTTP is refused")
 
-        # 5. Slow clients and a big body while the scheduler keeps placing pods.
+        # 5. Slow clients and a big body while the scheduler keeps placing pods (a quiet burst first, to compare).
+        def burst(prefix: str, count: int) -> tuple[dict[str, float], dict[str, float]]:
+            names = [f"{prefix}-{i:02}" for i in range(count)]
+            started = {}
+            for name in names:
+                cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod_body(name, 4)))
+                started[name] = time.monotonic()
+            return started, {}
+
+        def all_bound(started: dict[str, float], times: dict[str, float]) -> bool:
+            for name in bound(list(started)):
+                times.setdefault(name, time.monotonic() - started[name])
+            return len(times) == len(started)
+        quiet_started, quiet = burst("quiet", 8)
+        took = wait(lambda: all_bound(quiet_started, quiet), 120)
+        check(took is not None, f"a quiet burst: {len(quiet)}/{len(quiet_started)} pods bound")
+        if quiet:
+            figure(f"created -> bound, quiet: {ms(list(quiet.values()))}")
         stop_slow, closed = threading.Event(), []
         slow = [threading.Thread(target=slow_client, args=(args.port, stop_slow, closed), daemon=True)
                 for _ in range(args.slow)]
@@ -245,22 +262,12 @@ def main() -> int:
             thread.start()
         scheduler = ssl.create_default_context(cafile=str(client_dir / "ca.crt"))
         scheduler.load_cert_chain(str(client_dir / "tls.crt"), str(client_dir / "tls.key"))
-        names = [f"during-{i:02}" for i in range(12)]
-        started = {}
-        for name in names:
-            cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod_body(name, 4)))
-            started[name] = time.monotonic()
+        started, times = burst("during", 12)
         status, body_s = big_body(args.port, scheduler, server_name)
         check(status.startswith("HTTP/1.1 413"), f"a 100 MB body is refused unread: {status!r} in {body_s:.2f} s")
-        times: dict[str, float] = {}
-
-        def all_bound() -> bool:
-            for name in bound(names):
-                times.setdefault(name, time.monotonic() - started[name])
-            return len(times) == len(names)
-        took = wait(all_bound, 120)
+        took = wait(lambda: all_bound(started, times), 120)
         check(took is not None, f"with {args.slow} slow clients and the big body, the scheduler keeps placing: "
-                                f"{len(times)}/{len(names)} pods bound")
+                                f"{len(times)}/{len(started)} pods bound")
         if times:
             figure(f"created -> bound while attacked: {ms(list(times.values()))}")
         for thread in slow:
