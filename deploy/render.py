@@ -93,7 +93,9 @@ def manifests() -> dict[str, str]:
     main = render_chart({"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}})
     policy = render_chart({"admissionPolicy": {"enabled": True}})
     vap = {path: text for path, text in policy.items() if path.endswith("/" + VAP_TEMPLATE)}
-    extender = {path: text for path, text in render_chart({"extender": {"enabled": True}}).items()
+    # No generated keys in a file everyone downloads: the manifest takes the Secret the user makes (README).
+    extender_values = {"extender": {"enabled": True, "tls": {"existingSecret": "gpu-labeller-scheduler-extender-tls"}}}
+    extender = {path: text for path, text in render_chart(extender_values).items()
                 if path.endswith("/" + EXTENDER_TEMPLATE)}
     dra_values = {"config": {"data": EXAMPLE_CONFIGS}, "dra": {"enabled": True}, "admissionPolicy": {"enabled": True}}
     dra = {path: text for path, text in render_chart(dra_values).items()
@@ -148,6 +150,8 @@ def checked_configs(texts: Iterable[str]) -> list[str]:
         for obj in yaml.safe_load_all(text):
             if not obj or obj.get("kind") != "ConfigMap":
                 continue
+            if ((obj.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component"):
+                continue  # a component's own ConfigMap (the kube-scheduler's configuration), not named configs
             for name, document in (obj.get("data") or {}).items():
                 try:
                     parse_document(yaml.safe_load(document), RESOURCE_NAMES)

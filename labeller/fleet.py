@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labeller.namedconfigs import STATE_LABEL
+from labeller.quantity import whole
 
 Obj = dict[str, Any]
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/", "aliyun.com/gpu-mem", "aliyun.com/gpu-count")
@@ -29,14 +30,7 @@ def is_gpu_resource(name: str) -> bool:
 
 def quantity(text: Any) -> int:
     """An extended resource's quantity (a whole number; "1k" and the like are read too)."""
-    value = str(text).strip()
-    for suffix, factor in (("Ki", 1 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("k", 1000), ("M", 10**6), ("G", 10**9)):
-        if value.endswith(suffix) and value[: -len(suffix)].isdigit():
-            return int(value[: -len(suffix)]) * factor
-    try:
-        return int(value)
-    except ValueError:
-        return 0
+    return whole(text)
 
 
 def pod_requests(pod: Obj) -> dict[str, int]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from labeller import quantity
+
 Obj = dict[str, Any]
 
 RESOURCE_MEM = "aliyun.com/gpu-mem"  # memory units (GiB by default, MiB by option)
@@ -34,11 +36,8 @@ FINISHED_PHASES = ("Succeeded", "Failed")
 
 
 def _units(value: Any) -> int:
-    """A quantity of gpu-mem units: an integer (extended resources take no fractions or suffixes)."""
-    try:
-        return max(0, int(str(value)))
-    except ValueError:
-        return 0
+    """A quantity of gpu-mem units, read as the API server reads it ("4k" is 4000)."""
+    return quantity.whole(value)
 
 
 def container_requests(pod: Obj) -> list[tuple[str, int]]:

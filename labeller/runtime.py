@@ -5,14 +5,19 @@ HTTP server for ``/healthz``, ``/readyz``, ``/metrics`` (and the extender's API)
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import random
 import select
 import signal
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -125,6 +130,63 @@ class PortUnavailable(InputError, OSError):
     """The health/metrics port cannot be bound (in use, no permission); the message is one line."""
 
 
+@dataclass(frozen=True)
+class HttpLimits:
+    """What clients may take of an HTTP server: a request body's size, the time to send one request
+    (TLS handshake, headers and body; also how long an idle keep-alive connection stays open), and
+    connections open at once (beyond: closed as soon as accepted)."""
+
+    max_body_bytes: int = 4 << 20
+    request_timeout_s: float = 10.0
+    max_connections: int = 256
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each waiting only for what is left of one deadline per request: a client that
+    sends a byte now and then cannot hold a connection longer than the request timeout."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        self._sock, self._timeout_s = sock, timeout_s
+        self.restart()
+
+    def restart(self) -> None:
+        self._deadline = time.monotonic() + self._timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took longer than the request timeout")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
+class TlsUnavailable(InputError):
+    """A certificate, key or CA file cannot be read or used; the message is one line."""
+
+
+def server_tls(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SSLContext:
+    """HTTPS that answers only clients whose certificate ``client_ca_file`` signed (TLS 1.2 or later)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsUnavailable(f"--tls-cert-file {cert_file}, --tls-key-file {key_file}: cannot be used: {_why(exc)}") from None
+    try:
+        context.load_verify_locations(client_ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsUnavailable(f"--client-ca-file {client_ca_file}: cannot be used: {_why(exc)}") from None
+    return context
+
+
+def _why(exc: OSError) -> str:
+    return str(exc.strerror or exc) if not isinstance(exc, ssl.SSLError) else str(exc.reason or exc)
+
+
 class HealthServer:
     """A running health/metrics server; ``port`` is the bound port (useful with port 0)."""
 
@@ -145,23 +207,83 @@ Answer = tuple[int, bytes, str]  # HTTP code, body, content type
 App = Callable[[str, str, bytes], "Answer | None"]
 
 
-def _handler(ready: Callable[[], bool], healthy: Callable[[], bool],
-             registry: CollectorRegistry | None, app: App | None) -> type[BaseHTTPRequestHandler]:
+def _handler(ready: Callable[[], bool], healthy: Callable[[], bool], registry: CollectorRegistry | None,
+             app: App | None, limits: HttpLimits, tls: ssl.SSLContext | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
         disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
+        refused = False  # the TLS handshake failed: nothing is read or answered
 
         def log_message(self, format: str, *args: Any) -> None:
             return
 
+        def setup(self) -> None:
+            self.request.settimeout(limits.request_timeout_s)  # CPython bounds the whole handshake by it
+            if tls is not None:
+                try:
+                    self.request = tls.wrap_socket(self.request, server_side=True)
+                except (OSError, ValueError) as exc:
+                    self.refused = True
+                    log.info("TLS handshake refused", reason="tls-refused", client=self.client_address[0],
+                             error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    return  # the socket is closed: no files to make on it
+            super().setup()
+            self._reader = _DeadlineReader(self.connection, limits.request_timeout_s)
+            self.rfile = io.BufferedReader(self._reader)
+
+        def handle(self) -> None:
+            if not self.refused:
+                super().handle()
+
+        def finish(self) -> None:
+            if self.refused:
+                return
+            try:
+                super().finish()
+            finally:
+                if tls is not None:
+                    self.connection.close()
+
+        def handle_one_request(self) -> None:
+            self._reader.restart()
+            super().handle_one_request()
+
+        def _body(self) -> bytes | None:
+            """The request's body, or None once it was refused: no usable Content-Length, or over the cap."""
+            length = self.headers.get("Content-Length")
+            refusal = (411, "a Content-Length is required\n") if length is None else (
+                (400, f"Content-Length {length!r} is not a length\n") if not length.strip().isdigit() else
+                (413, f"body of {int(length)} bytes is over the limit of {limits.max_body_bytes} (--max-body-bytes)\n")
+                if int(length) > limits.max_body_bytes else None)
+            if refusal is not None:
+                self.close_connection = True  # the body is not read: nothing more on this connection is
+                self._answer(refusal[0], refusal[1].encode())
+                return None
+            body = self.rfile.read(int(length or 0))
+            if len(body) < int(length or 0):
+                self.close_connection = True
+                return None
+            return body
+
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            answer = app("POST", self.path.split("?", 1)[0], body) if app is not None else None
+            body = self._body()
+            if body is None:
+                return
+            answer = self._call("POST", body)
             self._answer(*answer if answer is not None else (404, b"not found\n"))
+
+        def _call(self, method: str, body: bytes) -> Answer | None:
+            if app is None:
+                return None
+            try:
+                return app(method, self.path.split("?", 1)[0], body)
+            except Exception:  # one line to the client, the traceback to the log
+                log.exception("request failed", reason="request-failed", path=self.path.split("?", 1)[0])
+                return 500, b"internal error\n", "text/plain; charset=utf-8"
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            answer = app("GET", path, b"") if app is not None else None
+            answer = self._call("GET", b"")
             if answer is not None:
                 self._answer(*answer)
             elif path == "/healthz":
@@ -174,9 +296,12 @@ def _handler(ready: Callable[[], bool], healthy: Callable[[], bool],
                 self._answer(404, b"not found\n")
 
         def _answer(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.connection.settimeout(limits.request_timeout_s)
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
 
@@ -184,20 +309,69 @@ def _handler(ready: Callable[[], bool], healthy: Callable[[], bool],
 
 
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: one more is closed as soon as it
+    is accepted. Out of file descriptors, the accept loop pauses instead of spinning."""
+
     daemon_threads = True
     request_queue_size = 128  # a scheduler's burst of extender calls must not be refused
+    ACCEPT_PAUSE_S = 0.1
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._refused_since_log = 0
+        self._accept_failing = False
+        super().__init__(address, handler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            accepted = super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if not self._accept_failing:
+                    log.warning("cannot accept connections; pausing between tries", reason="accept-failed",
+                                error=exc.strerror)
+                self._accept_failing = True
+                time.sleep(self.ACCEPT_PAUSE_S)  # the listening socket stays readable: do not spin on it
+            raise
+        self._accept_failing = False
+        return accepted
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refused_since_log += 1
+            if self._refused_since_log in (1, 100) or self._refused_since_log % 1000 == 0:
+                log.warning("too many connections; closing new ones", reason="connection-limit",
+                            refused=self._refused_since_log)
+            self.shutdown_request(request)
+            return
+        self._refused_since_log = 0
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection failed", reason="connection-failed", client=str(client_address), exc_info=True)
 
 
 def start_http_server(port: int, bind: str = "0.0.0.0", ready: Callable[[], bool] = lambda: True,
                       healthy: Callable[[], bool] = lambda: True,
                       registry: CollectorRegistry | None = None, app: App | None = None,
-                      flag: str = "--metrics-port") -> HealthServer:
+                      flag: str = "--metrics-port", limits: HttpLimits = HttpLimits(),
+                      tls: ssl.SSLContext | None = None) -> HealthServer:
     """Serve /healthz, /readyz and /metrics (when ``registry`` is given), and ``app`` before them, on
-    a daemon thread.
+    a daemon thread; over TLS when ``tls`` is given (the handshake happens on the connection's thread).
 
     Raises PortUnavailable naming the address (and the ``flag`` that chose it) when it cannot be bound."""
     try:
-        server = _Server((bind, port), _handler(ready, healthy, registry, app))
+        server = _Server((bind, port), _handler(ready, healthy, registry, app, limits, tls), limits.max_connections)
     except OSError as exc:
         raise PortUnavailable(f"{flag} {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
     thread = threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +32,7 @@ from typing import Any, Protocol
 import structlog
 
 from labeller.cluster.permissions import PermissionLog
+from labeller.quantity import parse as parse_quantity
 from labeller.cluster.reflector import Reflector
 from labeller.draplugin.metrics import DraMetrics
 from labeller.resourceslices import DraDevice, resource_slices
@@ -43,9 +43,6 @@ log = structlog.get_logger(__name__)
 Obj = dict[str, Any]
 SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
 
-_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:([KMGTPE]i)|([numkMGTPE])|[eE]([+-]?\d+))?")
-_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
 class SliceApi(Protocol):
@@ -66,15 +63,8 @@ class SliceApi(Protocol):
 def quantity(text: str) -> Fraction | str:
     """A Kubernetes quantity's value ("80Gi" and "85899345920" are the same); the text itself when
     it is not one."""
-    match = _QUANTITY.fullmatch(text.strip())
-    if match is None:
-        return text
-    number, binary, decimal, exponent = match.groups()
-    value = Fraction(number)
-    if binary:
-        return value * Fraction(1024 ** _BINARY[binary])
-    power = _DECIMAL[decimal] if decimal else int(exponent or 0)
-    return value * Fraction(10) ** power
+    value = parse_quantity(text)
+    return text if value is None else value
 
 
 def _canonical(value: Any) -> Any:

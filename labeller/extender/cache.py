@@ -8,18 +8,26 @@ instead of adding up pods.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from labeller import gpushare
+import structlog
+
+from labeller import gpushare, quantity
 from labeller.extender import placement
 from labeller.extender.placement import Gpus
 
 Obj = dict[str, Any]
 UNHEALTHY_PREFIX = "unhealthy-gpu-"  # gpushare's ConfigMap kube-system/unhealthy-gpu-<node>, key "gpus"
 UNHEALTHY_KEY = "gpus"
+# An assume time further ahead than this is not believed: the pod counts as assumed when first seen.
+CLOCK_SKEW_NS = 60 * 10**9
+
+log = structlog.get_logger("gpu_labeller.extender")
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,7 @@ class Placed:
     gpu: int
     units: int
     assumed: bool  # bound to its GPU by the extender, not yet allocated by the device plugin
-    assume_ns: int | None
+    assume_ns: int  # when it was bound (its annotation), else when this cache first saw it assumed
 
     @property
     def key(self) -> str:
@@ -43,10 +51,7 @@ class Placed:
 def node_gpus(node: Obj) -> tuple[int, int] | None:
     """(GPU count, units per GPU) from a Node's capacity (gpushare's rule: gpu-mem / gpu-count), or None."""
     capacity = (node.get("status") or {}).get("capacity") or {}
-    try:
-        memory, count = int(str(capacity[gpushare.RESOURCE_MEM])), int(str(capacity[gpushare.RESOURCE_COUNT]))
-    except (KeyError, ValueError):
-        return None
+    memory, count = quantity.whole(capacity.get(gpushare.RESOURCE_MEM)), quantity.whole(capacity.get(gpushare.RESOURCE_COUNT))
     return (count, memory // count) if count > 0 and memory > 0 else None
 
 
@@ -64,11 +69,15 @@ def _rv(obj: Obj) -> int:
 
 
 class ShareCache:
-    def __init__(self) -> None:
+    """What every shared node holds. A pod's GPU and size are the first assignment seen for it (its
+    uid): its owner can edit the annotations later, but the edits move, hide or resize nothing."""
+
+    def __init__(self, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._clock_ns = clock_ns
         self.lock = threading.Condition()
         self._shape: dict[str, tuple[int, int]] = {}  # node -> (count, units)
         self._unhealthy: dict[str, frozenset[int]] = {}
-        self._used: dict[str, list[int]] = {}  # node -> units placed per GPU index
+        self._used: dict[str, dict[int, int]] = {}  # node -> GPU index -> units placed on it
         self._free: dict[str, list[int | None]] = {}  # shared nodes only
         self._best: dict[str, int] = {}  # shared node -> most free units on one healthy GPU (-1: none)
         self._pods: dict[str, Placed] = {}
@@ -88,7 +97,8 @@ class ShareCache:
             self._free.pop(node, None)
             self._best.pop(node, None)
         else:
-            free = placement.free_memory(gpus, self._used.get(node, []))
+            used = self._used.get(node, {})
+            free = placement.free_memory(gpus, [used.get(index, 0) for index in range(gpus.count)])
             self._free[node] = free
             self._best[node] = max((units for units in free if units is not None), default=-1)
         self.lock.notify_all()
@@ -149,18 +159,47 @@ class ShareCache:
 
     # -- pods
     def _placed(self, pod: Obj) -> Placed | None:
-        """What the pod holds, or None: no gpu-mem, no GPU chosen, finished, or on no node."""
-        units = gpushare.pod_request(pod)
-        gpu = gpushare.assigned_gpu(pod)
-        if not units or gpu is None or gpushare.is_finished(pod):
+        """What the pod holds, or None: no gpu-mem, no GPU chosen, finished, or on no node. A pod
+        already counted keeps its GPU and size whatever its annotations say now."""
+        if gpushare.is_finished(pod):
             return None
         metadata = pod["metadata"]
         key = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+        uid = str(metadata.get("uid", ""))
+        old = self._pods.get(key)
+        if old is not None and old.uid == uid:
+            return self._kept(old, pod)
+        units = gpushare.pod_request(pod)
+        gpu = gpushare.assigned_gpu(pod)
         node = (pod.get("spec") or {}).get("nodeName") or self._binding.get(key)
-        if not node:
+        if not units or gpu is None or not node:
             return None
-        return Placed(str(metadata.get("namespace", "")), str(metadata.get("name", "")), str(metadata.get("uid", "")),
-                      str(node), gpu, units, gpushare.is_assumed(pod), gpushare.assume_time(pod))
+        shape = self._shape.get(str(node))
+        if shape is not None and gpu >= shape[0]:
+            log.warning("pod names a GPU its node does not have; not counted", reason="gpu-index-out-of-range",
+                        pod=key, node=node, device=gpu, gpus=shape[0])
+            return None
+        assumed = gpushare.is_assumed(pod)
+        return Placed(str(metadata.get("namespace", "")), str(metadata.get("name", "")), uid, str(node), gpu, units,
+                      assumed, self._assume_ns(pod, None))
+
+    def _kept(self, old: Placed, pod: Obj) -> Placed:
+        """``old`` with the pod's allocation state now; an edited GPU index or size is logged and ignored."""
+        gpu, units = gpushare.assigned_gpu(pod), gpushare.pod_request(pod)
+        if (gpu, units) != (old.gpu, old.units):
+            log.warning("pod's GPU annotations changed after placement; keeping the first", reason="placement-edited",
+                        pod=old.key, node=old.node, device=old.gpu, units=old.units, annotated_device=gpu,
+                        annotated_units=units)
+        assumed = gpu is not None and gpushare.is_assumed(pod)
+        return dataclasses.replace(old, assumed=assumed, assume_ns=self._assume_ns(pod, old))
+
+    def _assume_ns(self, pod: Obj, old: Placed | None) -> int:
+        """The pod's assume time when it is believable, else the one already known, else now."""
+        now = self._clock_ns()
+        annotated = gpushare.assume_time(pod)
+        if annotated is not None and 0 < annotated <= now + CLOCK_SKEW_NS:
+            return annotated
+        return old.assume_ns if old is not None else now
 
     def _put(self, key: str, placed: Placed | None) -> None:
         old = self._pods.pop(key, None)
@@ -171,10 +210,8 @@ class ShareCache:
                 del self._on_node[old.node], self._used[old.node]
         if placed is not None:
             self._pods[key] = placed
-            used = self._used.setdefault(placed.node, [])
-            if len(used) <= placed.gpu:
-                used.extend([0] * (placed.gpu + 1 - len(used)))
-            used[placed.gpu] += placed.units
+            used = self._used.setdefault(placed.node, {})
+            used[placed.gpu] = used.get(placed.gpu, 0) + placed.units
             self._on_node.setdefault(placed.node, set()).add(key)
         for node in {n.node for n in (old, placed) if n is not None}:
             self._refresh(node)
@@ -255,6 +292,11 @@ class ShareCache:
             return [(node, placement.score(self._free.get(node, ()), request, self._shape.get(node, (0, 0))[1], policy))
                     for node in nodes]
 
+    def unfit(self, node: str, request: int) -> str | None:
+        """Why ``request`` units fit on no GPU of ``node`` now, or None."""
+        with self.lock:
+            return placement.unfit_reason(self.gpus(node), self._free.get(node, ()), request)
+
     def choose(self, node: str, request: int, policy: str) -> tuple[int, int] | str:
         """(GPU index, units of one GPU) for the pod on ``node``, or why it does not fit."""
         with self.lock:
@@ -269,8 +311,7 @@ class ShareCache:
         with self.lock:
             for key in self._on_node.get(node, ()):
                 placed = self._pods[key]
-                if (key != except_key and placed.assumed
-                        and (placed.assume_ns is None or now_ns - placed.assume_ns < stale_ns)):
+                if key != except_key and placed.assumed and now_ns - placed.assume_ns < stale_ns:
                     return placed
         return None
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import click
 import structlog
@@ -26,7 +27,8 @@ from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
 from labeller.commands.options import BadInput
 from labeller.commands.params import Duration
-from labeller.runtime import HealthServer, PortUnavailable, run_until_signalled, start_http_server
+from labeller.errors import InputError
+from labeller.runtime import HealthServer, HttpLimits, run_until_signalled, server_tls, start_http_server
 
 log = structlog.get_logger("gpu_labeller.extender")
 
@@ -38,7 +40,17 @@ POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP hand
 @click.command("scheduler-extender")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="Port of the extender API (/gpushare-scheduler/...), /healthz, /readyz and /metrics.")
-@click.option("--bind", "bind_address", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--bind", "bind_address", default=None,
+              help="Address to listen on. Default: 0.0.0.0 with TLS, else 127.0.0.1 (unauthenticated: local only).")
+@click.option("--tls-cert-file", type=click.Path(dir_okay=False),
+              help="Serve HTTPS with this certificate (PEM); with --tls-key-file and --client-ca-file.")
+@click.option("--tls-key-file", type=click.Path(dir_okay=False), help="The certificate's private key (PEM).")
+@click.option("--client-ca-file", type=click.Path(dir_okay=False),
+              help="CA bundle (PEM) that must have signed a client's certificate: only the kube-scheduler holding "
+                   "one gets an answer.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Also serve /healthz, /readyz and /metrics (only those) over plain HTTP on this port, for probes "
+                   "and Prometheus when the extender port demands client certificates.")
 @click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
               help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
 @click.option("--policy", type=click.Choice(POLICIES), default="binpack", show_default=True,
@@ -48,19 +60,46 @@ POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP hand
                    "keep it below the scheduler's extender httpTimeout (default 5s).")
 @click.option("--assume-timeout", type=Duration(minimum=1), default="60s", show_default=True,
               help="A pod bound this long ago and still not allocated no longer holds its node's allocation lock.")
+@click.option("--scheduler-name", "scheduler_names", multiple=True, default=("default-scheduler",), show_default=True,
+              help="The schedulerName of the pods /bind binds (repeatable): the scheduler profiles that call this extender.")
+@click.option("--max-body-bytes", type=click.IntRange(1024), default=HttpLimits.max_body_bytes, show_default=True,
+              help="Largest request body read; a longer one is answered 413.")
+@click.option("--request-timeout", type=Duration(minimum=0.1), default=f"{HttpLimits.request_timeout_s:g}s",
+              show_default=True, help="Time a client has to send one request (TLS handshake, headers, body); also how "
+                                      "long an idle connection stays open.")
+@click.option("--max-connections", type=click.IntRange(1), default=HttpLimits.max_connections, show_default=True,
+              help="Connections served at once; one more is closed as soon as it is accepted.")
 @click.option("--watch-timeout", type=Duration(minimum=1), default="300s", show_default=True,
               help="Length of one watch request (watches are resumed).")
-def scheduler_extender(port: int, bind_address: str, kubeconfig: str | None, policy: str, bind_wait: float,
-                       assume_timeout: float, watch_timeout: float) -> None:
+def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str | None, tls_key_file: str | None,
+                       client_ca_file: str | None, metrics_port: int | None, kubeconfig: str | None, policy: str,
+                       bind_wait: float, assume_timeout: float, scheduler_names: tuple[str, ...], max_body_bytes: int,
+                       request_timeout: float, max_connections: int, watch_timeout: float) -> None:
     """Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible: filter, prioritize, bind."""
-    options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout)
+    options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout, scheduler_names=scheduler_names)
+    limits = HttpLimits(max_body_bytes=max_body_bytes, request_timeout_s=request_timeout, max_connections=max_connections)
+    tls_files = (tls_cert_file, tls_key_file, client_ca_file)
+    if any(tls_files) and not all(tls_files):
+        raise BadInput("--tls-cert-file, --tls-key-file and --client-ca-file go together: give all three or none")
     try:
+        tls = server_tls(tls_cert_file, tls_key_file, client_ca_file) if tls_cert_file and tls_key_file and client_ca_file else None
+        bind_address = bind_address or ("0.0.0.0" if tls else "127.0.0.1")
         running = start(lambda metrics: connect(kubeconfig, observer=metrics.observe_request, pool_size=POOL_SIZE),
-                        port, bind_address, options, int(watch_timeout))
-    except PortUnavailable as exc:
+                        port, bind_address, options, int(watch_timeout), limits=limits, tls=tls)
+        if metrics_port is not None:
+            running.extra.append(start_http_server(metrics_port, bind_address, ready=running.http_ready,
+                                                   registry=running.metrics.registry, flag="--metrics-port",
+                                                   limits=limits))
+    except InputError as exc:
         raise BadInput(str(exc)) from None
-    log.info("started", reason="start", port=running.http.port, policy=policy)
+    if tls is None:
+        log.warning("serving without authentication: whoever reaches the port can bind pods; give --tls-cert-file, "
+                    "--tls-key-file and --client-ca-file", reason="unauthenticated", bind=bind_address,
+                    port=running.http.port)
+    log.info("started", reason="start", port=running.http.port, policy=policy, tls=tls is not None,
+             metrics_port=metrics_port)
     run_until_signalled(running.stop.wait, running.stop.set, lambda: None)
+    running.close()
     log.info("stopped", reason="stop")
 
 
@@ -75,15 +114,21 @@ class Running:
     http: HealthServer
     stop: threading.Event
     kube: Kube
+    extra: list[HealthServer] = field(default_factory=list)  # the plain health and metrics port, when asked for
+
+    def http_ready(self) -> bool:
+        return len(self.cache.synced) == len(self.feed.sources)
 
     def close(self) -> None:
         self.stop.set()
-        self.http.close()
+        for server in (self.http, *self.extra):
+            server.close()
         self.kube.close()
 
 
 def start(make_kube: Callable[[Metrics], Kube], port: int, bind_address: str = "0.0.0.0",
-          options: BindOptions = BindOptions(), watch_timeout_s: int = 300) -> Running:
+          options: BindOptions = BindOptions(), watch_timeout_s: int = 300, limits: HttpLimits = HttpLimits(),
+          tls: ssl.SSLContext | None = None) -> Running:
     """Serve the extender on ``port`` and follow the cluster; ready once every first list is in."""
     cache = ShareCache()
     metrics = Metrics(cache)
@@ -92,7 +137,8 @@ def start(make_kube: Callable[[Metrics], Kube], port: int, bind_address: str = "
     stop = threading.Event()
     feed = Feed(kube, cache, stop, watch_timeout_s=watch_timeout_s)
     http = start_http_server(port, bind_address, ready=lambda: len(cache.synced) == len(feed.sources),
-                             registry=metrics.registry, app=Extender(cache, binder, metrics), flag="--port")
+                             registry=metrics.registry, app=Extender(cache, binder, metrics), flag="--port",
+                             limits=limits, tls=tls)
     feed.start()
     return Running(cache, metrics, binder, feed, http, stop, kube)
 

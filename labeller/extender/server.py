@@ -88,12 +88,15 @@ class Extender:
         return [{"Host": name, "Score": score} for name, score in scores], "ok"
 
     def bind(self, args: Obj) -> tuple[Obj, str]:
+        for field in ("PodName", "PodNamespace", "Node"):
+            if field not in args:
+                raise BadRequest(f"ExtenderBindingArgs without {field}")
+        for field in ("PodName", "PodNamespace", "PodUID", "Node"):
+            if field in args and not isinstance(args[field], str):
+                raise BadRequest(f"{field} is not a string")
+        name, namespace, node = args["PodName"], args["PodNamespace"], args["Node"]
         try:
-            name, namespace, node = str(args["PodName"]), str(args["PodNamespace"]), str(args["Node"])
-        except KeyError as exc:
-            raise BadRequest(f"ExtenderBindingArgs without {exc.args[0]}") from None
-        try:
-            self.binder.bind(namespace, name, str(args.get("PodUID") or ""), node)
+            self.binder.bind(namespace, name, args.get("PodUID") or "", node)
         except BindError as exc:
             log.warning("bind failed", reason="bind-failed", pod=f"{namespace}/{name}", node=node, error=str(exc))
             return {"Error": str(exc)}, "error"
@@ -119,10 +122,35 @@ def _candidates(args: Obj) -> tuple[Obj, list[str], list[Obj] | None]:
     pod = args.get("Pod")
     if not isinstance(pod, dict):
         raise BadRequest("ExtenderArgs without a Pod")
+    _check_pod(pod)
     if args.get("NodeNames") is not None:
-        return pod, [str(name) for name in args["NodeNames"]], None
-    nodes = list((args.get("Nodes") or {}).get("items") or [])
+        names = args["NodeNames"]
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise BadRequest("NodeNames is not a list of node names")
+        return pod, names, None
+    node_list = args.get("Nodes") or {}
+    nodes = node_list.get("items") or [] if isinstance(node_list, dict) else None
+    if not isinstance(nodes, list) or not all(isinstance(node, dict) and isinstance(node.get("metadata") or {}, dict)
+                                              for node in nodes):
+        raise BadRequest("Nodes is not a NodeList")
     return pod, [_name(node) for node in nodes], nodes
+
+
+def _check_pod(pod: Obj) -> None:
+    """BadRequest naming the first field of the pod that does not have a Pod's shape (where it is read)."""
+    for field in ("metadata", "spec"):
+        if not isinstance(pod.get(field) or {}, dict):
+            raise BadRequest(f"Pod.{field} is not an object")
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not isinstance(containers, list) or not all(isinstance(container, dict) for container in containers):
+        raise BadRequest("Pod.spec.containers is not a list of containers")
+    for i, container in enumerate(containers):
+        resources = container.get("resources") or {}
+        if not isinstance(resources, dict):
+            raise BadRequest(f"Pod.spec.containers[{i}].resources is not an object")
+        for kind in ("limits", "requests"):
+            if not isinstance(resources.get(kind) or {}, dict):
+                raise BadRequest(f"Pod.spec.containers[{i}].resources.{kind} is not an object")
 
 
 def _filter_result(names: list[str], nodes: list[Obj] | None, failed: dict[str, str],

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
          "labeller.sharing", "labeller.vendor", "labeller.vendor.discovery", "labeller.vendor.devices",
          "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare", "labeller.namedconfigs",
-         "labeller.resourceslices", "labeller.vendor.dra", "labeller.upstream"}
+         "labeller.resourceslices", "labeller.vendor.dra", "labeller.upstream", "labeller.quantity"}
 
 
 def module_name(path: Path) -> str:
@@ -304,10 +304,12 @@ def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
     """The annotations' meaning and where memory fits are shared by the extender and the plugin:
     plain data, no client, no I/O; the cache adds only a lock."""
     packages = {"labeller", "labeller.extender"}  # ``from labeller import gpushare`` names the package too
-    assert ours(modules()["labeller.gpushare"]) == set()
+    assert ours(modules()["labeller.quantity"]) == set()
+    assert ours(modules()["labeller.gpushare"]) - packages <= {"labeller.quantity"}
     assert ours(modules()["labeller.extender.placement"]) - packages <= {"labeller.gpushare"}
-    assert ours(modules()["labeller.extender.cache"]) - packages <= {"labeller.gpushare", "labeller.extender.placement"}
-    for module in ("labeller.gpushare", "labeller.extender.placement", "labeller.extender.cache"):
+    assert ours(modules()["labeller.extender.cache"]) - packages <= {"labeller.gpushare", "labeller.quantity",
+                                                                     "labeller.extender.placement"}
+    for module in ("labeller.quantity", "labeller.gpushare", "labeller.extender.placement", "labeller.extender.cache"):
         assert not {i for i in modules()[module]
                     if i.split(".")[0] in ("kubernetes", "urllib3", "click", "grpc")}, module
 

@@ -47,8 +47,10 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
                                                       "plugin": {"deviceListStrategy": ["envvar", "cdi-cri"]}},
                            "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}},
     "extender": {"extender": {"enabled": True}},
-    "extender-nodeport": {"extender": {"enabled": True, "policy": "spread", "bindWait": "5s", "assumeTimeout": 120,
-                                       "service": {"type": "NodePort", "nodePort": 32766}}},
+    "extender-existing-secret": {"extender": {"enabled": True, "policy": "spread", "bindWait": "5s", "assumeTimeout": 120,
+                                              "tls": {"existingSecret": "extender-certs"},
+                                              "service": {"clusterIP": "10.96.0.50"},
+                                              "schedulerConfig": {"host": "10.96.0.50"}}},
     # Memory sharing in one pool (pods access for the plugin) with both admission policies
     "memory-sharing": {"admissionPolicy": {"enabled": True}, "config": {"default": "whole", "data": {
         "whole": {"version": "v1"}, "gpushare": {"version": "v1", "sharing": {"memory": {"unit": "GiB"}}}}}},

@@ -169,7 +169,7 @@ def test_metrics_port_differs_from_every_other_components() -> None:
                       "devicePlugin": {"mpsControlDaemon": {"enabled": True}}})
     ports = [p["containerPort"] for o in find(objects, "DaemonSet") + find(objects, "Deployment")
              for c in pod(o)["containers"] for p in c["ports"]]
-    assert sorted(ports) == [8080, 8081, 8082, 8083, 39999]
+    assert sorted(ports) == [8080, 8081, 8082, 8083, 39998, 39999]
 
 
 @pytest.mark.parametrize(("values", "label"), [

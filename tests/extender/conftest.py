@@ -4,6 +4,7 @@ a client speaking the kube-scheduler extender protocol, and a device-plugin stan
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -17,6 +18,7 @@ from labeller import gpushare
 from labeller.extender.binder import BindOptions
 from labeller.extender.cli import Running, start
 from labeller.cluster.kube import Kube
+from labeller.runtime import HttpLimits
 from tests.builders import PATIENCE_S, wait_for
 from tests.fakes.apiserver import FakeApiServer
 
@@ -117,9 +119,11 @@ def start_extender(kubeconfig: Path) -> Iterator[Start]:
     """Start the real extender (port 0) against the fake; waits until its first lists are in."""
     started: list[Running] = []
 
-    def launch(policy: str = "binpack", wait_s: float = 2.0, stale_s: float = 60.0) -> Running:
+    def launch(policy: str = "binpack", wait_s: float = 2.0, stale_s: float = 60.0, *, limits: HttpLimits = HttpLimits(),
+               tls: ssl.SSLContext | None = None, **options: Any) -> Running:
         running = start(lambda metrics: Kube(str(kubeconfig), observer=metrics.observe_request, pool_size=16),
-                        0, "127.0.0.1", BindOptions(policy=policy, wait_s=wait_s, stale_s=stale_s), watch_timeout_s=5)
+                        0, "127.0.0.1", BindOptions(policy=policy, wait_s=wait_s, stale_s=stale_s, **options),
+                        watch_timeout_s=5, limits=limits, tls=tls)
         started.append(running)
         wait_for(lambda: len(running.cache.synced) == 3)
         return running

@@ -37,7 +37,9 @@ def test_requests_are_per_container_limits_with_requests_as_fallback() -> None:
 def test_a_pod_without_gpu_mem_asks_nothing_and_garbage_counts_as_nothing() -> None:
     assert gpushare.pod_request(pod(container("a", limits={"cpu": "1"}))) == 0
     assert gpushare.pod_request({"metadata": {"name": "bare"}}) == 0
-    assert gpushare.pod_request(pod(container("a", limits={gpushare.RESOURCE_MEM: "1.5"}))) == 0
+    assert gpushare.pod_request(pod(container("a", limits={gpushare.RESOURCE_MEM: "lots"}))) == 0
+    # The API server refuses a fraction of an extended resource; were one read, it rounds up as Quantity.Value().
+    assert gpushare.pod_request(pod(container("a", limits={gpushare.RESOURCE_MEM: "1.5"}))) == 2
 
 
 def test_placement_annotations_round_trip_through_the_readers() -> None:

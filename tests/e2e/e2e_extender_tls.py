@@ -1,0 +1,303 @@
+"""End to end: the real kube-scheduler v1.24 drives ``gpu-labeller scheduler-extender`` over mutual TLS,
+configured exactly by the chart (its Secrets and its KubeSchedulerConfiguration), on a real
+kube-apiserver. Prints every check and figure; exits 1 if a check failed. Not a test (pytest does not
+collect e2e_*.py): run it by hand.
+
+    K8S_STATE=/tmp/k8s-x K8S_API_PORT=... K8S_ETCD_PORT=... K8S_ETCD_PEER_PORT=... K8S_SCHED_PORT=... \\
+        python tests/e2e/e2e_extender_tls.py [--k8s DIR] [--port 39997] [--keep]
+
+1. up.sh, the chart's RBAC for the extender, two Nodes sharing GPU memory (4 GPUs x 16 each), and a
+   device-plugin stand-in that marks each bound pod allocated (no container runs here).
+2. The chart rendered with extender.enabled: the extender runs with its serving Secret (--tls-*), the
+   scheduler with the ConfigMap's KubeSchedulerConfiguration and the client Secret.
+3. Pods asking aliyun.com/gpu-mem are bound by the real scheduler through the extender.
+4. Clients without the scheduler's certificate are refused on every path: no certificate, another CA's,
+   plain HTTP.
+5. A quiet burst of pods, then, while 200 slow clients trickle bytes and a client sends a 100 MB body,
+   another: the scheduler keeps placing pods; the body is refused (413) unread, the slow clients are closed at the request timeout, the
+   extender's CPU and memory stay low.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from labeller import gpushare  # noqa: E402
+from labeller.cluster.kube import Kube  # noqa: E402
+from tests.deploy import render  # noqa: E402
+from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402
+from tests.e2e.e2e_ownership import add_k8s_argument, check, figure, verdict, wait  # noqa: E402
+from tests.e2e.e2e_sharing import stop  # noqa: E402
+from tests.extender.certs import make_certs  # noqa: E402
+
+NODES = ("e2e-tls-a", "e2e-tls-b")
+GPUS, UNITS = 4, 16
+NAME = "gpu-labeller-scheduler-extender"
+REQUEST_TIMEOUT_S = 5
+
+
+def pod_body(name: str, units: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": "main", "image": "cuda",
+                                     "resources": {"limits": {gpushare.RESOURCE_MEM: str(units)}}}]}}
+
+
+def make_node(cluster: Cluster, name: str) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": name, "labels": {"kubernetes.io/hostname": name}}}))
+    resources = {"cpu": "8", "memory": "32Gi", "pods": "110", gpushare.RESOURCE_MEM: str(GPUS * UNITS),
+                 gpushare.RESOURCE_COUNT: str(GPUS)}
+    cluster.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
+        "capacity": resources, "allocatable": resources, "conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e",
+            "lastHeartbeatTime": now, "lastTransitionTime": now}]}}))
+    cluster.kubectl("taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+
+
+def allocate_bound_pods(admin: Kube, stop_event: threading.Event) -> None:
+    """What the device plugin's Allocate does for the extender: mark each bound, assumed pod assigned."""
+    while not stop_event.wait(0.05):
+        for pod in admin.list_pods(field_selector="metadata.namespace=default")[0]:
+            if pod["spec"].get("nodeName") and gpushare.is_assumed(pod):
+                admin.patch_pod_annotations("default", pod["metadata"]["name"], {
+                    gpushare.ANN_ASSIGNED: "true", gpushare.ANN_ASSIGN_TIME: str(time.time_ns())})
+
+
+def secret_files(objects: list[dict[str, Any]], name: str, directory: Path) -> Path:
+    secret = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == name)
+    directory.mkdir(parents=True, exist_ok=True)
+    for key, value in secret["data"].items():
+        (directory / key).write_bytes(base64.b64decode(value))
+    (directory / "tls.key").chmod(0o600)
+    return directory
+
+
+def refused(url: str, context: ssl.SSLContext | None) -> bool:
+    body = json.dumps({"Pod": pod_body("x", 1), "NodeNames": list(NODES)}).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10, context=context):
+            return False
+    except urllib.error.HTTPError:
+        return False  # an answer, even an error, is not a refusal
+    except (ssl.SSLError, ConnectionError, urllib.error.URLError, TimeoutError):
+        return True
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def slow_client(port: int, stop_event: threading.Event, closed: list[float]) -> None:
+    """One byte of a request now and then, never a whole one; notes when the server closed it."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            opened = time.monotonic()
+            for byte in b"\x16\x03\x01\x02\x00\x01":  # the start of a TLS ClientHello, a byte at a time
+                sock.sendall(bytes([byte]))
+                if stop_event.wait(1.0):
+                    return
+            sock.settimeout(60)
+            if sock.recv(1) == b"":
+                closed.append(time.monotonic() - opened)
+    except OSError:
+        closed.append(-1.0)  # reset: also closed by the server
+
+
+def big_body(port: int, context: ssl.SSLContext, server_name: str) -> tuple[str, float]:
+    """An authenticated client declaring 100 MB and sending 5 MB of it: the status line and the seconds."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as raw, \
+            context.wrap_socket(raw, server_hostname=server_name) as sock:
+        started = time.monotonic()
+        sock.sendall(b"POST /gpushare-scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000000\r\n\r\n")
+        try:
+            for _ in range(80):
+                sock.sendall(b"[" * 65536)
+        except OSError:
+            pass  # the server stopped reading: it answered and closed
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except OSError:
+            pass
+        return answer.split(b"\r\n", 1)[0].decode(errors="replace"), time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_k8s_argument(parser)
+    parser.add_argument("--port", type=int, default=39997, help="the extender's port")
+    parser.add_argument("--slow", type=int, default=200, help="slow clients at once")
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    args = parser.parse_args()
+    cluster = Cluster(args.k8s, Path(os.environ.get("K8S_STATE", "/tmp/gpu-labeller-k8s")))
+    work = Path(tempfile.mkdtemp(prefix="e2e-extender-tls-"))
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    processes: list[subprocess.Popen[str]] = []
+    allocating = threading.Event()
+    try:
+        cluster.up()
+        objects = render({"extender": {"enabled": True, "schedulerConfig": {"host": "127.0.0.1"},
+                                       "port": args.port, "metricsPort": args.port + 1}})
+        rbac = [o for o in objects if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                                                    "RoleBinding")]
+        cluster.kubectl("create", "namespace", NAMESPACE, check=False)
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+        for node in NODES:
+            make_node(cluster, node)
+        admin = Kube(str(cluster.admin))
+        threading.Thread(target=allocate_bound_pods, args=(admin, allocating), daemon=True).start()
+
+        # 2. The extender with the chart's serving Secret; the scheduler with its configuration and client Secret.
+        serving = secret_files(objects, f"{NAME}-tls", work / "serving")
+        client_dir = secret_files(objects, f"{NAME}-scheduler-client", work / "scheduler-client")
+        config_map = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == f"{NAME}-scheduler-config")
+        config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
+        tls_config = config["extenders"][0]["tlsConfig"]
+        for key in ("caFile", "certFile", "keyFile"):  # the files, where the control plane would hold them
+            tls_config[key] = str(client_dir / Path(tls_config[key]).name)
+        del config["clientConnection"]  # scheduler-up.sh gives the scheduler its kubeconfig
+        (work / "scheduler.yaml").write_text(yaml.safe_dump(config))
+        print("  scheduler extender entry:", json.dumps(config["extenders"][0]))
+        extender_kubeconfig = cluster.kubeconfig_for(NAME, work / "kubeconfig-extender")
+        extender = subprocess.Popen(
+            [sys.executable, "-m", "labeller.cli", "--log-format", "json", "scheduler-extender", "--port",
+             str(args.port), "--metrics-port", str(args.port + 1), "--bind", "127.0.0.1", "--kubeconfig",
+             str(extender_kubeconfig), "--tls-cert-file", str(serving / "tls.crt"), "--tls-key-file",
+             str(serving / "tls.key"), "--client-ca-file", str(serving / "ca.crt"), "--request-timeout",
+             f"{REQUEST_TIMEOUT_S}s"], stderr=(work / "extender.log").open("w"), text=True, cwd=ROOT)
+        processes.append(extender)
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{args.port + 1}/readyz", timeout=1) as answer:
+                    return answer.status == 200
+            except OSError:
+                return False
+        took = wait(ready, 60)
+        check(took is not None, f"the extender serves mutual TLS with the chart's Secret, ready in {took or 0:.2f} s")
+        subprocess.run([str(args.k8s / "scheduler-up.sh"), "--config", str(work / "scheduler.yaml")], env=cluster.env,
+                       check=True, stdout=subprocess.DEVNULL)
+
+        # 3. The real scheduler, over mutual TLS.
+        created = {f"first-{i}": time.monotonic() for i in range(4)}
+        for name in created:
+            cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod_body(name, 8)))
+
+        def bound(names: list[str]) -> list[str]:
+            pods = {p["metadata"]["name"]: p for p in admin.list_pods(field_selector="metadata.namespace=default")[0]}
+            return [n for n in names if n in pods and pods[n]["spec"].get("nodeName")
+                    and gpushare.assigned_gpu(pods[n]) is not None]
+        took = wait(lambda: len(bound(list(created))) == len(created), 120)
+        check(took is not None, f"the real kube-scheduler binds {len(created)} gpu-mem pods through the extender over "
+                                f"mutual TLS (annotated, bound) in {took or 0:.2f} s")
+
+        # 4. Everyone else is refused.
+        url = f"https://127.0.0.1:{args.port}"
+        server_name = tls_config["serverName"]
+        anonymous = ssl.create_default_context(cafile=str(client_dir / "ca.crt"))
+        anonymous.check_hostname = False
+        stranger_certs = make_certs(work / "stranger")
+        stranger = ssl.create_default_context(cafile=str(client_dir / "ca.crt"))
+        stranger.check_hostname = False
+        stranger.load_cert_chain(str(stranger_certs.stranger_cert), str(stranger_certs.stranger_key))
+        paths = ("/gpushare-scheduler/filter", "/gpushare-scheduler/bind", "/gpushare-scheduler/inspect", "/metrics")
+        check(all(refused(url + path, anonymous) for path in paths), "a client without a certificate is refused on "
+                                                                      f"{', '.join(paths)}")
+        check(all(refused(url + path, stranger) for path in paths), "a client with another CA's certificate is refused")
+        check(refused(f"http://127.0.0.1:{args.port}/gpushare-scheduler/inspect", None), "plain HTTP is refused")
+
+        # 5. Slow clients and a big body while the scheduler keeps placing pods (a quiet burst first, to compare).
+        def burst(prefix: str, count: int) -> tuple[dict[str, float], dict[str, float]]:
+            names = [f"{prefix}-{i:02}" for i in range(count)]
+            started = {}
+            for name in names:
+                cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod_body(name, 4)))
+                started[name] = time.monotonic()
+            return started, {}
+
+        def all_bound(started: dict[str, float], times: dict[str, float]) -> bool:
+            for name in bound(list(started)):
+                times.setdefault(name, time.monotonic() - started[name])
+            return len(times) == len(started)
+        quiet_started, quiet = burst("quiet", 8)
+        took = wait(lambda: all_bound(quiet_started, quiet), 120)
+        check(took is not None, f"a quiet burst: {len(quiet)}/{len(quiet_started)} pods bound")
+        if quiet:
+            figure(f"created -> bound, quiet: {ms(list(quiet.values()))}")
+        stop_slow, closed = threading.Event(), []
+        slow = [threading.Thread(target=slow_client, args=(args.port, stop_slow, closed), daemon=True)
+                for _ in range(args.slow)]
+        cpu_before, wall_before = cpu_seconds(extender.pid), time.monotonic()
+        for thread in slow:
+            thread.start()
+        scheduler = ssl.create_default_context(cafile=str(client_dir / "ca.crt"))
+        scheduler.load_cert_chain(str(client_dir / "tls.crt"), str(client_dir / "tls.key"))
+        started, times = burst("during", 12)
+        status, body_s = big_body(args.port, scheduler, server_name)
+        check(status.startswith("HTTP/1.1 413"), f"a 100 MB body is refused unread: {status!r} in {body_s:.2f} s")
+        took = wait(lambda: all_bound(started, times), 120)
+        check(took is not None, f"with {args.slow} slow clients and the big body, the scheduler keeps placing: "
+                                f"{len(times)}/{len(started)} pods bound")
+        if times:
+            figure(f"created -> bound while attacked: {ms(list(times.values()))}")
+        for thread in slow:
+            thread.join(REQUEST_TIMEOUT_S + 60)
+        cpu = cpu_seconds(extender.pid) - cpu_before
+        wall = time.monotonic() - wall_before
+        stop_slow.set()
+        check(len(closed) == args.slow, f"every slow client was closed by the server ({len(closed)}/{args.slow}), "
+                                        f"at the request timeout ({REQUEST_TIMEOUT_S} s): "
+                                        f"max {max(closed, default=0):.1f} s after it connected")
+        check(cpu < 0.5 * wall, f"the extender did not spin: {cpu:.2f} s CPU in {wall:.1f} s")
+        figure(f"extender RSS after the attack: {rss_mib(extender.pid):.0f} MiB")
+        used: dict[tuple[str, int], int] = {}
+        for pod in admin.list_pods(field_selector="metadata.namespace=default")[0]:
+            gpu = gpushare.assigned_gpu(pod)
+            if pod["spec"].get("nodeName") and gpu is not None:
+                key = (pod["spec"]["nodeName"], gpu)
+                used[key] = used.get(key, 0) + gpushare.pod_request(pod)
+        check(max(used.values()) <= UNITS, f"no GPU holds more than {UNITS}: {sorted(used.items())}")
+        log = (work / "extender.log").read_text()
+        check("Traceback" not in log, "no traceback in the extender's log")
+    finally:
+        allocating.set()
+        stop(*reversed(processes))
+        subprocess.run([str(args.k8s / "scheduler-down.sh")], env=cluster.env, check=False, stdout=subprocess.DEVNULL)
+        if not args.keep:
+            cluster.down()
+        print(f"logs in {work}")
+    return verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
