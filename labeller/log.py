@@ -7,11 +7,31 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
 LEVELS = ("debug", "info", "warning", "error")
+
+
+class BestEffort:
+    """The log's stream, where a line that cannot be written (the reader of a ``2>&1 | head`` pipe is
+    gone, a full disk) is dropped: a process must go on, and stop when told, without its log."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+        except (OSError, ValueError):  # ValueError: the stream was closed
+            pass
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def configure(level: str = "info", json_output: bool | None = None) -> None:
@@ -28,7 +48,7 @@ def configure(level: str = "info", json_output: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=BestEffort(sys.stderr)),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
 

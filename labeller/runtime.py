@@ -76,8 +76,8 @@ def run_until_signalled(body: Callable[[], T], stop: Callable[[], None], reload:
             with contextlib.suppress(BlockingIOError):
                 for signum in os.read(wakeup_r, 512):
                     if signum:
+                        (reload if signum in RELOAD_SIGNALS else stop)()  # before the log line, which may fail
                         log.info("signal received", reason="signal", signal=signal.Signals(signum).name)
-                        (reload if signum in RELOAD_SIGNALS else stop)()
         thread.join()
     finally:
         for signum, handler in previous.items():

@@ -42,3 +42,23 @@ def test_a_burst_of_sighups_then_sigterm_stops_the_daemon_promptly(tmp_path: Pat
         process.wait()
     text = log.read_text()
     assert '"signal": "SIGTERM"' in text and '"reason": "sighup"' in text and "Traceback" not in text
+
+
+def test_sigterm_stops_a_server_whose_log_reader_went_away(tmp_path: Path) -> None:
+    """``gpu-labeller ... 2>&1 | head`` closes the pipe the log goes to: logging "signal received" then
+    failed with a broken pipe, the stop was never passed on, and the process waited for its loop
+    thread for ever. A log line that cannot be written is dropped; SIGTERM still stops it, exit 0."""
+    features = tmp_path / "features"
+    process = subprocess.Popen([*COMMAND, "--log-format", "json", "run", "--node-name", "n1", "--output",
+                                "features-file", "--features-file", str(features), "--simulate", "dgx-h100",
+                                "--interval", "3600", "--start-jitter", "0", "--metrics-port", "0",
+                                "--metrics-bind", "127.0.0.1"], stderr=subprocess.PIPE)
+    try:
+        wait_for(features.exists, timeout=60)
+        assert process.stderr is not None
+        process.stderr.close()  # the reader is gone: every later write to the log pipe fails
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        process.kill()
+        process.wait()
