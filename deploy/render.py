@@ -25,6 +25,7 @@ release "gpu-labeller" in namespace "gpu-labeller". Needs helm-python-sdk (the p
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -60,13 +61,22 @@ EXAMPLE_CONFIGS: dict[str, Any] = {
 }
 
 
-def render_chart(values: dict[str, Any] | None = None) -> dict[str, str]:
-    """Render the chart as release gpu-labeller in namespace gpu-labeller: template path -> text."""
+def render_chart(values: dict[str, Any] | None = None, kube_version: str | None = None) -> dict[str, str]:
+    """Render the chart as release gpu-labeller in namespace gpu-labeller: template path -> text.
+
+    ``kube_version`` is the cluster's version the templates see (.Capabilities.KubeVersion), as `helm
+    template --kube-version`; without it, Helm's default (its client library's version)."""
+    options: dict[str, Any] = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True}
+    if kube_version:
+        options["kube_version"] = kube_version
     chart = helm_python.Chart.load(CHART)
     try:
-        return chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        # Chart.render does not pass kube_version on (helm-python-sdk 0.2); the native render it wraps takes it.
+        rendered: dict[str, str] = json.loads(helm_python._native.call_string(
+            "helm_render", chart._raw(), json.dumps(values or {}), json.dumps(options)))
     finally:
         chart.close()
+    return rendered
 
 
 def documents(rendered: dict[str, str]) -> list[str]:
