@@ -123,8 +123,9 @@ def manifests() -> dict[str, str]:
         "validating-admission-policy.yaml": join(
             documents(vap), "admissionPolicy.enabled=true; Kubernetes >= 1.30; apply after gpu-labeller.yaml"),
         "scheduler-extender.yaml": join(
-            documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; Kubernetes >= 1.27; apply after "
-            "gpu-labeller.yaml and configure the kube-scheduler (docs/memory-sharing.md)"),
+            documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; "
+            "Kubernetes >= 1.27; apply after gpu-labeller.yaml and configure the kube-scheduler "
+            "(docs/memory-sharing.md)"),
         "kubelet-dra-plugin.yaml": join(
             documents(dra), "dra.enabled=true, admissionPolicy.enabled=true, the same config.data: the DRA "
             "plugin, its RBAC and ResourceSlice policy, the DeviceClasses only; Kubernetes >= 1.34; apply after "
