@@ -19,12 +19,16 @@ validating-admission-policy.yaml holds only the optional ValidatingAdmissionPoli
 (extender.enabled=true), kubelet-dra-plugin.yaml only the DRA objects (dra.enabled=true with the same
 example configs, admissionPolicy.enabled=true: the DRA plugin, its RBAC and its ResourceSlice policy,
 the DeviceClasses). All are rendered as
-release "gpu-labeller" in namespace "gpu-labeller". Needs helm-python-sdk (the project's test extra).
+release "gpu-labeller" in namespace "gpu-labeller", each for the oldest Kubernetes it runs on (its header
+names it): gpu-labeller.yaml and scheduler-extender.yaml for the chart's minimum, 1.27 (so without the
+1.30 field recursiveReadOnly: Helm renders it for a cluster that knows it), the policy for 1.30, DRA for
+1.34. Needs helm-python-sdk (the project's test extra).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,6 +44,10 @@ DEPLOY = Path(__file__).resolve().parent
 CHART = DEPLOY / "helm" / "gpu-labeller"
 MANIFESTS = DEPLOY / "manifests"
 RELEASE = NAMESPACE = "gpu-labeller"
+# The Kubernetes version each file is rendered for: the oldest its objects run on.
+MIN_KUBE_VERSION = "1.27.0"  # Chart.yaml kubeVersion
+POLICY_KUBE_VERSION = "1.30.0"  # admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy
+DRA_KUBE_VERSION = "1.34.0"  # resource.k8s.io/v1
 REGEN_COMMAND = "python deploy/render.py"
 
 HEADER = (
@@ -60,13 +68,22 @@ EXAMPLE_CONFIGS: dict[str, Any] = {
 }
 
 
-def render_chart(values: dict[str, Any] | None = None) -> dict[str, str]:
-    """Render the chart as release gpu-labeller in namespace gpu-labeller: template path -> text."""
+def render_chart(values: dict[str, Any] | None = None, kube_version: str | None = None) -> dict[str, str]:
+    """Render the chart as release gpu-labeller in namespace gpu-labeller: template path -> text.
+
+    ``kube_version`` is the cluster's version the templates see (.Capabilities.KubeVersion), as `helm
+    template --kube-version`; without it, Helm's default (its client library's version)."""
+    options: dict[str, Any] = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True}
+    if kube_version:
+        options["kube_version"] = kube_version
     chart = helm_python.Chart.load(CHART)
     try:
-        return chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        # Chart.render does not pass kube_version on (helm-python-sdk 0.2); the native render it wraps takes it.
+        rendered: dict[str, str] = json.loads(helm_python._native.call_string(
+            "helm_render", chart._raw(), json.dumps(values or {}), json.dumps(options)))
     finally:
         chart.close()
+    return rendered
 
 
 def documents(rendered: dict[str, str]) -> list[str]:
@@ -90,24 +107,25 @@ def join(docs: list[str], what: str) -> str:
 
 def manifests() -> dict[str, str]:
     """File name in deploy/manifests/ -> its expected content."""
-    main = render_chart({"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}})
-    policy = render_chart({"admissionPolicy": {"enabled": True}})
+    main = render_chart({"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}}, MIN_KUBE_VERSION)
+    policy = render_chart({"admissionPolicy": {"enabled": True}}, POLICY_KUBE_VERSION)
     vap = {path: text for path, text in policy.items() if path.endswith("/" + VAP_TEMPLATE)}
     # No generated keys in a file everyone downloads: the manifest takes the Secret the user makes (README).
     extender_values = {"extender": {"enabled": True, "tls": {"existingSecret": "gpu-labeller-scheduler-extender-tls"}}}
-    extender = {path: text for path, text in render_chart(extender_values).items()
+    extender = {path: text for path, text in render_chart(extender_values, MIN_KUBE_VERSION).items()
                 if path.endswith("/" + EXTENDER_TEMPLATE)}
     dra_values = {"config": {"data": EXAMPLE_CONFIGS}, "dra": {"enabled": True}, "admissionPolicy": {"enabled": True}}
-    dra = {path: text for path, text in render_chart(dra_values).items()
+    dra = {path: text for path, text in render_chart(dra_values, DRA_KUBE_VERSION).items()
            if path.rpartition("/")[2].startswith(DRA_TEMPLATE_PREFIX)}
     return {
         "gpu-labeller.yaml": join(documents(main), "default values, createNamespace=true, config.data: "
-                                  f"{', '.join(EXAMPLE_CONFIGS)}"),
+                                  f"{', '.join(EXAMPLE_CONFIGS)}; Kubernetes >= 1.27"),
         "validating-admission-policy.yaml": join(
             documents(vap), "admissionPolicy.enabled=true; Kubernetes >= 1.30; apply after gpu-labeller.yaml"),
         "scheduler-extender.yaml": join(
-            documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; apply after "
-            "gpu-labeller.yaml and configure the kube-scheduler (docs/memory-sharing.md)"),
+            documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; "
+            "Kubernetes >= 1.27; apply after gpu-labeller.yaml and configure the kube-scheduler "
+            "(docs/memory-sharing.md)"),
         "kubelet-dra-plugin.yaml": join(
             documents(dra), "dra.enabled=true, admissionPolicy.enabled=true, the same config.data: the DRA "
             "plugin, its RBAC and ResourceSlice policy, the DeviceClasses only; Kubernetes >= 1.34; apply after "

@@ -13,7 +13,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import helm_python
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,6 +23,8 @@ RELEASE = NAMESPACE = "gpu-labeller"
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
 # DRA (dra.enabled: DeviceClasses of resource.k8s.io/v1) needs 1.34: its objects are validated from there on.
 DRA_KUBE_VERSION = "1.34.0"
+# The oldest Kubernetes the chart installs on (Chart.yaml kubeVersion), without the admission policy and DRA.
+MIN_KUBE_VERSION = "1.27.0"
 
 # Value combinations every structural test runs over (name -> values).
 COMBINATIONS: dict[str, dict[str, Any]] = {
@@ -72,12 +73,8 @@ Obj = dict[str, Any]
 
 
 @functools.cache
-def _render(values_json: str) -> tuple[Obj, ...]:
-    chart = helm_python.Chart.load(CHART)
-    try:
-        rendered = chart.render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE, is_install=True)
-    finally:
-        chart.close()
+def _render(values_json: str, kube_version: str | None) -> tuple[Obj, ...]:
+    rendered: dict[str, str] = _render_script().render_chart(json.loads(values_json), kube_version=kube_version)
     objects = []
     for path in sorted(rendered):
         for doc in yaml.safe_load_all(rendered[path]):
@@ -86,9 +83,10 @@ def _render(values_json: str) -> tuple[Obj, ...]:
     return tuple(objects)
 
 
-def render(values: dict[str, Any] | None = None) -> list[Obj]:
-    """Every object the chart renders with these values (a fresh copy; safe to modify)."""
-    objects: list[Obj] = json.loads(json.dumps(_render(json.dumps(values or {}, sort_keys=True))))
+def render(values: dict[str, Any] | None = None, kube_version: str | None = None) -> list[Obj]:
+    """Every object the chart renders with these values (a fresh copy; safe to modify), for a cluster of
+    ``kube_version`` (as `helm template --kube-version`; default: Helm's own)."""
+    objects: list[Obj] = json.loads(json.dumps(_render(json.dumps(values or {}, sort_keys=True), kube_version)))
     return objects
 
 
@@ -121,6 +119,11 @@ def kube_version_for(values: dict[str, Any], version: str) -> str:
 
     floor = DRA_KUBE_VERSION if values.get("dra", {}).get("enabled") else version
     return max(version, floor, key=key)
+
+
+@functools.cache
+def _render_script() -> ModuleType:
+    return load_render_script()
 
 
 def load_render_script() -> ModuleType:

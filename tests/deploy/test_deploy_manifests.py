@@ -9,9 +9,11 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from tests.deploy import (
+    CHART,
     DRA_KUBE_VERSION,
     KUBE_VERSIONS,
     MANIFESTS,
+    MIN_KUBE_VERSION,
     kube_version_for,
     load_render_script,
 )
@@ -52,6 +54,20 @@ def test_plain_manifests_are_valid_kubernetes(kube_version: str) -> None:
     assert kinds[0] == "Namespace"
     assert {"DaemonSet", "ClusterRole", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
             "DeviceClass"} <= set(kinds)
+
+
+@pytest.mark.parametrize("name", ["gpu-labeller.yaml", "scheduler-extender.yaml"])
+def test_the_main_manifests_apply_on_the_oldest_kubernetes_the_chart_supports(name: str) -> None:
+    # Rendered for Chart.yaml's kubeVersion floor: no field an older API server refuses (recursiveReadOnly is 1.30's).
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={MIN_KUBE_VERSION}-0" == f">={load_render_script().MIN_KUBE_VERSION}-0"
+    text = (MANIFESTS / name).read_text()
+    assert f"Kubernetes >= {MIN_KUBE_VERSION.removesuffix('.0')}" in text.splitlines()[0]
+    objects = [obj for obj in yaml.safe_load_all(text) if obj]
+    assert objects
+    for obj in objects:
+        kv.validate(obj, MIN_KUBE_VERSION, strict=True)
+    assert "recursiveReadOnly" not in text
 
 
 def test_main_manifest_has_no_admission_policy_and_policy_file_nothing_else() -> None:

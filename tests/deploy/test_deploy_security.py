@@ -8,6 +8,7 @@ import click
 import helm_python
 import pytest
 import yaml
+from kubernetes_validate import utils as kv
 
 from tests.deploy import CHART, COMBINATIONS, find, labeller_ds, one, plugin_ds, render
 
@@ -162,6 +163,27 @@ def test_read_only_host_trees_are_read_only_all_the_way_down(name: str, values: 
                 if mount.get("readOnly"):
                     assert mount.get("recursiveReadOnly") == "IfPossible", (ds["metadata"]["name"], box["name"], host_path)
                     assert mount.get("mountPropagation", "None") == "None", (box["name"], host_path)
+
+
+# Every read-only host mount both DaemonSets can have: libdrm (default), debugfs (firmware labels), the MPS root.
+ALL_HOST_MOUNTS = {"config": {"version": "v1", "labeller": {"labels": {"firmware": True}},
+                              "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}}
+
+
+@pytest.mark.parametrize(("kube_version", "recursive"), [("1.29.0", False), ("1.31.0", True)])
+def test_recursive_read_only_only_for_api_servers_that_know_it(kube_version: str, recursive: bool) -> None:
+    # recursiveReadOnly is a 1.30 field: an older API server's strict field validation (kubectl's default)
+    # refuses the whole DaemonSet for it. Below 1.30 the mounts stay plain read-only.
+    objects = render(ALL_HOST_MOUNTS, kube_version=kube_version)
+    read_only = []
+    for ds in (labeller_ds(objects), plugin_ds(objects)):
+        for box in containers(ds):
+            for host_path, (_, mount) in host_mounts(ds, box["name"]).items():
+                if mount.get("readOnly"):
+                    read_only.append((box["name"], host_path))
+                    assert mount.get("recursiveReadOnly") == ("IfPossible" if recursive else None), (box["name"], host_path)
+        kv.validate(ds, kube_version, strict=True)
+    assert len(read_only) == 9  # labeller: sys, libdrm, debugfs, mps root; plugin and MPS daemon: sys, dev (and the root)
 
 
 def test_host_mounts_are_the_documented_ones() -> None:

@@ -87,7 +87,8 @@ def pod_body(name: str, containers: dict[str, dict[str, str]], annotations: dict
                                                       for c, limits in containers.items()]}}
 
 
-# docs/memory-sharing.md's KubeSchedulerConfiguration for Kubernetes 1.23-1.24 (v1beta3), with this run's port.
+# A plain-HTTP KubeSchedulerConfiguration (v1beta3) for the extender on loopback without TLS, with this run's port;
+# the chart's mutual-TLS one (docs/memory-sharing.md) is driven by e2e_extender_tls.py.
 SCHEDULER_CONFIG = """\
 apiVersion: kubescheduler.config.k8s.io/v1beta3
 kind: KubeSchedulerConfiguration
