@@ -143,7 +143,7 @@ def test_the_scheduler_configuration_calls_the_extender_over_mutual_tls() -> Non
     objects = render({"extender": {"enabled": True}})
     config_map = one(objects, "ConfigMap", f"{NAME}-scheduler-config")
     config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
-    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1beta3" and config["kind"] == "KubeSchedulerConfiguration"
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1" and config["kind"] == "KubeSchedulerConfiguration"
     host = f"{NAME}.gpu-labeller.svc"
     assert config["extenders"] == [{
         "urlPrefix": f"https://{host}:39999/gpushare-scheduler", "filterVerb": "filter",
@@ -154,9 +154,10 @@ def test_the_scheduler_configuration_calls_the_extender_over_mutual_tls() -> Non
         "httpTimeout": "5s", "nodeCacheCapable": True, "ignorable": False,
         "managedResources": [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}]}]
     pinned = render({"extender": {"enabled": True, "service": {"clusterIP": "10.96.0.50"},
-                                  "schedulerConfig": {"host": "10.96.0.50", "apiVersion": "kubescheduler.config.k8s.io/v1"}}})
+                                  "schedulerConfig": {"host": "10.96.0.50",
+                                                      "apiVersion": "kubescheduler.config.k8s.io/v1beta3"}}})
     extender = yaml.safe_load(one(pinned, "ConfigMap", f"{NAME}-scheduler-config")["data"]["scheduler-config.yaml"])
-    assert extender["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert extender["apiVersion"] == "kubescheduler.config.k8s.io/v1beta3"  # for a scheduler before 1.25
     assert extender["extenders"][0]["urlPrefix"] == "https://10.96.0.50:39999/gpushare-scheduler"
     assert extender["extenders"][0]["tlsConfig"]["serverName"] == host  # the certificate is still checked
     assert one(pinned, "Service", NAME)["spec"]["clusterIP"] == "10.96.0.50"

@@ -166,7 +166,8 @@ def main() -> int:
     allocating = threading.Event()
     try:
         cluster.up()
-        objects = render({"extender": {"enabled": True, "schedulerConfig": {"host": "127.0.0.1"},
+        objects = render({"extender": {"enabled": True, "schedulerConfig": {"host": "127.0.0.1", "apiVersion": "kubescheduler.config.k8s.io/v1beta3"},  # v1.24
+
                                        "port": args.port, "metricsPort": args.port + 1}})
         rbac = [o for o in objects if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                                                     "RoleBinding")]

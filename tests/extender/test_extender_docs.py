@@ -83,7 +83,7 @@ def secret_files(objects: list[Obj], name: str, directory: Path) -> dict[str, Pa
 @pytest.mark.slow  # a real extender (HTTPS, watches, threads)
 def test_a_scheduler_configured_as_documented_places_and_binds_through_the_extender(
         api: FakeApiServer, start_extender: Start, tmp_path: Path) -> None:
-    (config,) = [c for c in documented_configs() if c["apiVersion"].endswith("/v1beta3")]
+    (config,) = [c for c in documented_configs() if c["apiVersion"].endswith("/v1")]
     objects = render({"extender": {"enabled": True}})
     serving = secret_files(objects, f"{NAME}-tls", tmp_path / "serving")
     (extender_config,) = config["extenders"]
