@@ -37,5 +37,9 @@ def parse(value: Any) -> Fraction | None:
 def whole(value: Any) -> int:
     """An extended resource's count: the quantity rounded up to a whole number (``500m`` is 1), 0 for
     a negative one or anything that is not a quantity."""
+    if type(value) is int:  # JSON's 4, and the 0 read for an absent resource: no parsing (the extender's hot path)
+        return max(value, 0)
+    if type(value) is str and value.isascii() and value.isdigit():  # "4"
+        return int(value)
     parsed = parse(value)
     return 0 if parsed is None or parsed <= 0 else math.ceil(parsed)

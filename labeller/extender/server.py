@@ -125,7 +125,8 @@ def _candidates(args: Obj) -> tuple[Obj, list[str], list[Obj] | None]:
     _check_pod(pod)
     if args.get("NodeNames") is not None:
         names = args["NodeNames"]
-        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        # One pass in C over the 1,000s of names a scheduler sends (a Python-level loop doubles a passthrough filter).
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequest("NodeNames is not a list of node names")
         return pod, names, None
     node_list = args.get("Nodes") or {}

@@ -13,9 +13,15 @@ collect e2e_*.py): run it by hand.
 3. Pods asking aliyun.com/gpu-mem are bound by the real scheduler through the extender.
 4. Clients without the scheduler's certificate are refused on every path: no certificate, another CA's,
    plain HTTP.
-5. A quiet burst of pods, then, while 200 slow clients trickle bytes and a client sends a 100 MB body,
-   another: the scheduler keeps placing pods; the body is refused (413) unread, the slow clients are closed at the request timeout, the
-   extender's CPU and memory stay low.
+5. A quiet burst of pods, then, while 1,000 slow clients stay connected (the issue's attacker: one byte
+   per 10 s each, reconnecting as soon as the server closes it) and a client sends a 100 MB body,
+   another: the scheduler keeps placing pods and every filter and bind is answered within the scheduler's
+   httpTimeout (a probe on a fresh mutual-TLS connection twice a second, the extender's duration
+   histogram, the scheduler's log); the body is refused (413) unread, the slow clients are closed at the
+   request timeout, the extender's CPU and memory stay low. The extender runs with --max-connections
+   room for them all (--slow + 64): with --max-connections 256 most new connections are closed as soon as
+   they are accepted (27 of 35 probes failed in one run), and the scheduler is served only on a connection
+   it already holds.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import argparse
 import base64
 import json
 import os
+import resource
+import selectors
 import socket
 import ssl
 import subprocess
@@ -53,6 +61,8 @@ NODES = ("e2e-tls-a", "e2e-tls-b")
 GPUS, UNITS = 4, 16
 NAME = "gpu-labeller-scheduler-extender"
 REQUEST_TIMEOUT_S = 5
+SLOW_INTERVAL_S = 10.0  # the issue's attacker: one byte per 10 s
+ATTACK_S = 20.0  # the least time the attack lasts
 
 
 def pod_body(name: str, units: int) -> dict[str, Any]:
@@ -115,20 +125,110 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def slow_client(port: int, stop_event: threading.Event, closed: list[float]) -> None:
-    """One byte of a request now and then, never a whole one; notes when the server closed it."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
-            opened = time.monotonic()
-            for byte in b"\x16\x03\x01\x02\x00\x01":  # the start of a TLS ClientHello, a byte at a time
-                sock.sendall(bytes([byte]))
-                if stop_event.wait(1.0):
-                    return
-            sock.settimeout(60)
-            if sock.recv(1) == b"":
-                closed.append(time.monotonic() - opened)
-    except OSError:
-        closed.append(-1.0)  # reset: also closed by the server
+class SlowClients:
+    """The issue's attacker: ``count`` connections, each sending one byte of a TLS ClientHello every
+    ``interval_s`` and never a whole one; a connection the server closes is opened again at once, so
+    ``count`` stay connected for as long as the attack lasts. One thread, one selector."""
+
+    HELLO = b"\x16\x03\x01\x02\x00\x01"
+
+    def __init__(self, port: int, count: int, interval_s: float) -> None:
+        self.port, self.count, self.interval_s = port, count, interval_s
+        self.lifetimes: list[float] = []  # seconds from connect to the server's close, per closed connection
+        self.opened = self.refused = 0
+        self.connected = 0  # connections open now
+        self.connected_samples: list[int] = []
+        self._selector = selectors.DefaultSelector()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _open(self) -> None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            sock.sendall(self.HELLO[:1])
+        except OSError:
+            self.refused += 1
+            return
+        sock.setblocking(False)
+        now = time.monotonic()
+        self.opened += 1
+        self._selector.register(sock, selectors.EVENT_READ, [now, now + self.interval_s, 1])  # opened, next send, sent
+
+    def _closed(self, sock: socket.socket, opened: float) -> None:
+        self.lifetimes.append(time.monotonic() - opened)
+        self._selector.unregister(sock)
+        sock.close()
+
+    def _run(self) -> None:
+        for _ in range(self.count):
+            self._open()
+        last_sample = 0.0
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(timeout=0.2):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    data = sock.recv(64)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""  # reset: also closed by the server
+                if not data:
+                    self._closed(sock, key.data[0])
+            now = time.monotonic()
+            for key in list(self._selector.get_map().values()):
+                state = key.data
+                if state[1] <= now:
+                    try:
+                        key.fileobj.send(self.HELLO[state[2] % len(self.HELLO):][:1])  # type: ignore[union-attr]
+                        state[1], state[2] = now + self.interval_s, state[2] + 1
+                    except OSError:
+                        self._closed(key.fileobj, state[0])  # type: ignore[arg-type]
+            for _ in range(self.count - len(self._selector.get_map())):
+                self._open()
+            self.connected = len(self._selector.get_map())
+            if now - last_sample >= 1.0:
+                self.connected_samples.append(self.connected)
+                last_sample = now
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self._selector.close()
+
+
+def timed_filter(url: str, context: ssl.SSLContext, server_name: str, body: bytes) -> float:
+    """Seconds for one filter call as the scheduler makes it after an idle spell: a new connection, the
+    mutual TLS handshake, the request and its whole answer; raises on anything but a 200."""
+    started = time.monotonic()
+    host, port = url.split("://", 1)[1].split("/", 1)[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw, \
+            context.wrap_socket(raw, server_hostname=server_name) as sock:
+        sock.sendall(b"POST /gpushare-scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    if not answer.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(answer.split(b"\r\n", 1)[0].decode(errors="replace"))
+    return time.monotonic() - started
+
+
+def duration_buckets(metrics_url: str, verb: str) -> dict[str, float]:
+    """The extender's request-duration histogram for ``verb``: upper bound -> cumulative count."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith("gpu_labeller_extender_request_duration_seconds_bucket{") and f'verb="{verb}"' in line:
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[bound] = float(line.rsplit(" ", 1)[1])
+    return buckets
 
 
 def big_body(port: int, context: ssl.SSLContext, server_name: str) -> tuple[str, float]:
@@ -156,9 +256,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_k8s_argument(parser)
     parser.add_argument("--port", type=int, default=39997, help="the extender's port")
-    parser.add_argument("--slow", type=int, default=200, help="slow clients at once")
+    parser.add_argument("--slow", type=int, default=1000, help="slow clients at once")
+    parser.add_argument("--max-connections", type=int, default=0,
+                        help="the extender's --max-connections (default: room for the slow clients and the scheduler)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
+    max_connections = args.max_connections or args.slow + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = args.slow + 512  # the slow clients' sockets, kubectl pipes, the rest
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
     cluster = Cluster(args.k8s, Path(os.environ.get("K8S_STATE", "/tmp/gpu-labeller-k8s")))
     work = Path(tempfile.mkdtemp(prefix="e2e-extender-tls-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
@@ -195,7 +302,7 @@ def main() -> int:
              str(args.port), "--metrics-port", str(args.port + 1), "--bind", "127.0.0.1", "--kubeconfig",
              str(extender_kubeconfig), "--tls-cert-file", str(serving / "tls.crt"), "--tls-key-file",
              str(serving / "tls.key"), "--client-ca-file", str(serving / "ca.crt"), "--request-timeout",
-             f"{REQUEST_TIMEOUT_S}s"], stderr=(work / "extender.log").open("w"), text=True, cwd=ROOT)
+             f"{REQUEST_TIMEOUT_S}s", "--max-connections", str(max_connections)], stderr=(work / "extender.log").open("w"), text=True, cwd=ROOT)
         processes.append(extender)
 
         def ready() -> bool:
@@ -255,14 +362,32 @@ def main() -> int:
         check(took is not None, f"a quiet burst: {len(quiet)}/{len(quiet_started)} pods bound")
         if quiet:
             figure(f"created -> bound, quiet: {ms(list(quiet.values()))}")
-        stop_slow, closed = threading.Event(), []
-        slow = [threading.Thread(target=slow_client, args=(args.port, stop_slow, closed), daemon=True)
-                for _ in range(args.slow)]
-        cpu_before, wall_before = cpu_seconds(extender.pid), time.monotonic()
-        for thread in slow:
-            thread.start()
+        http_timeout_s = float(str(config["extenders"][0]["httpTimeout"]).rstrip("s"))
+        scheduler_log = cluster.state / "scheduler.log"
+        log_offset = scheduler_log.stat().st_size
         scheduler = ssl.create_default_context(cafile=str(client_dir / "ca.crt"))
         scheduler.load_cert_chain(str(client_dir / "tls.crt"), str(client_dir / "tls.key"))
+        metrics_url = f"http://127.0.0.1:{args.port + 1}/metrics"
+        calls_before = {verb: duration_buckets(metrics_url, verb).get("+Inf", 0.0) for verb in ("filter", "bind")}
+        attack = SlowClients(args.port, args.slow, SLOW_INTERVAL_S)
+        cpu_before, wall_before = cpu_seconds(extender.pid), time.monotonic()
+        attack.start()
+        took = wait(lambda: attack.connected >= args.slow, 120)
+        check(took is not None, f"{attack.connected} slow clients connected at once after {took or 0:.1f} s (one byte per "
+                                f"{SLOW_INTERVAL_S:g} s each, reconnecting when closed)")
+        probe_body = json.dumps({"Pod": pod_body("probe", 4), "NodeNames": list(NODES)}).encode()
+        probes: list[float] = []
+        probe_errors: list[str] = []
+        probing = threading.Event()
+
+        def probe() -> None:  # a scheduler's filter on a fresh connection, twice a second, all through the attack
+            while not probing.wait(0.5):
+                try:
+                    probes.append(timed_filter(url, scheduler, server_name, probe_body))
+                except (OSError, RuntimeError) as exc:
+                    probe_errors.append(str(exc))
+        prober = threading.Thread(target=probe, daemon=True)
+        prober.start()
         started, times = burst("during", 12)
         status, body_s = big_body(args.port, scheduler, server_name)
         check(status.startswith("HTTP/1.1 413"), f"a 100 MB body is refused unread: {status!r} in {body_s:.2f} s")
@@ -271,14 +396,38 @@ def main() -> int:
                                 f"{len(times)}/{len(started)} pods bound")
         if times:
             figure(f"created -> bound while attacked: {ms(list(times.values()))}")
-        for thread in slow:
-            thread.join(REQUEST_TIMEOUT_S + 60)
+        attacked_for = ATTACK_S - (time.monotonic() - wall_before)
+        if attacked_for > 0:
+            probing.wait(attacked_for)  # long enough for every slow connection to be closed and reopened twice
+        probing.set()
+        prober.join(60)
         cpu = cpu_seconds(extender.pid) - cpu_before
         wall = time.monotonic() - wall_before
-        stop_slow.set()
-        check(len(closed) == args.slow, f"every slow client was closed by the server ({len(closed)}/{args.slow}), "
-                                        f"at the request timeout ({REQUEST_TIMEOUT_S} s): "
-                                        f"max {max(closed, default=0):.1f} s after it connected")
+        attack.stop()
+        steady = attack.connected_samples[int(took or 0) + 1:] or attack.connected_samples
+        check(min(steady, default=0) >= 0.95 * args.slow,
+              f"{args.slow} slow clients stayed connected through the attack: min {min(steady, default=0)}, "
+              f"median {sorted(steady)[len(steady) // 2] if steady else 0} connected at once (sampled each second over "
+              f"{wall:.0f} s); {attack.opened} connections opened, {attack.refused} refused at connect")
+        check(bool(attack.lifetimes) and max(attack.lifetimes) <= REQUEST_TIMEOUT_S + 3,
+              f"the server closed every slow connection at the request timeout ({REQUEST_TIMEOUT_S} s): "
+              f"{len(attack.lifetimes)} closed, {ms(attack.lifetimes) if attack.lifetimes else 'none'} after connecting")
+        check(not probe_errors and bool(probes) and max(probes) < http_timeout_s,
+              f"a scheduler's filter on a fresh mutual-TLS connection is answered within httpTimeout "
+              f"({http_timeout_s:g} s) all through the attack: {len(probes)} calls, "
+              f"{ms(probes) if probes else 'none'}; {len(probe_errors)} failed {probe_errors[:3]}")
+        for verb in ("filter", "bind"):
+            buckets = duration_buckets(metrics_url, verb)
+            calls = buckets.get("+Inf", 0.0) - calls_before[verb]
+            within = buckets.get("1.0", 0.0) - calls_before[verb]  # the histogram's buckets start with the earlier calls
+            check(calls > 0 and buckets.get("1.0") == buckets.get("+Inf"),
+                  f"every {verb} the extender answered during the attack took under 1 s to handle "
+                  f"(histogram): {int(within)}/{int(calls)}" + (" (the probes' included)" if verb == "filter" else ""))
+        scheduler_lines = scheduler_log.read_bytes()[log_offset:].decode(errors="replace").splitlines()
+        extender_errors = [line for line in scheduler_lines if "gpushare-scheduler" in line or "xtender" in line
+                           or "Client.Timeout" in line or "deadline exceeded" in line]
+        check(not extender_errors, f"the scheduler logged no extender error or timeout during the attack "
+                                   f"({len(scheduler_lines)} log lines read): {extender_errors[:3]}")
         check(cpu < 0.5 * wall, f"the extender did not spin: {cpu:.2f} s CPU in {wall:.1f} s")
         figure(f"extender RSS after the attack: {rss_mib(extender.pid):.0f} MiB")
         used: dict[tuple[str, int], int] = {}
