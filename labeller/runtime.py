@@ -141,6 +141,20 @@ class HttpLimits:
     max_connections: int = 256
 
 
+def raise_open_files_limit(wanted: int) -> int:
+    """Raise this process's soft limit of open files towards ``wanted`` (never above the hard limit,
+    never lower than it is), as Go programs do at start; the soft limit in force after."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return int(soft)
+
+
 class _DeadlineReader(io.RawIOBase):
     """A socket's reads, each waiting only for what is left of one deadline per request: a client that
     sends a byte now and then cannot hold a connection longer than the request timeout."""

@@ -28,13 +28,18 @@ from labeller.cluster.kube import Kube, KubeError
 from labeller.commands.options import BadInput
 from labeller.commands.params import Duration
 from labeller.errors import InputError
-from labeller.runtime import HealthServer, HttpLimits, run_until_signalled, server_tls, start_http_server
+from labeller.runtime import (HealthServer, HttpLimits, raise_open_files_limit, run_until_signalled, server_tls,
+                              start_http_server)
 
 log = structlog.get_logger("gpu_labeller.extender")
 
 DEFAULT_PORT = 39999  # gpushare's
 KUBECTL_CONFIG = os.path.join("~", ".kube", "config")
 POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP handlers' reads
+# Room for the scheduler beside a thousand clients that hold connections open (they are closed at the
+# request timeout); measured at about 60 KiB each, within the chart's 256Mi limit.
+MAX_CONNECTIONS = 1024
+SPARE_FILES = 128  # the listening sockets, the API connections, the log, the certificates
 
 
 @click.command("scheduler-extender")
@@ -67,8 +72,8 @@ POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP hand
 @click.option("--request-timeout", type=Duration(minimum=0.1), default=f"{HttpLimits.request_timeout_s:g}s",
               show_default=True, help="Time a client has to send one request (TLS handshake, headers, body); also how "
                                       "long an idle connection stays open.")
-@click.option("--max-connections", type=click.IntRange(1), default=HttpLimits.max_connections, show_default=True,
-              help="Connections served at once; one more is closed as soon as it is accepted.")
+@click.option("--max-connections", type=click.IntRange(1), default=MAX_CONNECTIONS, show_default=True,
+              help="Connections served at once (about 60 KiB each); one more is closed as soon as it is accepted.")
 @click.option("--watch-timeout", type=Duration(minimum=1), default="300s", show_default=True,
               help="Length of one watch request (watches are resumed).")
 def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str | None, tls_key_file: str | None,
@@ -78,6 +83,7 @@ def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str |
     """Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible: filter, prioritize, bind."""
     options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout, scheduler_names=scheduler_names)
     limits = HttpLimits(max_body_bytes=max_body_bytes, request_timeout_s=request_timeout, max_connections=max_connections)
+    raise_open_files_limit(max_connections + SPARE_FILES)
     tls_files = (tls_cert_file, tls_key_file, client_ca_file)
     if any(tls_files) and not all(tls_files):
         raise BadInput("--tls-cert-file, --tls-key-file and --client-ca-file go together: give all three or none")

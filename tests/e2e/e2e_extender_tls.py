@@ -18,8 +18,8 @@ collect e2e_*.py): run it by hand.
    another: the scheduler keeps placing pods and every filter and bind is answered within the scheduler's
    httpTimeout (a probe on a fresh mutual-TLS connection twice a second, the extender's duration
    histogram, the scheduler's log); the body is refused (413) unread, the slow clients are closed at the
-   request timeout, the extender's CPU and memory stay low. The extender runs with --max-connections
-   room for them all (--slow + 64): with --max-connections 256 most new connections are closed as soon as
+   request timeout, the extender's CPU and memory stay low. The extender's default --max-connections
+   (1024) has room for them all; with --max-connections 256 most new connections are closed as soon as
    they are accepted (27 of 35 probes failed in one run), and the scheduler is served only on a connection
    it already holds.
 """
@@ -258,10 +258,10 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=39997, help="the extender's port")
     parser.add_argument("--slow", type=int, default=1000, help="slow clients at once")
     parser.add_argument("--max-connections", type=int, default=0,
-                        help="the extender's --max-connections (default: room for the slow clients and the scheduler)")
+                        help="the extender's --max-connections (default: the extender's own, 1024)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
-    max_connections = args.max_connections or args.slow + 64
+    max_connections = ["--max-connections", str(args.max_connections)] if args.max_connections else []
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = args.slow + 512  # the slow clients' sockets, kubectl pipes, the rest
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -302,7 +302,7 @@ def main() -> int:
              str(args.port), "--metrics-port", str(args.port + 1), "--bind", "127.0.0.1", "--kubeconfig",
              str(extender_kubeconfig), "--tls-cert-file", str(serving / "tls.crt"), "--tls-key-file",
              str(serving / "tls.key"), "--client-ca-file", str(serving / "ca.crt"), "--request-timeout",
-             f"{REQUEST_TIMEOUT_S}s", "--max-connections", str(max_connections)], stderr=(work / "extender.log").open("w"), text=True, cwd=ROOT)
+             f"{REQUEST_TIMEOUT_S}s", *max_connections], stderr=(work / "extender.log").open("w"), text=True, cwd=ROOT)
         processes.append(extender)
 
         def ready() -> bool:

@@ -191,3 +191,21 @@ def test_out_of_file_descriptors_the_accept_loop_pauses_instead_of_spinning(api:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_extender_raises_its_open_files_limit_for_its_connections(api: FakeApiServer, kubeconfig: Path) -> None:
+    """A thousand held connections need as many descriptors: a soft limit of 256 (a shell's, an old
+    runtime's) is raised as far as the hard limit allows, never past it."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "labeller.cli", "--log-format", "json", "scheduler-extender", "--port", str(port),
+         "--kubeconfig", str(kubeconfig)],
+        stderr=subprocess.DEVNULL, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)))
+    try:
+        wait_for(lambda: answers(Client(port)))
+        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        (line,) = [line for line in limits.splitlines() if line.startswith("Max open files")]
+        assert line.split()[3:5] == ["1152", "4096"]  # --max-connections 1024 and 128 to spare; hard unchanged
+    finally:
+        process.terminate()
+        process.wait(PATIENCE_S)
