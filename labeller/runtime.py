@@ -37,6 +37,21 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RELOAD_SIGNALS = (signal.SIGHUP,)
 
 
+_deferred: list[int] = []  # SIGTERM and SIGHUP that came while a server was starting
+
+
+def _defer(signum: int, frame: FrameType | None) -> None:
+    _deferred.append(signum)  # list.append takes no lock a handler could wait on
+
+
+def defer_signals() -> None:
+    """For a server, from its command's start until ``run_until_signalled`` takes over: SIGTERM and
+    SIGHUP are kept, not fatal, and acted on as soon as it serves (a stop during start-up is a clean
+    stop, exit 0, not death by the signal)."""
+    for signum in (signal.SIGTERM, *RELOAD_SIGNALS):
+        signal.signal(signum, _defer)
+
+
 def _noted(signum: int, frame: FrameType | None) -> None:
     """The Python-level handler does nothing: the signal's number reaches the wakeup pipe anyway."""
 
@@ -68,6 +83,9 @@ def run_until_signalled(body: Callable[[], T], stop: Callable[[], None], reload:
 
     previous_fd = signal.set_wakeup_fd(wakeup_w, warn_on_full_buffer=False)
     previous = {signum: signal.signal(signum, _noted) for signum in (*STOP_SIGNALS, *RELOAD_SIGNALS)}
+    deferred, _deferred[:] = bytes(_deferred), []
+    if deferred:
+        os.write(wakeup_w, deferred)  # as if they came now
     thread = threading.Thread(target=target, name="process-loop")
     try:
         thread.start()

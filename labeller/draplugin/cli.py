@@ -21,6 +21,7 @@ from labeller.process.configsource import ConfigSource
 from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
+from labeller.runtime import defer_signals
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +66,7 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     SIGHUP: re-read the config and probe again. SIGTERM or SIGINT: remove the sockets, exit 0.
     Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
     """
+    defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     node_name = node_options.node_name
     if not node_name:

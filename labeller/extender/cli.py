@@ -28,7 +28,8 @@ from labeller.cluster.kube import Kube, KubeError
 from labeller.commands.options import BadInput
 from labeller.commands.params import Duration
 from labeller.errors import InputError
-from labeller.runtime import (HealthServer, HttpLimits, raise_open_files_limit, run_until_signalled, server_tls,
+from labeller.runtime import (HealthServer, HttpLimits, defer_signals, raise_open_files_limit, run_until_signalled,
+                              server_tls,
                               start_http_server)
 
 log = structlog.get_logger("gpu_labeller.extender")
@@ -81,6 +82,7 @@ def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str |
                        bind_wait: float, assume_timeout: float, scheduler_names: tuple[str, ...], max_body_bytes: int,
                        request_timeout: float, max_connections: int, watch_timeout: float) -> None:
     """Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible: filter, prioritize, bind."""
+    defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout, scheduler_names=scheduler_names)
     limits = HttpLimits(max_body_bytes=max_body_bytes, request_timeout_s=request_timeout, max_connections=max_connections)
     raise_open_files_limit(max_connections + SPARE_FILES)

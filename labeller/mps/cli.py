@@ -17,6 +17,7 @@ from labeller.commands.params import Duration
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
+from labeller.runtime import defer_signals
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +47,7 @@ def mps_control_daemon(node_options: NodeOptions, check_interval: float, mps_con
     plugin does. SIGHUP: re-read the config and probe again. SIGTERM: quit every daemon, restore
     the compute mode, remove the readiness file.
     """
+    defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
     metrics = Metrics()
     follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_mps"), stop)

@@ -24,6 +24,7 @@ from labeller.plugin.prober import Prober
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
+from labeller.runtime import defer_signals
 
 if TYPE_CHECKING:
     from labeller.plugin.gpushare_allocate import PodApi
@@ -78,6 +79,7 @@ def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: s
     the label or of the files is served the same way. SIGTERM or SIGINT: stop, remove the sockets,
     exit 0. Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
     """
+    defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     if "/" in kubelet_socket:
         raise click.BadParameter("a file name in --socket-dir, not a path", param_hint="--kubelet-socket")
