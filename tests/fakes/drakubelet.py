@@ -38,6 +38,7 @@ DRA_V1 = "v1.DRAPlugin"
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 POLL_S = 0.02
 CALL_TIMEOUT_S = 10.0
+RETRY_S = 1.0  # the kubelet's plugin reconciler's period
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Claim:
 @dataclass
 class Event:
     at: float
-    kind: str  # "registered", "rejected", "deregistered", "prepare", "unprepare"
+    kind: str  # "registered", "rejected", "failed" (unreachable: tried again), "deregistered", "prepare", "unprepare"
     driver: str
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -74,6 +75,7 @@ class FakeDraKubelet:
         self.pods_of: dict[str, set[str]] = {}  # claim UID -> the pods it is prepared for
         self.answers: dict[str, dra.NodePrepareResourceResponse] = {}  # claim UID -> the prepare answer
         self._seen: dict[Path, tuple[int, int]] = {}  # socket -> (inode, ctime): a new file, even on a reused inode
+        self._retry_at: dict[Path, float] = {}  # socket -> when to try again after it could not be reached
         self._lock = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="fake-drakubelet", daemon=True)
@@ -104,6 +106,8 @@ class FakeDraKubelet:
                 del self._seen[path]
                 self._deregister(path)
             for path, identity in present.items():
+                if self._retry_at.get(path, 0.0) > time.monotonic():
+                    continue
                 if self._seen.get(path) != identity:
                     if path in self._seen:  # replaced between two looks: gone, then back
                         self._deregister(path)
@@ -122,7 +126,11 @@ class FakeDraKubelet:
                 stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=problem is None,
                                                                      error=problem or ""), timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
-            self._record("rejected", path.name, error=f"{exc.code().name}: {exc.details()}")
+            # The kubelet's reconciler tries a plugin it could not reach again on its next pass (every
+            # second): a socket can exist a moment before its server accepts.
+            self._record("failed", path.name, error=f"{exc.code().name}: {exc.details()}")
+            self._seen.pop(path, None)
+            self._retry_at[path] = time.monotonic() + RETRY_S
             return
         if problem is not None:
             self._record("rejected", info.name, error=problem, socket=str(path))
