@@ -38,6 +38,7 @@ RELOAD_SIGNALS = (signal.SIGHUP,)
 
 
 _deferred: list[int] = []  # SIGTERM and SIGHUP that came while a server was starting
+_before_deferring: dict[int, Any] = {}  # their handlers before ``defer_signals``: put back when serving ends
 
 
 def _defer(signum: int, frame: FrameType | None) -> None:
@@ -49,7 +50,7 @@ def defer_signals() -> None:
     SIGHUP are kept, not fatal, and acted on as soon as it serves (a stop during start-up is a clean
     stop, exit 0, not death by the signal)."""
     for signum in (signal.SIGTERM, *RELOAD_SIGNALS):
-        signal.signal(signum, _defer)
+        _before_deferring.setdefault(signum, signal.signal(signum, _defer))
 
 
 def _noted(signum: int, frame: FrameType | None) -> None:
@@ -99,7 +100,7 @@ def run_until_signalled(body: Callable[[], T], stop: Callable[[], None], reload:
         thread.join()
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, _before_deferring.pop(signum, handler))
         signal.set_wakeup_fd(previous_fd)
         os.close(wakeup_r)
         os.close(wakeup_w)
