@@ -25,16 +25,20 @@ from labeller.log import LEVELS, configure
 LAZY_COMMANDS = {
     "run": ("labeller.daemon.cli:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
     "cleanup": ("labeller.daemon.cli:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
-    "device-plugin": ("labeller.plugin.cli:device_plugin", "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
+    "device-plugin": ("labeller.plugin.cli:device_plugin",
+                      "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
     "dra-plugin": ("labeller.draplugin.cli:dra_plugin",
                    "Publish this node's GPUs as ResourceSlices and prepare their claims (kubelet DRA plugin)."),
-    "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon", "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
+    "mps-control-daemon": ("labeller.mps.cli:mps_control_daemon",
+                           "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
     "scheduler-extender": ("labeller.extender.cli:scheduler_extender",
                            "Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible."),
     "inspect": ("labeller.extender.cli:inspect", "Per node and GPU: total, used and free GPU memory and its pods."),
-    "explain": ("labeller.commands.selectors:explain", "Say where each label comes from, or why a key is not produced."),
+    "explain": ("labeller.commands.selectors:explain",
+                "Say where each label comes from, or why a key is not produced."),
     "match": ("labeller.commands.selectors:match", "Which nodes a label selector or a node affinity would land on."),
-    "nodes": ("labeller.commands.selectors:nodes", "The GPU nodes of a cluster at a glance: models, resources, use, readiness."),
+    "nodes": ("labeller.commands.selectors:nodes",
+              "The GPU nodes of a cluster at a glance: models, resources, use, readiness."),
 }
 
 
@@ -95,7 +99,8 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "GPU_LABELLER"})
+@click.group(cls=LazyGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "GPU_LABELLER"})
 @click.version_option(package_name="gpu-labeller", prog_name="gpu-labeller")
 @click.option("--log-level", type=click.Choice(LEVELS), default="info", show_default=True, help="Log verbosity.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True,

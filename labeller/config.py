@@ -409,7 +409,8 @@ def _memory_sharing(raw: Mapping[str, Any], mig_strategy: str) -> Sharing:
                           f"(by memory: aliyun.com/gpu-mem, or by {others[0]}: replicas); keep one")
     if mig_strategy != "none":
         raise ConfigError(f"sharing.memory: cannot be combined with flags.migStrategy: {mig_strategy}; memory "
-                          "sharing offers whole GPUs by their memory (use migStrategy none, or MIG without sharing.memory)")
+                          "sharing offers whole GPUs by their memory (use migStrategy none, or MIG without "
+                          "sharing.memory)")
     return Sharing(strategy="memory", memory=MemorySharing(unit=raw["memory"].get("unit", "GiB")))
 
 
@@ -446,7 +447,8 @@ def _plugin_flags(flags: Mapping[str, Any]) -> PluginFlags:
         strategies = [strategies]
     allowed = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
     if not isinstance(strategies, list) or not strategies or any(s not in allowed for s in strategies):
-        raise ConfigError(f"flags.plugin.deviceListStrategy: must be one or a list of {', '.join(allowed)}, got {strategies!r}")
+        raise ConfigError(f"flags.plugin.deviceListStrategy: must be one or a list of {', '.join(allowed)}, "
+                          f"got {strategies!r}")
     dev_root = flags.get("nvidiaDevRoot") or flags.get("nvidiaDriverRoot") or "/"
     mps_root = flags.get("mpsRoot") or DEFAULT_MPS_ROOT
     if not mps_root.startswith("/"):
@@ -479,7 +481,8 @@ def _gfd_flags(gfd: Mapping[str, Any]) -> GfdFlags:
         if seconds is None or seconds < MIN_SLEEP_INTERVAL_S:
             raise ConfigError(f"flags.gfd.sleepInterval: must be a duration of at least 10ms such as 60s or 1m30s "
                               f"(a bare number is nanoseconds, as in GFD), got {interval!r}")
-    return GfdFlags(oneshot=gfd.get("oneshot", False), sleep_interval_s=seconds, output_file=gfd.get("outputFile") or None,
+    return GfdFlags(oneshot=gfd.get("oneshot", False), sleep_interval_s=seconds,
+                    output_file=gfd.get("outputFile") or None,
                     machine_type_file=gfd.get("machineTypeFile") or DEFAULT_MACHINE_TYPE_FILE)
 
 

@@ -120,7 +120,8 @@ def _join(*parts: str) -> str:
 
 def _sharing(labels: Mapping[str, str], resources: Iterable[str]) -> str:
     strategy = labels.get("nvidia.com/gpu.sharing-strategy", "")
-    if strategy == "memory" or labels.get("gpushare") == "true" or any(r.startswith("aliyun.com/gpu-mem") for r in resources):
+    if (strategy == "memory" or labels.get("gpushare") == "true"
+            or any(r.startswith("aliyun.com/gpu-mem") for r in resources)):
         units = labels.get("nvidia.com/gpu.replicas") if strategy == "memory" else None
         return "memory: aliyun.com/gpu-mem" + (f", {units} units per GPU" if units else "")
     if strategy and strategy != "none":
@@ -148,12 +149,14 @@ def _labeller_state(labels: Mapping[str, str], vendors: Sequence[str]) -> str:
     if labels.get(STATE_LABEL) == "failed":
         return "config failed"
     if missing:
-        return "no labels" if len(missing) == len([v for v in vendors if v in PRESENCE]) else f"no {'/'.join(missing)} labels"
+        return ("no labels" if len(missing) == len([v for v in vendors if v in PRESENCE])
+                else f"no {'/'.join(missing)} labels")
     return "ready"
 
 
 def _plugin_state(resources: Sequence[ResourceRow], vendors: Sequence[str]) -> str:
-    missing = [v for v in vendors if not any(r.name.startswith(RESOURCE_DOMAINS[v]) and r.capacity > 0 for r in resources)]
+    missing = [v for v in vendors
+               if not any(r.name.startswith(RESOURCE_DOMAINS[v]) and r.capacity > 0 for r in resources)]
     return "ready" if not missing else f"no capacity: {'/'.join(missing)}"
 
 

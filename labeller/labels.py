@@ -10,7 +10,7 @@ Provenance comes from the same derivation: a labeler may return a value made wit
 in ``LabelSet.labels`` and the how in ``LabelSet.sources``. A value returned as a plain ``str``
 still gets a ``Provenance``: its labeler and that labeler's docstring. ``KeyDoc`` says, per key
 family, who else writes the key and when gpu-labeller writes it (``gpu-labeller explain``).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

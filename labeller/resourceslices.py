@@ -19,7 +19,8 @@ from labeller.offer import PhysicalDevice
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128  # the API rejects a slice with more
-# Attributes every driver may publish, defined by Kubernetes itself (k8s.io/dynamic-resource-allocation/deviceattribute).
+# Attributes every driver may publish, defined by Kubernetes itself
+# (k8s.io/dynamic-resource-allocation/deviceattribute).
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 
@@ -161,4 +162,5 @@ def healthy(devices_by_driver: Mapping[str, Sequence[DraDevice]], unhealthy: Col
             ) -> dict[str, list[DraDevice]]:
     """The devices whose physical device is not in ``unhealthy`` (health keys, as the plugin's health
     board reports them): an unhealthy device leaves the slice, as it leaves the device plugin's list."""
-    return {driver: [d for d in devices if d.health_key not in unhealthy] for driver, devices in devices_by_driver.items()}
+    return {driver: [d for d in devices if d.health_key not in unhealthy]
+            for driver, devices in devices_by_driver.items()}

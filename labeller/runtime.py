@@ -208,7 +208,8 @@ def server_tls(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SSLCon
     try:
         context.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise TlsUnavailable(f"--tls-cert-file {cert_file}, --tls-key-file {key_file}: cannot be used: {_why(exc)}") from None
+        raise TlsUnavailable(f"--tls-cert-file {cert_file}, --tls-key-file {key_file}: cannot be used: "
+                             f"{_why(exc)}") from None
     try:
         context.load_verify_locations(client_ca_file)
     except (OSError, ssl.SSLError) as exc:

@@ -107,7 +107,8 @@ class Selector:
         return Outcome(False, best_index, tuple(best or ()))
 
     def text(self) -> str:
-        return " OR ".join(",".join(r.text() for r in (*t.requirements, *t.fields)) or "(everything)" for t in self.terms)
+        return " OR ".join(",".join(r.text() for r in (*t.requirements, *t.fields)) or "(everything)"
+                           for t in self.terms)
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,8 @@ def selector_from_document(document: Any, where: str) -> Selector:
         if not base:
             raise SelectorError(f"{where}: no nodeSelector and no nodeAffinity.{REQUIRED}.nodeSelectorTerms")
         return Selector((Term(tuple(base)),))
-    return Selector(tuple(Term((*base, *t.requirements), t.fields) for t in _terms(terms, f"{where}: nodeSelectorTerms")))
+    return Selector(tuple(Term((*base, *t.requirements), t.fields)
+                          for t in _terms(terms, f"{where}: nodeSelectorTerms")))
 
 
 def load_selector(path: Path) -> Selector:
@@ -388,5 +390,6 @@ def nothing_matches(selector: Selector, everywhere: Sequence[Mapping[str, str]])
                 out.append(f"no target has {requirement.text()}; closest existing value: {near}")
                 continue
             key_near = closest(requirement.key, (k for labels in everywhere for k in labels))
-            out.append(f"no target has the key {requirement.key}" + (f"; closest existing key: {key_near}" if key_near else ""))
+            out.append(f"no target has the key {requirement.key}"
+                       + (f"; closest existing key: {key_near}" if key_near else ""))
     return out

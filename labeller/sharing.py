@@ -38,7 +38,7 @@ advertised (docs/deviations.md). The cases, all decided by the groups NVIDIA's p
   GFD counts only the model it names.
 - ``migStrategy: single`` on a node that is not uniformly MIG-enabled with one profile offers
   nothing under ``nvidia.com/gpu`` (the group is withheld, and the labels say ``-MIG-INVALID``).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

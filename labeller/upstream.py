@@ -48,7 +48,8 @@ class UpstreamFlag:
         """The one line a value of a flag gpu-labeller does not honour gets; None when honoured or neutral."""
         if self.honoured or value is None or value == self.neutral:
             return None
-        shown = str(value).lower() if isinstance(value, bool) else ",".join(value) if isinstance(value, tuple) else value
+        shown = (str(value).lower() if isinstance(value, bool)
+                 else ",".join(value) if isinstance(value, tuple) else value)
         return f"{self.names[0]}={shown} ({TOOL_NAMES[self.tool]}) is not honoured by gpu-labeller: {self.note}"
 
 

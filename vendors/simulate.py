@@ -147,7 +147,8 @@ def _build(path: Path, data: Mapping[str, Any], root: Path) -> SimulatedNode:
         for vendor in VENDORS:
             simulator = vendor.discovery.simulator()
             section = data.get(vendor.name)
-            handles[vendor.name] = simulator.build(section, root, path.parent) if section is not None else simulator.absent()
+            handles[vendor.name] = (simulator.build(section, root, path.parent) if section is not None
+                                    else simulator.absent())
     except ValueError as exc:
         raise ProfileError(f"{path}: {exc}") from None
     return SimulatedNode(str(data.get("name", path.stem)), root, handles, data.get("config"))

@@ -123,7 +123,8 @@ def _what_failed(exc: BaseException) -> str:
         return "host name not found"
     if (tls := first(urllib3.exceptions.SSLError, ssl.SSLError)) is not None:
         return "TLS: " + _first_line(tls.args[-1] if tls.args else tls)
-    refused = next((e for e in chain if isinstance(e, OSError) and not isinstance(e, TimeoutError) and e.strerror), None)
+    refused = next((e for e in chain
+                    if isinstance(e, OSError) and not isinstance(e, TimeoutError) and e.strerror), None)
     if isinstance(refused, OSError) and refused.strerror:  # connection refused, network unreachable, ...
         return refused.strerror[0].lower() + refused.strerror[1:]
     if first(urllib3.exceptions.TimeoutError, TimeoutError) is not None:
@@ -214,7 +215,8 @@ class Kube:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
-        request = self._client.param_serialize(method=method, resource_path=path, query_params=list((query or {}).items()),
+        request = self._client.param_serialize(method=method, resource_path=path,
+                                               query_params=list((query or {}).items()),
                                                header_params=headers, body=body, auth_settings=["BearerToken"])
         url, headers, body = request[1], request[2], request[3]
         return self._client.call_api(method, url, header_params=headers, body=body,
@@ -246,7 +248,8 @@ class Kube:
         items = listing.get("items") or []
         return (items[0] if items else None), str(listing.get("metadata", {}).get("resourceVersion", ""))
 
-    def watch_node(self, name: str, resource_version: str, timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
+    def watch_node(self, name: str, resource_version: str,
+                   timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
         """(event type, object) for this one node from ``resource_version`` on; ends after ``timeout_s``.
 
         Raises Gone when the resourceVersion is too old (list again), Unavailable when the stream breaks.
@@ -360,7 +363,8 @@ class Kube:
     # -- config maps
     def get_config_map(self, namespace: str, name: str) -> Obj | None:
         try:
-            return self._request("get", "configmaps", "GET", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}")
+            return self._request("get", "configmaps", "GET",
+                                 f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}")
         except NotFound:
             return None
 
@@ -369,7 +373,8 @@ class Kube:
 
     def watch_config_maps(self, namespace: str, resource_version: str,
                           timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
-        return self._watch("configmaps", f"/api/v1/namespaces/{quote(namespace)}/configmaps", resource_version, timeout_s)
+        return self._watch("configmaps", f"/api/v1/namespaces/{quote(namespace)}/configmaps",
+                           resource_version, timeout_s)
 
     # -- NodeFeature (nfd.k8s-sigs.io/v1alpha1)
     @staticmethod

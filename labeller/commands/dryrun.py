@@ -29,7 +29,8 @@ from labeller.resourceslices import resource_slices
 from labeller.snippets import SNIPPET_FORMATS, SnippetError, snippet
 
 log = structlog.get_logger(__name__)
-_YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml when PyYAML has it: the same text, 4x faster
+# libyaml when PyYAML has it: the same text, 4x faster
+_YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 # Failures of the write itself (not of the path): a full disk, a closed pipe, an I/O error.
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EPIPE, errno.EIO})

@@ -64,17 +64,20 @@ def discovery_options(func: F) -> F:
              "[env: CONFIG_DIR]",
     )(func)
     func = click.option(
-        "--config", "--config-file", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="CONFIG_FILE",
+        "--config", "--config-file", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+        envvar="CONFIG_FILE",
         help="Config file (NVIDIA device-plugin config v1 format plus a 'labeller' section); --config-file is "
              "NVIDIA's name for it. [env: CONFIG_FILE]",
     )(func)
     func = click.option(
         "--simulate", metavar="PROFILE|FILE", envvar="GPU_LABELLER_SIMULATE", shell_complete=complete_profiles,
-        help="Replay a built-in profile (see 'gpu-labeller profiles') or a profile file instead of this machine. [env: GPU_LABELLER_SIMULATE]",
+        help="Replay a built-in profile (see 'gpu-labeller profiles') or a profile file instead of this machine. "
+             "[env: GPU_LABELLER_SIMULATE]",
     )(func)
     func = click.option(
         "--host-root", type=click.Path(path_type=Path, file_okay=False), default=Path("/"), show_default=True,
-        envvar="HOST_ROOT", help="Where the host's filesystem is mounted (a DaemonSet mounts it at e.g. /host). [env: HOST_ROOT]",
+        envvar="HOST_ROOT",
+        help="Where the host's filesystem is mounted (a DaemonSet mounts it at e.g. /host). [env: HOST_ROOT]",
     )(func)
     return func
 

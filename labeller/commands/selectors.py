@@ -82,7 +82,8 @@ def profile_targets(profiles: Sequence[str], profiles_dir: Path | None, config_p
     if profiles_dir is not None:
         if not profiles_dir.is_dir():
             raise BadInput(f"{profiles_dir}: --profiles-dir: not a directory")
-        names = [str(p) for p in sorted(profiles_dir.iterdir()) if p.suffix in (".yaml", ".yml", ".json") and p.is_file()]
+        names = [str(p) for p in sorted(profiles_dir.iterdir())
+                 if p.suffix in (".yaml", ".yml", ".json") and p.is_file()]
         if not names:
             raise BadInput(f"{profiles_dir}: --profiles-dir: no profile files (*.yaml, *.yml, *.json)")
     else:

@@ -82,16 +82,19 @@ def probe_labels(host: Host) -> ProbeResult:
               envvar="GPU_LABELLER_INTERVAL",
               help="Time between hardware probes: 60, 60s, 500ms, 2m. [env: GPU_LABELLER_INTERVAL]")
 @endpoint_options(8080)
-@click.option("--once", is_flag=True, help="Reconcile once and exit: 0 on success, 1 on failure (also: flags.gfd.oneshot).")
+@click.option("--once", is_flag=True,
+              help="Reconcile once and exit: 0 on success, 1 on failure (also: flags.gfd.oneshot).")
 @click.option("--dry-run", is_flag=True, help="Log the change that would be applied; write nothing.")
 @click.option("--output", type=click.Choice(OUTPUTS), default="node", show_default=True,
-              help="node: server-side apply to the Node; features-file: NFD features.d file; nodefeature: NFD NodeFeature object.")
+              help="node: server-side apply to the Node; features-file: NFD features.d file; "
+                   "nodefeature: NFD NodeFeature object.")
 @click.option("--features-file", type=click.Path(path_type=Path, dir_okay=False),
               show_default=f"flags.gfd.outputFile, else {DEFAULT_FEATURES_FILE}",
               help="Path of the features.d file (--output features-file).")
 @click.option("--namespace", envvar="NAMESPACE", default="default", show_default=True,
               help="Namespace of the NodeFeature object (--output nodefeature). [env: NAMESPACE]")
-@click.option("--events/--no-events", default=False, show_default=True, help="Record a Kubernetes Event when labels change.")
+@click.option("--events/--no-events", default=False, show_default=True,
+              help="Record a Kubernetes Event when labels change.")
 @click.option("--start-jitter", type=Duration(), default="2s", show_default=True,
               help="Wait a random time up to this (2s, 500ms) before the first reconcile, so a fleet does not stampede "
                    "(not with --once).")
@@ -115,8 +118,8 @@ def run(node_options: NodeOptions, interval: float | None, metrics_port: int, me
     if chooser is not None:
         writes_events = kube is not None and (events or label is not None) and not dry_run
         recorder = node_event_recorder(kube, node_name) if kube is not None and writes_events else None
-        follower, selection = follow_configs(chooser, label, kube, node_name, ConfigMetrics(metrics.registry, "gpu_labeller"),
-                                             recorder)
+        follower, selection = follow_configs(chooser, label, kube, node_name,
+                                             ConfigMetrics(metrics.registry, "gpu_labeller"), recorder)
     with open_host(node_options, selection) as host:
         once, interval, features_file = _gfd_settings(host.config.gfd, once, interval, features_file, output)
         if output == "features-file" and (kind := not_a_regular_file(features_file)) is not None:

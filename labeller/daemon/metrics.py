@@ -35,7 +35,8 @@ class Metrics:
         self.last_success = Gauge("gpu_labeller_last_success_timestamp_seconds",
                                   "Unix time of the last successful reconcile.", registry=r)
         self.fights = Counter("gpu_labeller_label_fights_total", "Times another writer was caught undoing an "
-                              "owned label again and again (gpu-labeller then repairs it at a slowing pace).", registry=r)
+                              "owned label again and again (gpu-labeller then repairs it at a slowing pace).",
+                              registry=r)
 
     def observe_probe(self, result: ProbeResult) -> None:
         self.probe_duration.observe(result.duration_s)

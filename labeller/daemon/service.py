@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from labeller.daemon.reconcile import Change, FightGuard, Labels, Live, Owned, ProbeResult, desired_after, managers_text, plan
+from labeller.daemon.reconcile import (
+    Change,
+    FightGuard,
+    Labels,
+    Live,
+    Owned,
+    ProbeResult,
+    desired_after,
+    managers_text,
+    plan,
+)
 from labeller.cluster.permissions import PermissionLog
 from labeller.daemon.sinks import NodeMissing, NotOurs, PermissionDenied, Sink, SinkError, Unavailable
 from labeller.inventory import ProbeError
@@ -234,7 +244,8 @@ class Daemon:
     def _report_foreign(self, foreign: dict[str, tuple[str, ...]]) -> None:
         """Count the keys under our prefixes that other managers set; log each once, with its managers."""
         self.metrics.foreign_labels.set(len(foreign))
-        new = {key: managers_text(names) for key, names in foreign.items() if (key, names) not in self._reported_foreign}
+        new = {key: managers_text(names) for key, names in foreign.items()
+               if (key, names) not in self._reported_foreign}
         if new:
             self._reported_foreign.update(foreign.items())
             self.log.info("labels under gpu-labeller's prefixes that other managers set are left alone",

@@ -233,7 +233,8 @@ class DraPlugin:
 
     def _on_health_change(self, key: str, is_healthy: bool, reason: str) -> None:
         with self._lock:
-            names = [(driver, d.name) for driver, devices in self._devices.items() for d in devices if d.health_key == key]
+            names = [(driver, d.name) for driver, devices in self._devices.items()
+                     for d in devices if d.health_key == key]
         for driver, name in names:
             (log.info if is_healthy else log.warning)("device health changed", driver=driver, device=name,
                                                       health=HEALTHY if is_healthy else UNHEALTHY, reason=reason)

@@ -82,15 +82,16 @@ class Checkpoint:
         try:
             doc = json.loads(path.read_text())
             if doc.get("version") != VERSION or doc.get("driver") != self.driver or doc.get("uid") != uid:
-                raise ValueError(f"version {doc.get('version')!r} of driver {doc.get('driver')!r} for {doc.get('uid')!r}")
+                raise ValueError(f"version {doc.get('version')!r} of driver {doc.get('driver')!r} "
+                                 f"for {doc.get('uid')!r}")
             return PreparedClaim.from_document(doc)
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             aside = path.with_name(path.name + ".bad")
             path.replace(aside)
-            log.error("checkpoint of a claim unreadable; moved aside, the claim is prepared again", reason="bad-checkpoint",
-                      driver=self.driver, uid=uid, moved_to=str(aside), error=str(exc))
+            log.error("checkpoint of a claim unreadable; moved aside, the claim is prepared again",
+                      reason="bad-checkpoint", driver=self.driver, uid=uid, moved_to=str(aside), error=str(exc))
             return None
 
     def uids(self) -> set[str]:

@@ -11,8 +11,9 @@ class DraMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.prepares = Counter("gpu_labeller_dra_prepares_total", "Claims prepared, by driver and outcome (ok, failed).",
-                                ["driver", "outcome"], registry=r)
+        self.prepares = Counter("gpu_labeller_dra_prepares_total",
+                                "Claims prepared, by driver and outcome (ok, failed).", ["driver", "outcome"],
+                                registry=r)
         self.unprepares = Counter("gpu_labeller_dra_unprepares_total",
                                   "Claims unprepared, by driver and outcome (ok, failed).", ["driver", "outcome"],
                                   registry=r)

@@ -48,7 +48,8 @@ SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
 class SliceApi(Protocol):
     """The ResourceSlice calls of the cluster adapter (``labeller.cluster.kube.Kube``)."""
 
-    def list_resource_slices(self, node_name: str | None = None, driver: str | None = None) -> tuple[list[Obj], str]: ...
+    def list_resource_slices(self, node_name: str | None = None,
+                             driver: str | None = None) -> tuple[list[Obj], str]: ...
 
     def watch_resource_slices(self, resource_version: str, node_name: str | None = None, driver: str | None = None,
                               timeout_s: int = 300) -> Iterable[tuple[str, Obj]]: ...
@@ -110,7 +111,8 @@ class SlicePublisher:
         self.layout = layout
         self.permissions = permissions or PermissionLog()
         self.reflector = Reflector("resourceslices", lambda: api.list_resource_slices(node_name=node_name),
-                                   lambda rv, timeout: api.watch_resource_slices(rv, node_name=node_name, timeout_s=timeout),
+                                   lambda rv, timeout: api.watch_resource_slices(rv, node_name=node_name,
+                                                                                 timeout_s=timeout),
                                    replace=self._replace, changed=self._changed, stop=stop,
                                    permissions=self.permissions, watch_timeout_s=watch_timeout_s,
                                    context={"node": node_name})
@@ -131,7 +133,8 @@ class SlicePublisher:
     def publish(self, devices_by_driver: Mapping[str, Sequence[DraDevice]]) -> None:
         """Each driver's pool holds exactly these devices from now on; a driver missing here that was
         published before has its slices deleted."""
-        wanted = {driver: self.layout(self.node_name, {driver: devices}, 0) for driver, devices in devices_by_driver.items()}
+        wanted = {driver: self.layout(self.node_name, {driver: devices}, 0)
+                  for driver, devices in devices_by_driver.items()}
         with self._lock:
             if wanted == self._wanted:
                 return
@@ -220,7 +223,8 @@ class SlicePublisher:
         with self._lock:
             if not self._listed:
                 return
-            changes, wanted, drivers, live = self._changes, dict(self._wanted), set(self._drivers), list(self._live.values())
+            changes, wanted, drivers, live = (self._changes, dict(self._wanted), set(self._drivers),
+                                              list(self._live.values()))
         for driver in sorted(drivers):
             mine = {_name(s): s for s in live if (s.get("spec") or {}).get("driver") == driver}
             self._reconcile_pool(driver, wanted.get(driver, []), mine)
@@ -258,7 +262,8 @@ class SlicePublisher:
             self._remember(body, answer)
         for name in sorted(set(live) - {_name(s) for s in wanted}):
             try:
-                self._write("delete", functools.partial(self.api.delete_resource_slice, name, live[name]["metadata"].get("uid")))
+                self._write("delete", functools.partial(self.api.delete_resource_slice, name,
+                                                        live[name]["metadata"].get("uid")))
             except NotFound:
                 pass
             with self._lock:

@@ -166,8 +166,8 @@ class DriverSockets:
         add_dra: Callable[[Any, Any], None] = dra_grpc.add_DRAPluginServicer_to_server
         add_registration: Callable[[Any, Any], None] = reg_grpc.add_RegistrationServicer_to_server
         self.dra = SocketServer(self.endpoint, lambda s: add_dra(service, s), f"dra-{driver}")
-        self.registration = SocketServer(registry_dir / f"{driver}-reg.sock", lambda s: add_registration(registration, s),
-                                         f"reg-{driver}")
+        self.registration = SocketServer(registry_dir / f"{driver}-reg.sock",
+                                         lambda s: add_registration(registration, s), f"reg-{driver}")
         self._dra_retry = SocketRetry(driver=driver, socket=str(self.endpoint))
         self._registration_retry = SocketRetry(driver=driver, socket=str(self.registration.path))
 

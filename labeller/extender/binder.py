@@ -155,7 +155,8 @@ class Binder:
             except BindError:
                 self.cache.release(key)
                 raise
-        log.info("bound", reason="bind", pod=key, node=node, device=gpu, units=request, waited_ms=round(waited_s * 1000, 1))
+        log.info("bound", reason="bind", pod=key, node=node, device=gpu, units=request,
+                 waited_ms=round(waited_s * 1000, 1))
 
     def _await_allocation(self, node: str, key: str, started: float) -> float:
         """Wait until no other pod on ``node`` awaits Allocate; the seconds waited since ``started``, or BindError."""
@@ -199,4 +200,5 @@ class Binder:
         try:
             self.kube.bind_pod(metadata["namespace"], metadata["name"], str(metadata.get("uid", "")), node)
         except KubeError as exc:
-            raise BindError(f"pod {metadata['namespace']}/{metadata['name']}: binding to node {node} failed: {exc}") from None
+            raise BindError(f"pod {metadata['namespace']}/{metadata['name']}: binding to node {node} "
+                            f"failed: {exc}") from None

@@ -51,7 +51,8 @@ class Placed:
 def node_gpus(node: Obj) -> tuple[int, int] | None:
     """(GPU count, units per GPU) from a Node's capacity (gpushare's rule: gpu-mem / gpu-count), or None."""
     capacity = (node.get("status") or {}).get("capacity") or {}
-    memory, count = quantity.whole(capacity.get(gpushare.RESOURCE_MEM)), quantity.whole(capacity.get(gpushare.RESOURCE_COUNT))
+    memory, count = (quantity.whole(capacity.get(gpushare.RESOURCE_MEM)),
+                     quantity.whole(capacity.get(gpushare.RESOURCE_COUNT)))
     return (count, memory // count) if count > 0 and memory > 0 else None
 
 
@@ -284,7 +285,8 @@ class ShareCache:
                 if best.get(node, -1) >= request:
                     passed.append(node)
                 else:
-                    failed[node] = placement.unfit_reason(self.gpus(node), self._free.get(node, ()), request) or "no fit"
+                    failed[node] = (placement.unfit_reason(self.gpus(node), self._free.get(node, ()), request)
+                                    or "no fit")
         return passed, failed
 
     def scores(self, nodes: Iterable[str], request: int, policy: str) -> list[tuple[str, int]]:
@@ -343,6 +345,7 @@ class ShareCache:
             used = sum(p.units for p in on_gpu)
             devices.append({"id": index, "totalGPU": gpus.units, "usedGPU": used,
                             "freeGPU": 0 if free is None else free, "healthy": free is not None,
-                            "pods": [{"name": p.name, "namespace": p.namespace, "usedGPU": p.units, "assumed": p.assumed}
-                                     for p in on_gpu]})
-        return {"name": name, "totalGPU": gpus.units * gpus.count, "usedGPU": sum(p.units for p in pods), "devs": devices}
+                            "pods": [{"name": p.name, "namespace": p.namespace, "usedGPU": p.units,
+                                      "assumed": p.assumed} for p in on_gpu]})
+        return {"name": name, "totalGPU": gpus.units * gpus.count, "usedGPU": sum(p.units for p in pods),
+                "devs": devices}

@@ -67,7 +67,8 @@ SPARE_FILES = 128  # the listening sockets, the API connections, the log, the ce
 @click.option("--assume-timeout", type=Duration(minimum=1), default="60s", show_default=True,
               help="A pod bound this long ago and still not allocated no longer holds its node's allocation lock.")
 @click.option("--scheduler-name", "scheduler_names", multiple=True, default=("default-scheduler",), show_default=True,
-              help="The schedulerName of the pods /bind binds (repeatable): the scheduler profiles that call this extender.")
+              help="The schedulerName of the pods /bind binds (repeatable): the scheduler profiles that call "
+                   "this extender.")
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=HttpLimits.max_body_bytes, show_default=True,
               help="Largest request body read; a longer one is answered 413.")
 @click.option("--request-timeout", type=Duration(minimum=0.1), default=f"{HttpLimits.request_timeout_s:g}s",
@@ -84,13 +85,15 @@ def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str |
     """Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible: filter, prioritize, bind."""
     defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout, scheduler_names=scheduler_names)
-    limits = HttpLimits(max_body_bytes=max_body_bytes, request_timeout_s=request_timeout, max_connections=max_connections)
+    limits = HttpLimits(max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
+                        max_connections=max_connections)
     raise_open_files_limit(max_connections + SPARE_FILES)
     tls_files = (tls_cert_file, tls_key_file, client_ca_file)
     if any(tls_files) and not all(tls_files):
         raise BadInput("--tls-cert-file, --tls-key-file and --client-ca-file go together: give all three or none")
     try:
-        tls = server_tls(tls_cert_file, tls_key_file, client_ca_file) if tls_cert_file and tls_key_file and client_ca_file else None
+        tls = (server_tls(tls_cert_file, tls_key_file, client_ca_file)
+               if tls_cert_file and tls_key_file and client_ca_file else None)
         bind_address = bind_address or ("0.0.0.0" if tls else "127.0.0.1")
         running = start(lambda metrics: connect(kubeconfig, observer=metrics.observe_request, pool_size=POOL_SIZE),
                         port, bind_address, options, int(watch_timeout), limits=limits, tls=tls)
@@ -181,7 +184,8 @@ def inspect_text(nodes: list[dict[str, object]]) -> str:
     total = used = 0
     for node in nodes:
         for dev in node["devs"]:  # type: ignore[attr-defined]
-            pods = ", ".join(f"{p['namespace']}/{p['name']} ({p['usedGPU']}{', pending allocation' if p['assumed'] else ''})"
+            pods = ", ".join(f"{p['namespace']}/{p['name']} "
+                             f"({p['usedGPU']}{', pending allocation' if p['assumed'] else ''})"
                              for p in dev["pods"]) or "-"
             free = str(dev["freeGPU"]) if dev["healthy"] else "unhealthy"
             rows.append((str(node["name"]), str(dev["id"]), str(dev["totalGPU"]), str(dev["usedGPU"]), free, pods))

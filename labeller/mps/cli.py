@@ -26,7 +26,8 @@ log = structlog.get_logger(__name__)
 @discovery_options
 @own_node_options
 @click.option("--check-interval", type=Duration(minimum=0.05), default="5s", show_default=True,
-              envvar="MPS_CHECK_INTERVAL", help="How often every daemon is asked whether it answers. [env: MPS_CHECK_INTERVAL]")
+              envvar="MPS_CHECK_INTERVAL",
+              help="How often every daemon is asked whether it answers. [env: MPS_CHECK_INTERVAL]")
 @click.option("--mps-control", default="nvidia-cuda-mps-control", show_default=True, envvar="MPS_CONTROL",
               help="The nvidia-cuda-mps-control binary (looked up on PATH). [env: MPS_CONTROL]")
 @click.option("--nvidia-smi", default="nvidia-smi", show_default=True, envvar="NVIDIA_SMI",

@@ -150,7 +150,8 @@ class DevicePlugin:
 
         if resource.name == RESOURCE_COUNT:
             return by_memory.CountAllocator(resource)
-        return by_memory.MemoryAllocator(resource, self._vendor_allocate(resource, batch), self._pod_matcher(), memory.unit)
+        return by_memory.MemoryAllocator(resource, self._vendor_allocate(resource, batch), self._pod_matcher(),
+                                         memory.unit)
 
     def _vendor_allocate(self, resource: Resource, batch: _Batch) -> Allocate:
         parts = self._vendors[resource.vendor].devices.plugin_parts()  # its first call imports the allocation module

@@ -50,7 +50,8 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
 @discovery_options
 @own_node_options
 @click.option("--socket-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_SOCKET_DIR,
-              show_default=True, envvar="DP_SOCKET_DIR", help="The kubelet's device-plugins directory. [env: DP_SOCKET_DIR]")
+              show_default=True, envvar="DP_SOCKET_DIR",
+              help="The kubelet's device-plugins directory. [env: DP_SOCKET_DIR]")
 @click.option("--kubelet-socket", default="kubelet.sock", show_default=True, envvar="DP_KUBELET_SOCKET",
               help="The kubelet's registration socket, a file name in --socket-dir. [env: DP_KUBELET_SOCKET]")
 @endpoint_options(8081)
@@ -78,7 +79,7 @@ def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: s
     kept). With --config-dir, the config the node's --config-label names is served, and a change of
     the label or of the files is served the same way. SIGTERM or SIGINT: stop, remove the sockets,
     exit 0. Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
-    """
+    """  # noqa: E501
     defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     if "/" in kubelet_socket:

@@ -102,7 +102,8 @@ class ConfigFollower:
             self._signature = signature
             changed = self._choose()
         if changed:
-            log.info("config directory changed", reason="config-files-changed", directory=str(self.chooser.directory.path))
+            log.info("config directory changed", reason="config-files-changed",
+                     directory=str(self.chooser.directory.path))
             if notify:
                 self.on_change()
 
@@ -144,7 +145,8 @@ class ConfigFollower:
         """Follow the own Node's labels with a watch of its own (when no Node sink watches it already)."""
         NodeWatch(kube, node, NodeCache(node_labels, observers=(self.observe,)), stop, permissions).start()
 
-    def bootstrap(self, read: Callable[[], Labels], stop: threading.Event, timeout_s: float = BOOTSTRAP_SECONDS) -> bool:
+    def bootstrap(self, read: Callable[[], Labels], stop: threading.Event,
+                  timeout_s: float = BOOTSTRAP_SECONDS) -> bool:
         """Before the first probe: read the own Node's labels once (``read``, retried for ``timeout_s``),
         so a node never starts on the default config and then switches. False when they could not be read."""
         if self.label_key is None:

@@ -101,7 +101,8 @@ def main() -> None:
         for unit in ("GiB", "MiB"):
             path = write(directory, f"memory-{unit}.yaml", f"version: v1\nsharing:\n  memory:\n    unit: {unit}\n")
             wall, rss, code, last = cli_run("resources", "--simulate", "dgx-h100", "--config", str(path))
-            print(f"  unit {unit}: exit {code}, {wall:.2f} s, peak RSS {rss:.0f} MiB" + (f"\n    {last}" if code else ""))
+            print(f"  unit {unit}: exit {code}, {wall:.2f} s, peak RSS {rss:.0f} MiB"
+                  + (f"\n    {last}" if code else ""))
 
 
 if __name__ == "__main__":

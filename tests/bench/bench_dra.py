@@ -83,9 +83,9 @@ def main() -> None:
         started = time.monotonic()
         process = subprocess.Popen(
             [sys.executable, "-m", "labeller.cli", "--log-level", "warning", "dra-plugin", "--simulate", args.profile,
-             "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--config", str(config), "--registry-dir", str(registry),
-             "--plugins-dir", str(plugins), "--cdi-spec-dir", str(cdi), "--metrics-port", "0",
-             "--metrics-bind", "127.0.0.1"],
+             "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--config", str(config),
+             "--registry-dir", str(registry), "--plugins-dir", str(plugins), "--cdi-spec-dir", str(cdi),
+             "--metrics-port", "0", "--metrics-bind", "127.0.0.1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "GRPC_VERBOSITY": "ERROR"})
         try:
             wait(lambda: api.slices(NODE))
@@ -94,7 +94,8 @@ def main() -> None:
             wait(lambda: kubelet.registered(driver))
             registered = time.monotonic() - started
             devices = [d["name"] for s in api.slices(NODE, driver) for d in s["spec"]["devices"]]
-            print(f"{args.profile}: {len(devices)} {driver} devices; start -> slices published {published * 1000:.0f} ms, "
+            print(f"{args.profile}: {len(devices)} {driver} devices; "
+                  f"start -> slices published {published * 1000:.0f} ms, "
                   f"-> registered with the kubelet {registered * 1000:.0f} ms (interpreter start included)")
 
             def claims(prefix: str) -> list[Claim]:

@@ -21,8 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
          "labeller.sharing", "labeller.vendor", "labeller.vendor.discovery", "labeller.vendor.devices",
-         "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare", "labeller.namedconfigs",
-         "labeller.resourceslices", "labeller.vendor.dra", "labeller.upstream", "labeller.quantity"}
+         "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare",
+         "labeller.namedconfigs", "labeller.resourceslices", "labeller.vendor.dra", "labeller.upstream",
+         "labeller.quantity"}
 
 
 def module_name(path: Path) -> str:
@@ -61,7 +62,8 @@ def modules() -> dict[str, set[str]]:
     found = {}
     for path in sources():
         tree = ast.parse(path.read_text())
-        found[module_name(path)] = {name for node in ast.walk(tree) for name in imported_names(node)} | named_in_strings(tree)
+        found[module_name(path)] = ({name for node in ast.walk(tree) for name in imported_names(node)}
+                                    | named_in_strings(tree))
     return found
 
 
@@ -243,7 +245,8 @@ def test_no_process_package_imports_another() -> None:
 
 def test_nothing_outside_the_daemon_imports_it() -> None:
     importers = {module for module, imports in modules().items()
-                 if process_of(module) != "labeller.daemon" and any(process_of(i) == "labeller.daemon" for i in imports)}
+                 if process_of(module) != "labeller.daemon"
+                 and any(process_of(i) == "labeller.daemon" for i in imports)}
     importers.discard("labeller.cli")  # the root's lazy command table names ``run`` and ``cleanup``
     assert importers == set()
 
@@ -253,7 +256,8 @@ def test_the_cluster_layer_imports_no_process_and_no_command_line() -> None:
     assert {"labeller.cluster.kube", "labeller.cluster.connect", "labeller.cluster.reflector"} <= set(cluster)
     for module, imports in cluster.items():
         assert not {i for i in imports if process_of(i) is not None or i.split(".")[0] in ("click", "grpc")}, module
-        assert not {i for i in ours(imports) if i in ("labeller.cli", "labeller.commands.options", "labeller.process.follow")}, module
+        assert not {i for i in ours(imports)
+                    if i in ("labeller.cli", "labeller.commands.options", "labeller.process.follow")}, module
 
 
 def test_only_the_plugins_speak_grpc() -> None:
@@ -277,7 +281,8 @@ def test_nothing_on_a_real_node_imports_a_simulation() -> None:
     # each vendor package hands its simulator to the profile replayer (Discovery.simulator);
     # labeller.host imports the replayer only for --simulate; match (its default targets) and
     # completion (--simulate names) list the built-in profiles
-    assert importers <= simulations | vendor_packages() | {"labeller.host", "labeller.commands.dryrun", "labeller.commands.selectors",
+    assert importers <= simulations | vendor_packages() | {"labeller.host", "labeller.commands.dryrun",
+                                                           "labeller.commands.selectors",
                                                            "labeller.commands.completion"}
     assert {p for p in vendor_packages() if ours(eager_modules()[p]) & simulations} == set()
 

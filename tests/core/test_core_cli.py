@@ -136,7 +136,8 @@ def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path
         "except SystemExit:\n"
         "    pass\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'google')\n"
-        "             or m.startswith(('labeller.plugin', 'labeller.draplugin')) or m.rsplit('.', 1)[-1] in ('allocate', 'health')))\n"
+        "             or m.startswith(('labeller.plugin', 'labeller.draplugin'))"
+        " or m.rsplit('.', 1)[-1] in ('allocate', 'health')))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE_S)
     assert result.returncode == 0, result.stderr

@@ -100,7 +100,8 @@ def test_labels_resources_and_slices_describe_the_same_devices(profile: str) -> 
             occupied.update((attribute(mig, "parentUUID"), name) for name in slices)
         assert set(occupied.values()) <= {1}
         # product: the label names the product the devices publish (GFD's sanitised form)
-        assert any(labels["nvidia.com/gpu.product"].startswith(product_name(attribute(d, "productName"))) for d in nvidia)
+        assert any(labels["nvidia.com/gpu.product"].startswith(product_name(attribute(d, "productName")))
+                   for d in nvidia)
         # memory and count, as the labels count what is advertised (held MPS replicas are not)
         memories = {d.capacity["memory"].value // MIB for d in nvidia if "memory" in d.capacity}
         assert int(labels["nvidia.com/gpu.memory"]) in memories
@@ -109,7 +110,8 @@ def test_labels_resources_and_slices_describe_the_same_devices(profile: str) -> 
         else:
             assert int(labels["nvidia.com/gpu.count"]) == sum(1 for d in whole if d.health_key in advertised)
             for profile_name, count in Counter(attribute(d, "profile") for d in migs).items():
-                device = next(p for p in physical.values() if isinstance(p, NvidiaDevice) and p.partition == profile_name)
+                device = next(p for p in physical.values()
+                              if isinstance(p, NvidiaDevice) and p.partition == profile_name)
                 assert device.mig is not None
                 prefix = device.mig.resource_name
                 assert int(labels[f"{prefix}.count"]) == count
@@ -245,8 +247,8 @@ def test_explain_says_which_placement_a_mig_devices_memory_slices_and_name_come_
     lines = result.stdout.splitlines()
     assert lines[0] == "gpu.nvidia.com/memorySlice7 (capacity, gpu.nvidia.com), on 2 devices:"
     assert lines[1] == "  = 1: gpu-6-mig-9-4-4, gpu-7-mig-9-4-4"  # 3g.20gb: profile id 9, memory slices 4 to 7
-    assert "    source:   nvmlGpuInstanceGetInfo(GPU instance 1 of GPU 6 (GPU-0c6a7f5e-2b1d-4d3c-8e9f-a1b2c3d4e506)): " \
-           "profileId 9, placement 4:4" in lines
+    assert "    source:   nvmlGpuInstanceGetInfo(GPU instance 1 of GPU 6 " \
+           "(GPU-0c6a7f5e-2b1d-4d3c-8e9f-a1b2c3d4e506)): profileId 9, placement 4:4" in lines
     assert "  upstream: NVIDIA k8s-dra-driver-gpu (gpu.nvidia.com): same name, type and value form; NVIDIA's does " \
            "not publish MIG devices of split GPU instances" in lines
 

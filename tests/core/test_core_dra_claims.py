@@ -96,7 +96,8 @@ def allocate(claim: dict[str, Any], devices: list[dict[str, Any]], cel: Cel) -> 
     candidates = []
     for request in requests:
         exactly = request["exactly"]
-        selectors = [DEVICE_CLASSES[exactly["deviceClassName"]], *(s["cel"]["expression"] for s in exactly.get("selectors", []))]
+        selectors = [DEVICE_CLASSES[exactly["deviceClassName"]],
+                     *(s["cel"]["expression"] for s in exactly.get("selectors", []))]
         fitting = []
         for device in devices:
             activation = json_to_cel({k: v for k, v in device.items() if k != "_name"})

@@ -4,7 +4,7 @@ Restructuring the code must not change what a user sees: labels (text and NFD), 
 plugin's resources, the DRA plugin's ResourceSlices and the probe's inventory, for each built-in profile. When a change is meant to
 change them, regenerate with ``GOLDEN_UPDATE=1 python -m pytest tests/core/test_core_golden.py``
 and review the diff of ``tests/fixtures/golden/`` like code.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

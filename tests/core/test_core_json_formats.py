@@ -42,6 +42,7 @@ def test_match_json_of_a_match_exits_0() -> None:
     assert result.exit_code == 0
     document = json.loads(result.stdout)
     assert [(r["name"], r["match"], r["reasons"]) for r in document["results"]] == [
-        ("mi210-x8", True, []), ("dgx-h100", False, ["amd.com/gpu.present=true: no label amd.com/gpu.present (closest existing key: "
-                                 "nvidia.com/gpu.present)"])]
+        ("mi210-x8", True, []),
+        ("dgx-h100", False, ["amd.com/gpu.present=true: no label amd.com/gpu.present (closest existing key: "
+                             "nvidia.com/gpu.present)"])]
     assert document["hints"] == [] and document["matched"] == 1

@@ -149,8 +149,8 @@ def amd_gpu(nodes: int, *, card: int | None = 0, vram: int | None = 64 << 30, nu
                                          vram_bytes=vram, gfx_target_version=90402, location_id=0x500 + i, domain=0,
                                          numa_node=numa) for i in range(nodes))
     return AmdGpu(bdf="0000:05:00.0", device_id=0x74A1, revision=0, product_name="AMD Instinct MI300X (OAM)",
-                  family="AI", nodes=compute_nodes, compute_partition=compute, memory_partition="nps4" if compute else None,
-                  numa_node=numa)
+                  family="AI", nodes=compute_nodes, compute_partition=compute,
+                  memory_partition="nps4" if compute else None, numa_node=numa)
 
 
 def amd(gpu: AmdGpu, version: str = "6.8.5.60100") -> Inventory:

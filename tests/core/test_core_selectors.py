@@ -155,7 +155,8 @@ def test_match_on_a_profiles_dir(tmp_path: Path) -> None:
 def test_affinity_with_min_memory_on_a_node_with_amd_and_nvidia_says_the_amd_gpus_go_by_model() -> None:
     """The minimum applies to NVIDIA's numeric gpu.memory; the AMD GPUs stay selected by model, and a
     comment line says so (AMD's vram is text, which Gt cannot compare)."""
-    labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.memory": "46068",
+    labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-L40S",
+              "nvidia.com/gpu.memory": "46068",
               "amd.com/gpu.present": "true", "amd.com/gpu.product-name": "AMD_Instinct_MI210"}
     text = snippet(labels, "affinity", min_memory=40000)
     comments = [line for line in text.splitlines() if line.startswith("#")]
@@ -163,7 +164,8 @@ def test_affinity_with_min_memory_on_a_node_with_amd_and_nvidia_says_the_amd_gpu
     assert "--min-memory" in comments[0] and "nvidia.com/gpu.memory" in comments[0]
     [term] = yaml.safe_load(text)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
-    assert {"key": "amd.com/gpu.product-name", "operator": "In", "values": ["AMD_Instinct_MI210"]} in term["matchExpressions"]
+    assert ({"key": "amd.com/gpu.product-name", "operator": "In", "values": ["AMD_Instinct_MI210"]}
+            in term["matchExpressions"])
     assert {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["39999"]} in term["matchExpressions"]
 
 

@@ -61,7 +61,8 @@ def test_the_profiles_config_follows_the_file_unless_config_is_given(tmp_path: P
     profile, config = tmp_path / "node.yaml", tmp_path / "config.yaml"
     write_yaml(profile, l40s_node(1, config=time_slicing(2)))
     write_yaml(config, time_slicing(5))
-    with open_host(NodeOptions(simulate=str(profile))) as node, open_host(NodeOptions(simulate=str(profile), config_path=config)) as given:
+    with open_host(NodeOptions(simulate=str(profile))) as node, \
+            open_host(NodeOptions(simulate=str(profile), config_path=config)) as given:
         assert node.config.sharing.replicas_for("nvidia.com/gpu") == 2
         write_yaml(profile, l40s_node(2, config=time_slicing(4)))
         node.probe(), given.probe()

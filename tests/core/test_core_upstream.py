@@ -44,7 +44,8 @@ def test_a_flag_beats_its_env_var_which_beats_the_config_file(tmp_path: Path) ->
     config = config_file(tmp_path, "flags: {migStrategy: single}\n")
     strategy = "nvidia.com/mig.strategy"
     assert labels_of("--simulate", MIG_PROFILE, "--config", config)[0][strategy] == "single"
-    assert labels_of("--simulate", MIG_PROFILE, "--config", config, env={"MIG_STRATEGY": "mixed"})[0][strategy] == "mixed"
+    assert labels_of("--simulate", MIG_PROFILE, "--config", config,
+                     env={"MIG_STRATEGY": "mixed"})[0][strategy] == "mixed"
     # GFD reads GFD_MIG_STRATEGY before MIG_STRATEGY
     both = {"GFD_MIG_STRATEGY": "mixed", "MIG_STRATEGY": "none"}
     assert labels_of("--simulate", MIG_PROFILE, "--config", config, env=both)[0][strategy] == "mixed"
@@ -71,7 +72,8 @@ def test_no_timestamp_flag_and_env_beat_the_config_file(tmp_path: Path) -> None:
 def test_machine_type_file_is_read_under_the_host_root(tmp_path: Path) -> None:
     vendor_file = "/sys/bus/pci/devices/0000:07:00.0/vendor"  # a file the simulated DGX A100 has: 0x10de
     assert labels_of("--simulate", MIG_PROFILE)[0]["nvidia.com/gpu.machine"] == "DGXA100"
-    assert labels_of("--simulate", MIG_PROFILE, "--machine-type-file", vendor_file)[0]["nvidia.com/gpu.machine"] == "0x10de"
+    assert labels_of("--simulate", MIG_PROFILE,
+                     "--machine-type-file", vendor_file)[0]["nvidia.com/gpu.machine"] == "0x10de"
     config = config_file(tmp_path, f"flags: {{gfd: {{machineTypeFile: {vendor_file}}}}}\n")
     assert labels_of("--simulate", MIG_PROFILE, "--config", config)[0]["nvidia.com/gpu.machine"] == "0x10de"
     missing, _ = labels_of("--simulate", MIG_PROFILE, env={"GFD_MACHINE_TYPE_FILE": "/no/such/file"})

@@ -111,7 +111,8 @@ def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_p
 
 
 def test_once_with_no_such_node_says_so_in_one_error_line_and_waits_for_nothing(kubeconfig: Path) -> None:
-    result = subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, text=True, timeout=PATIENCE_S, check=False)
+    result = subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, text=True, timeout=PATIENCE_S,
+                            check=False)
     assert result.returncode == 1
     entries = [json.loads(line) for line in result.stderr.splitlines()]
     assert [(e["level"], e["event"]) for e in entries if e["level"] in ("warning", "error")] == [

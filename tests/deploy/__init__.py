@@ -48,8 +48,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
                                                       "plugin": {"deviceListStrategy": ["envvar", "cdi-cri"]}},
                            "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}},
     "extender": {"extender": {"enabled": True}},
-    "extender-existing-secret": {"extender": {"enabled": True, "policy": "spread", "bindWait": "5s", "assumeTimeout": 120,
-                                              "tls": {"existingSecret": "extender-certs"},
+    "extender-existing-secret": {"extender": {"enabled": True, "policy": "spread", "bindWait": "5s",
+                                              "assumeTimeout": 120, "tls": {"existingSecret": "extender-certs"},
                                               "service": {"clusterIP": "10.96.0.50"},
                                               "schedulerConfig": {"host": "10.96.0.50"}}},
     # Memory sharing in one pool (pods access for the plugin) with both admission policies
@@ -58,11 +58,13 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     # The DRA plugin, its DeviceClasses and its ResourceSlice policy; every node without the config label on DRA
     "dra": {"createNamespace": True, "admissionPolicy": {"enabled": True},
             "dra": {"enabled": True, "vendors": ["nvidia", "amd"]}},
-    # DRA node by node: a named config moves a node (the plugin follows the config label); DeviceClasses left to a vendor chart
+    # DRA node by node: a named config moves a node (the plugin follows the config label);
+    # DeviceClasses left to a vendor chart
     "dra-node-by-node": {"dra": {"enabled": True, "deviceClasses": {"enabled": False}}, "config": {"data": {
         "default": {"version": "v1"}, "dra": {"version": "v1", "labeller": {"dra": {"vendors": ["nvidia"]}}}}}},
     # DRA with a containerized NVIDIA driver (its files under flags.nvidiaDriverRoot)
-    "dra-driver-root": {"dra": {"enabled": True}, "config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver"}}},
+    "dra-driver-root": {"dra": {"enabled": True},
+                        "config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver"}}},
     "everything": {
         "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
         "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],

@@ -268,7 +268,8 @@ def test_service_account_name_and_annotations_follow_the_values() -> None:
     objects = render({"namespaceOverride": "gpus", "dra": {"enabled": True, "serviceAccount": {
         "name": "dra", "annotations": {"example.com/role": "x"}}}})
     account = one(objects, "ServiceAccount", "dra")
-    assert account["metadata"]["namespace"] == "gpus" and account["metadata"]["annotations"] == {"example.com/role": "x"}
+    assert (account["metadata"]["namespace"] == "gpus"
+            and account["metadata"]["annotations"] == {"example.com/role": "x"})
     assert pod(dra_ds(objects))["serviceAccountName"] == "dra"
     assert one(objects, "ClusterRoleBinding", "gpu-labeller-dra-plugin")["subjects"] == [
         {"kind": "ServiceAccount", "name": "dra", "namespace": "gpus"}]

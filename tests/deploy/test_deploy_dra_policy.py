@@ -65,7 +65,8 @@ def test_every_expression_compiles(policy: Policy) -> None:
     spec = policy.spec
     expressions = [c["expression"] for c in spec["matchConditions"]] + [v["expression"] for v in spec["variables"]]
     for validation in spec["validations"]:
-        expressions += [validation["expression"], *([validation["messageExpression"]] if "messageExpression" in validation else [])]
+        expressions += [validation["expression"],
+                        *([validation["messageExpression"]] if "messageExpression" in validation else [])]
     for expression in expressions:
         policy.program(expression)
 

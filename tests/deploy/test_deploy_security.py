@@ -141,7 +141,8 @@ def test_host_paths_are_read_only_except_the_plugin_socket_dir(name: str, values
     objects = render(values)
     writable = {("device-plugin", SOCKET_DIR), ("device-plugin", "/var/run/cdi"),
                 ("mps-control-daemon", "/run/nvidia/mps"), ("mps-control-daemon", "/run/nvidia/mps/shm"),
-                ("dra-plugin", "/var/lib/kubelet/plugins_registry"), ("dra-plugin", "/var/lib/kubelet/plugins/gpu.nvidia.com"),
+                ("dra-plugin", "/var/lib/kubelet/plugins_registry"),
+                ("dra-plugin", "/var/lib/kubelet/plugins/gpu.nvidia.com"),
                 ("dra-plugin", "/var/lib/kubelet/plugins/gpu.amd.com"), ("dra-plugin", "/var/run/cdi")}
     if values.get("labeller", {}).get("output") == "features-file":
         writable.add(("labeller", "/etc/kubernetes/node-feature-discovery/features.d"))
@@ -161,7 +162,8 @@ def test_read_only_host_trees_are_read_only_all_the_way_down(name: str, values: 
         for box in containers(ds):
             for host_path, (_, mount) in host_mounts(ds, box["name"]).items():
                 if mount.get("readOnly"):
-                    assert mount.get("recursiveReadOnly") == "IfPossible", (ds["metadata"]["name"], box["name"], host_path)
+                    assert mount.get("recursiveReadOnly") == "IfPossible", \
+                        (ds["metadata"]["name"], box["name"], host_path)
                     assert mount.get("mountPropagation", "None") == "None", (box["name"], host_path)
 
 
@@ -181,9 +183,11 @@ def test_recursive_read_only_only_for_api_servers_that_know_it(kube_version: str
             for host_path, (_, mount) in host_mounts(ds, box["name"]).items():
                 if mount.get("readOnly"):
                     read_only.append((box["name"], host_path))
-                    assert mount.get("recursiveReadOnly") == ("IfPossible" if recursive else None), (box["name"], host_path)
+                    assert mount.get("recursiveReadOnly") == ("IfPossible" if recursive else None), \
+                        (box["name"], host_path)
         kv.validate(ds, kube_version, strict=True)
-    assert len(read_only) == 9  # labeller: sys, libdrm, debugfs, mps root; plugin and MPS daemon: sys, dev (and the root)
+    # labeller: sys, libdrm, debugfs, mps root; plugin and MPS daemon: sys, dev (and the root)
+    assert len(read_only) == 9
 
 
 def test_host_mounts_are_the_documented_ones() -> None:

@@ -96,7 +96,8 @@ class Running:
 
     def writes(self, since: float = 0.0) -> int:
         """ResourceSlice writes the API server answered since ``since``."""
-        return sum(self.api.log.count(verb, "resourceslices", since) for verb in ("create", "update", "delete", "patch"))
+        return sum(self.api.log.count(verb, "resourceslices", since)
+                   for verb in ("create", "update", "delete", "patch"))
 
 
 @contextmanager

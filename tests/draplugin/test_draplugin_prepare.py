@@ -45,7 +45,8 @@ def test_prepare_answers_exactly_the_allocated_devices(api: FakeApiServer, draku
         claim = run.claim("two-gpus", "gpu-1", "gpu-3")
         answer = drakubelet.prepare("pod-1", [claim])[claim.uid]
         assert answer.error == ""
-        assert [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in answer.devices] == [
+        assert [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+                for d in answer.devices] == [
             (["gpu"], NODE, name, [f"{KIND}={claim.uid}-{name}"]) for name in ("gpu-1", "gpu-3")]
         spec = check_spec(spec_file(dirs, claim))
         assert {i for d in answer.devices for i in d.cdi_device_ids} == resolvable(dirs.cdi)
@@ -84,11 +85,13 @@ def test_an_amd_partition_gets_kfd_and_its_render_node(api: FakeApiServer, draku
         assert isinstance(part, AmdDevice)
         claim = run.claim("partition", name, driver=AMD)
         answer = drakubelet.prepare("pod-1", [claim])[claim.uid]
-        assert answer.error == "" and [list(d.cdi_device_ids) for d in answer.devices] == [[f"{KIND}={claim.uid}-{name}"]]
+        assert (answer.error == ""
+                and [list(d.cdi_device_ids) for d in answer.devices] == [[f"{KIND}={claim.uid}-{name}"]])
         spec = check_spec(spec_file(dirs, claim))
         assert spec["containerEdits"] == {"deviceNodes": [{"path": "/dev/kfd", "permissions": "rwm"}]}
         (device,) = spec["devices"]
-        assert f"/dev/dri/renderD{part.node.render_minor}" in [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+        assert (f"/dev/dri/renderD{part.node.render_minor}"
+                in [n["path"] for n in device["containerEdits"]["deviceNodes"]])
 
 
 def test_prepare_is_idempotent(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
@@ -142,7 +145,8 @@ def test_each_bad_claim_fails_alone_naming_its_device(api: FakeApiServer, drakub
         missing = run.claim("missing", "gpu-42")
         unhealthy = run.claim("unhealthy", "gpu-6")
         elsewhere = run.claim("elsewhere", "gpu-1", pool="gpu-node-2")
-        unallocated = Claim("default", "unallocated", api.create_resource_claim("unallocated")["metadata"]["uid"], NVIDIA)
+        unallocated = Claim("default", "unallocated", api.create_resource_claim("unallocated")["metadata"]["uid"],
+                            NVIDIA)
         replaced = run.claim("replaced", "gpu-2")
         api.resource_claims.delete("default", "replaced")
         run.claim("replaced", "gpu-2")  # the same name, another object
@@ -213,7 +217,8 @@ def test_only_this_drivers_results_are_prepared(api: FakeApiServer, drakubelet: 
         assert not nvidia.error and not amd_answer.error
         assert [(list(d.request_names), d.device_name) for d in nvidia.devices] == [(["nv"], "gpu-0")]
         assert [(list(d.request_names), d.device_name) for d in amd_answer.devices] == [(["amd"], amd)]
-        assert sorted(p.name for p in dirs.cdi.iterdir()) == sorted(f"gpu-labeller-dra_{d}_{uid}.json" for d in (AMD, NVIDIA))
+        assert (sorted(p.name for p in dirs.cdi.iterdir())
+                == sorted(f"gpu-labeller-dra_{d}_{uid}.json" for d in (AMD, NVIDIA)))
 
 
 def test_an_unreadable_checkpoint_is_moved_aside_and_the_claim_prepared_again(

@@ -80,8 +80,8 @@ def test_stopping_removes_the_sockets_and_keeps_the_slices(api: FakeApiServer, d
     assert len(run.devices()) == 8
 
 
-def test_a_directory_at_the_dra_socket_path_is_one_error_line_and_a_retry(api: FakeApiServer, drakubelet: FakeDraKubelet,
-                                                                          dirs: Dirs) -> None:
+def test_a_directory_at_the_dra_socket_path_is_one_error_line_and_a_retry(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
     taken = dirs.plugins / NVIDIA / "dra.sock"
     taken.mkdir(parents=True)
     problem = "cannot create the plugin socket; retrying"

@@ -108,7 +108,8 @@ class Cluster:
 
     def up(self) -> None:
         subprocess.run([str(self.k8s_dra / "up.sh")], env=self.env, check=True, stdout=subprocess.DEVNULL)
-        values = dict(line.removeprefix("export ").split("=", 1) for line in (self.state / "env").read_text().splitlines()
+        values = dict(line.removeprefix("export ").split("=", 1)
+                      for line in (self.state / "env").read_text().splitlines()
                       if "=" in line and not line.startswith("#"))
         self.kubeconfig = values.get("KUBECONFIG", str(self.state / "kubeconfig")).strip("'\"")
         self.bin = Path(values.get("DRA_BIN", "/tmp/gpu-labeller-dra-bin").strip("'\""))
@@ -237,9 +238,12 @@ def allocated_devices(cluster: Cluster, pod_name: str) -> list[dict[str, Any]]:
 
 def scenario_claim_lifecycle(cluster: Cluster, node: Node) -> None:
     print("1. an H100 with at least 40 GiB: allocated, prepared, unprepared", flush=True)
-    cluster.apply([claim_template("h100-40gi", [request("gpu", "gpu.nvidia.com",
-        'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3" && '
-        'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0')]), pod("h100-pod", {"gpu": "h100-40gi"})])
+    cluster.apply([
+        claim_template("h100-40gi", [request("gpu", "gpu.nvidia.com",
+            'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3" && '
+            'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0')]),
+        pod("h100-pod", {"gpu": "h100-40gi"}),
+    ])
     since = node.events.mark()
     began = time.monotonic()
     event = prepared(node, "h100-pod", since)
@@ -252,7 +256,8 @@ def scenario_claim_lifecycle(cluster: Cluster, node: Node) -> None:
     check(set(ids) <= node.cdi_names(), "the spec file in --cdi-spec-dir defines it")
     results_ = allocated_devices(cluster, "h100-pod")
     check(len(results_) == 1 and results_[0]["driver"] == "gpu.nvidia.com" and results_[0]["pool"] == "dra-h100",
-          f"the scheduler allocated one device of our pool: {[(r['driver'], r['pool'], r['device']) for r in results_]}")
+          "the scheduler allocated one device of our pool: "
+          f"{[(r['driver'], r['pool'], r['device']) for r in results_]}")
     phase = wait(lambda: cluster.json("get", "pod", "h100-pod")["status"].get("phase") == "Running", 30)
     check(phase is not None, "the pod is Running")
     gone = delete_pod(cluster, node, "h100-pod", since)
@@ -264,8 +269,11 @@ def scenario_claim_lifecycle(cluster: Cluster, node: Node) -> None:
 def scenario_unsatisfiable(cluster: Cluster, node: Node) -> None:
     print("2. a claim nothing satisfies", flush=True)
     before = cluster.devices(node.name)
-    cluster.apply([claim_template("too-big", [request("gpu", "gpu.nvidia.com",
-        'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("1000Gi")) >= 0')]), pod("too-big-pod", {"gpu": "too-big"})])
+    cluster.apply([
+        claim_template("too-big", [request("gpu", "gpu.nvidia.com",
+            'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("1000Gi")) >= 0')]),
+        pod("too-big-pod", {"gpu": "too-big"}),
+    ])
 
     def reason() -> str:
         events = cluster.json("get", "events", "--field-selector", "involvedObject.name=too-big-pod")["items"]
@@ -285,14 +293,17 @@ def scenario_mig_amd_mixed(cluster: Cluster, nodes: dict[str, Node]) -> None:
     mig, amd, mixed = nodes["dra-mig"], nodes["dra-amd"], nodes["dra-mixed"]
     marks = {n: nodes[n].events.mark() for n in nodes}
     cluster.apply([
-        claim_template("mig-1g5gb", [request("mig", "mig.nvidia.com", 'device.attributes["gpu.nvidia.com"].profile == "1g.5gb"')]),
+        claim_template("mig-1g5gb", [request("mig", "mig.nvidia.com",
+            'device.attributes["gpu.nvidia.com"].profile == "1g.5gb"')]),
         pod("mig-pod", {"mig": "mig-1g5gb"}),
         claim_template("two-partitions", [request("parts", "gpu.amd.com",
             'device.attributes["gpu.amd.com"].type == "amdgpu-partition"', count=2)],
             [{"requests": ["parts"], "matchAttribute": "resource.kubernetes.io/pciBusID"}]),
         pod("amd-pod", {"parts": "two-partitions"}),
-        claim_template("l40s", [request("gpu", "gpu.nvidia.com", 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA L40S"')]),
-        claim_template("mi210", [request("gpu", "gpu.amd.com", 'device.attributes["gpu.amd.com"].productName == "AMD_Instinct_MI210"')]),
+        claim_template("l40s", [request("gpu", "gpu.nvidia.com",
+            'device.attributes["gpu.nvidia.com"].productName == "NVIDIA L40S"')]),
+        claim_template("mi210", [request("gpu", "gpu.amd.com",
+            'device.attributes["gpu.amd.com"].productName == "AMD_Instinct_MI210"')]),
         pod("mixed-pod", {"nvidia": "l40s", "amd": "mi210"}),
     ])
     event = prepared(mig, "mig-pod", marks["dra-mig"])
@@ -302,12 +313,14 @@ def scenario_mig_amd_mixed(cluster: Cluster, nodes: dict[str, Node]) -> None:
     event = prepared(amd, "amd-pod", marks["dra-amd"])
     devices = allocated_devices(cluster, "amd-pod")
     slices = {d["name"]: d for s in cluster.slices("dra-amd") for d in s["spec"]["devices"]}
-    parents = {slices[d["device"]]["attributes"]["resource.kubernetes.io/pciBusID"]["string"] for d in devices if d["device"] in slices}
+    parents = {slices[d["device"]]["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+               for d in devices if d["device"] in slices}
     check(event is not None and event["error"] == "" and len(devices) == 2 and len(parents) == 1
           and len(event["cdi_devices"]) == 2,
           f"two partitions of one GPU ({sorted(d['device'] for d in devices)}, parent {parents}), prepared")
     drivers = cluster.devices("dra-mixed")
-    check(set(drivers) == {"gpu.nvidia.com", "gpu.amd.com"}, f"the mixed node publishes both drivers: {sorted(drivers)}")
+    check(set(drivers) == {"gpu.nvidia.com", "gpu.amd.com"},
+          f"the mixed node publishes both drivers: {sorted(drivers)}")
     prepares = [mixed.events.wait("prepare", marks["dra-mixed"], 90, pod="default/mixed-pod")]
     devices = allocated_devices(cluster, "mixed-pod")
     check(all(p is not None and p["error"] == "" for p in prepares)
@@ -360,7 +373,8 @@ def scenario_faults(cluster: Cluster, node: Node) -> None:
     name = cluster.slices(node.name)[0]["metadata"]["name"]
     cluster.kubectl("delete", "resourceslice", name)
     rewritten = wait(lambda: cluster.devices(node.name) == before, 30)
-    check(rewritten is not None and rewritten <= 1.0, f"a slice deleted after the restart is back within 1 s ({rewritten})")
+    check(rewritten is not None and rewritten <= 1.0,
+          f"a slice deleted after the restart is back within 1 s ({rewritten})")
     if rewritten is not None:
         figure(f"slice deleted by hand after the API server restart -> written again in {rewritten:.2f} s")
 

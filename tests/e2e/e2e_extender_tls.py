@@ -265,7 +265,8 @@ def main() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = args.slow + 512  # the slow clients' sockets, kubectl pipes, the rest
     if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
     cluster = Cluster(args.k8s, Path(os.environ.get("K8S_STATE", "/tmp/gpu-labeller-k8s")))
     work = Path(tempfile.mkdtemp(prefix="e2e-extender-tls-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
@@ -273,9 +274,10 @@ def main() -> int:
     allocating = threading.Event()
     try:
         cluster.up()
-        objects = render({"extender": {"enabled": True, "schedulerConfig": {"host": "127.0.0.1", "apiVersion": "kubescheduler.config.k8s.io/v1beta3"},  # v1.24
-
-                                       "port": args.port, "metricsPort": args.port + 1}})
+        objects = render({"extender": {
+            "enabled": True,
+            "schedulerConfig": {"host": "127.0.0.1", "apiVersion": "kubescheduler.config.k8s.io/v1beta3"},  # v1.24
+            "port": args.port, "metricsPort": args.port + 1}})
         rbac = [o for o in objects if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                                                     "RoleBinding")]
         cluster.kubectl("create", "namespace", NAMESPACE, check=False)
@@ -288,7 +290,8 @@ def main() -> int:
         # 2. The extender with the chart's serving Secret; the scheduler with its configuration and client Secret.
         serving = secret_files(objects, f"{NAME}-tls", work / "serving")
         client_dir = secret_files(objects, f"{NAME}-scheduler-client", work / "scheduler-client")
-        config_map = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == f"{NAME}-scheduler-config")
+        config_map = next(o for o in objects
+                          if o["kind"] == "ConfigMap" and o["metadata"]["name"] == f"{NAME}-scheduler-config")
         config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
         tls_config = config["extenders"][0]["tlsConfig"]
         for key in ("caFile", "certFile", "keyFile"):  # the files, where the control plane would hold them
@@ -373,8 +376,8 @@ def main() -> int:
         cpu_before, wall_before = cpu_seconds(extender.pid), time.monotonic()
         attack.start()
         took = wait(lambda: attack.connected >= args.slow, 120)
-        check(took is not None, f"{attack.connected} slow clients connected at once after {took or 0:.1f} s (one byte per "
-                                f"{SLOW_INTERVAL_S:g} s each, reconnecting when closed)")
+        check(took is not None, f"{attack.connected} slow clients connected at once after {took or 0:.1f} s "
+                                f"(one byte per {SLOW_INTERVAL_S:g} s each, reconnecting when closed)")
         probe_body = json.dumps({"Pod": pod_body("probe", 4), "NodeNames": list(NODES)}).encode()
         probes: list[float] = []
         probe_errors: list[str] = []
@@ -411,7 +414,8 @@ def main() -> int:
               f"{wall:.0f} s); {attack.opened} connections opened, {attack.refused} refused at connect")
         check(bool(attack.lifetimes) and max(attack.lifetimes) <= REQUEST_TIMEOUT_S + 3,
               f"the server closed every slow connection at the request timeout ({REQUEST_TIMEOUT_S} s): "
-              f"{len(attack.lifetimes)} closed, {ms(attack.lifetimes) if attack.lifetimes else 'none'} after connecting")
+              f"{len(attack.lifetimes)} closed, {ms(attack.lifetimes) if attack.lifetimes else 'none'} "
+              "after connecting")
         check(not probe_errors and bool(probes) and max(probes) < http_timeout_s,
               f"a scheduler's filter on a fresh mutual-TLS connection is answered within httpTimeout "
               f"({http_timeout_s:g} s) all through the attack: {len(probes)} calls, "
@@ -419,7 +423,8 @@ def main() -> int:
         for verb in ("filter", "bind"):
             buckets = duration_buckets(metrics_url, verb)
             calls = buckets.get("+Inf", 0.0) - calls_before[verb]
-            within = buckets.get("1.0", 0.0) - calls_before[verb]  # the histogram's buckets start with the earlier calls
+            # the histogram's buckets start with the earlier calls
+            within = buckets.get("1.0", 0.0) - calls_before[verb]
             check(calls > 0 and buckets.get("1.0") == buckets.get("+Inf"),
                   f"every {verb} the extender answered during the attack took under 1 s to handle "
                   f"(histogram): {int(within)}/{int(calls)}" + (" (the probes' included)" if verb == "filter" else ""))

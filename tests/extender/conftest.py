@@ -119,8 +119,8 @@ def start_extender(kubeconfig: Path) -> Iterator[Start]:
     """Start the real extender (port 0) against the fake; waits until its first lists are in."""
     started: list[Running] = []
 
-    def launch(policy: str = "binpack", wait_s: float = 2.0, stale_s: float = 60.0, *, limits: HttpLimits = HttpLimits(),
-               tls: ssl.SSLContext | None = None, **options: Any) -> Running:
+    def launch(policy: str = "binpack", wait_s: float = 2.0, stale_s: float = 60.0, *,
+               limits: HttpLimits = HttpLimits(), tls: ssl.SSLContext | None = None, **options: Any) -> Running:
         running = start(lambda metrics: Kube(str(kubeconfig), observer=metrics.observe_request, pool_size=16),
                         0, "127.0.0.1", BindOptions(policy=policy, wait_s=wait_s, stale_s=stale_s, **options),
                         watch_timeout_s=5, limits=limits, tls=tls)

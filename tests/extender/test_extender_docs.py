@@ -115,7 +115,8 @@ def test_a_scheduler_configured_as_documented_places_and_binds_through_the_exten
         assert {entry["Host"] for entry in scores} == {"n1", "n2"}
         metadata = pod["metadata"]
         bound = scheduler.post(verb(extender_config["bindVerb"]), {
-            "PodName": metadata["name"], "PodNamespace": metadata["namespace"], "PodUID": metadata["uid"], "Node": "n1"})
+            "PodName": metadata["name"], "PodNamespace": metadata["namespace"], "PodUID": metadata["uid"],
+            "Node": "n1"})
         assert bound == {"Error": ""}
     finally:
         scheduler.close()

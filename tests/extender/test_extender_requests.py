@@ -116,7 +116,8 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True
 
 
-def test_slow_clients_are_closed_and_the_filter_is_answered_meanwhile(api: FakeApiServer, start_extender: Start) -> None:
+def test_slow_clients_are_closed_and_the_filter_is_answered_meanwhile(
+        api: FakeApiServer, start_extender: Start) -> None:
     extender = start_extender(limits=HttpLimits(request_timeout_s=2.0, max_connections=64))
     share_node(api, "n1")
     wait_for(lambda: extender.cache.counts[0] == 1)

@@ -39,7 +39,8 @@ def client_context(certs: Certs, cert: Path | None = None, key: Path | None = No
 
 def https(port: int, path: str, context: ssl.SSLContext, body: Any = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=data, method="GET" if data is None else "POST")
+    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=data,
+                                     method="GET" if data is None else "POST")
     try:
         with urllib.request.urlopen(request, timeout=PATIENCE_S, context=context) as answer:
             return answer.status, answer.read()

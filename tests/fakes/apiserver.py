@@ -462,7 +462,8 @@ class ObjectStore:
                                {"name": name, "kind": self.resource})
             self.validate(obj)
             obj.update({"kind": self.kind, "apiVersion": self.api_version})
-            metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "resourceVersion": self.store._bump()})
+            metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now(),
+                             "resourceVersion": self.store._bump()})
             if not self.cluster_scoped:
                 metadata["namespace"] = namespace
             self.defaults(obj)

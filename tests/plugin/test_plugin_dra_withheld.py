@@ -19,7 +19,8 @@ def test_a_node_whose_gpus_dra_serves_is_ready_with_nothing_advertised(sock_dir:
         resources = list(offer_of(inventory, config).resources)
         assert resources == []
         assert not_ready(inventory, resources, dra_serves=True) is None
-        assert not_ready(inventory, resources) == "8 GPU(s) on the PCI bus but none the plugin can serve with this config"
+        assert not_ready(inventory, resources) == ("8 GPU(s) on the PCI bus but none the plugin can serve "
+                                                   "with this config")
     with running_plugin(sock_dir, "dgx-h100", DRA_NVIDIA) as running:
         assert kubelet.wait_for(lambda: running.plugin.applied >= 1)
         assert running.plugin.ready

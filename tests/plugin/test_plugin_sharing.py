@@ -53,7 +53,8 @@ def test_mps_replicas_are_served_while_the_control_daemon_is_ready(sock_dir: Pat
     config = mps_config(mps_root)
     write_yaml(profile, l40s_node(2))
     config_file.write_text(json.dumps(config))
-    with open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, probing_plugin(sock_dir, node, config_file) as run:
+    with open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, \
+            probing_plugin(sock_dir, node, config_file) as run:
         assert kubelet.wait_for(lambda: run.plugin.applied >= 1)  # probed and served: nothing, no daemon is ready
         assert kubelet.registrations == [] and run.exit_code == []
         declare_ready(mps_root, config, profile)
@@ -82,7 +83,8 @@ def test_a_subset_shared_by_mps_leaves_the_other_gpus_whole(sock_dir: Path, kube
     config = mps_config(mps_root, devices=[1], rename="gpu-mps")
     write_yaml(profile, l40s_node(3))
     config_file.write_text(json.dumps(config))
-    with open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, probing_plugin(sock_dir, node, config_file):
+    with open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, \
+            probing_plugin(sock_dir, node, config_file):
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2)  # GPUs 0 and 2, whole, at once
         assert kubelet.allocatable("nvidia.com/gpu-mps") == 0
         declare_ready(mps_root, config, profile)
@@ -138,7 +140,8 @@ def test_a_sharing_config_naming_a_missing_gpu_serves_nothing_new_and_says_why(s
     write_yaml(profile, l40s_node(2))
     config_file.write_text(json.dumps({"version": "v1", "sharing": {"timeSlicing": {"resources": [
         {"name": GPU, "replicas": 2, "devices": [0, 7], "rename": "gpu-ts"}]}}}))
-    with structlog.testing.capture_logs() as logs, open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, \
+    with structlog.testing.capture_logs() as logs, \
+            open_host(NodeOptions(simulate=str(profile), config_path=config_file)) as node, \
             probing_plugin(sock_dir, node, config_file) as run:
         assert kubelet.wait_for(lambda: any(e.get("event") == "driver not ready; probing again" for e in logs))
         (error,) = [e for e in logs if e.get("reason") == "bad-config"][:1]

@@ -66,6 +66,7 @@ def test_a_dra_plugin_dir_whose_parent_is_missing_is_one_line_and_exit_2(tmp_pat
     directory = tmp_path / "missing" / "plugins"
     dirs = {"--plugins-dir": str(tmp_path / "plugins"), "--registry-dir": str(tmp_path / "plugins_registry"),
             flag: str(directory)}
-    line = _refused("dra-plugin", "--node-name", "n1", "--simulate", "dgx-h100", *(a for kv in dirs.items() for a in kv))
+    line = _refused("dra-plugin", "--node-name", "n1", "--simulate", "dgx-h100",
+                    *(a for kv in dirs.items() for a in kv))
     assert line == f"Error: {flag} {directory}: directory {directory.parent} does not exist"
     assert not (tmp_path / "missing").exists()

@@ -120,10 +120,12 @@ ATTRIBUTE_DOCS: tuple[AttributeDoc, ...] = (
     AttributeDoc(PCI_BUS_ID, "string", f"the GPU's PCI address ({_PARENT}: the same for all its partitions)",
                  f"Kubernetes' standard attribute, published by {UPSTREAM}: {_SAME}"),
     AttributeDoc("resource.kubernetes.io/pcieRoot", "string", "the GPU's PCIe root complex",
-                 f"Kubernetes' standard attribute, published by {UPSTREAM}; not read by gpu-labeller's probe, left out"),
+                 f"Kubernetes' standard attribute, published by {UPSTREAM}; not read by gpu-labeller's probe, "
+                 "left out"),
     AttributeDoc("memory", "capacity", "bytes of VRAM of the GPU or partition (KFD); left out when KFD gives none",
                  f"{UPSTREAM}: same name; AMD's publishes 0 (or a default size) for VRAM it cannot read"),
     AttributeDoc("computeUnits", "capacity", "compute units of the GPU or partition (KFD simd_count // simd_per_cu)",
                  f"{UPSTREAM}: {_SAME}"),
-    AttributeDoc("simdUnits", "capacity", "SIMD units of the GPU or partition (KFD simd_count)", f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("simdUnits", "capacity", "SIMD units of the GPU or partition (KFD simd_count)",
+                 f"{UPSTREAM}: {_SAME}"),
 )

@@ -9,7 +9,7 @@ Each kind yields, from a list of per-GPU values:
 Counts follow AMD: cu-count, simd-count and vram count KFD compute nodes (so partitions): the
 devices ``amd.com/gpu`` offers (labeller.offer), so labels and plugin count the same nodes (on a
 node that serves AMD GPUs through DRA, the devices its ResourceSlices publish: every node); device-id, family and product-name count physical GPUs (partitions have no PCI files there).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -173,7 +173,8 @@ def firmware_labels(inventory: Inventory, config: Config, offer: Offer) -> Label
             counts[f"{BETA}firmware.{block}.feat.{feature}"] += 1
             counts[f"{BETA}firmware.{block}.fw.{version}"] += 1
     source = "debugfs /sys/kernel/debug/dri/<card>/amdgpu_firmware_info of each GPU"
-    return {key: derived(str(count), "debugfs", source, f"{count} of {len(gpus)} GPU(s) have this firmware; versions in decimal")
+    return {key: derived(str(count), "debugfs", source,
+                         f"{count} of {len(gpus)} GPU(s) have this firmware; versions in decimal")
             for key, count in counts.items()}
 
 
@@ -250,8 +251,8 @@ KEY_DOCS: tuple[KeyDoc, ...] = (
     *(doc for kind in _COUNTED for doc in _counted_docs(kind)),
     KeyDoc(f"{NEW}driver-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
     KeyDoc(f"{NEW}driver-src-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
-    KeyDoc(f"{NEW}compute-memory-partition", _AMD, "every GPU reports compute and memory partition modes, and they agree",
-           "amd"),
+    KeyDoc(f"{NEW}compute-memory-partition", _AMD,
+           "every GPU reports compute and memory partition modes, and they agree", "amd"),
     KeyDoc(f"{NEW}compute-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
     KeyDoc(f"{NEW}memory-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
     KeyDoc(f"{BETA}firmware.<block>.feat.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",

@@ -165,7 +165,8 @@ def _implausible(props: dict[str, int], bank: dict[str, int]) -> str | None:
         outside("CU count (simd_count / simd_per_cu)", simd // per_cu, 1, MAX_CUS) if per_cu > 0 else None,
         outside("device_id", props["device_id"], 1, MAX_DEVICE_ID),
         outside("gfx_target_version", props.get("gfx_target_version", 0), 0, 999999),
-        outside("mem_banks/0 size_in_bytes", bank["size_in_bytes"], 0, MAX_MEMORY_BYTES) if "size_in_bytes" in bank else None,
+        (outside("mem_banks/0 size_in_bytes", bank["size_in_bytes"], 0, MAX_MEMORY_BYTES)
+         if "size_in_bytes" in bank else None),
     )
 
 
@@ -496,7 +497,8 @@ def _no_kfd_reason(host_root: Path) -> str:
     return "amdgpu is loaded but the KFD topology is missing (KFD disabled or still initialising)"
 
 
-def _without_kfd(host_root: Path, amd_pci: dict[str, PciGpu], firmware: bool) -> tuple[AmdInventory | None, BackendReport]:
+def _without_kfd(host_root: Path, amd_pci: dict[str, PciGpu],
+                 firmware: bool) -> tuple[AmdInventory | None, BackendReport]:
     """AMD GPUs on the bus but no KFD topology: as AMD's labeller, describe each physical GPU from
     its DRM card (device id, family, product name) and the module (driver version); nothing per
     compute node. The report stays "unavailable", so the inventory is partial while KFD initialises."""

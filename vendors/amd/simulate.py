@@ -61,7 +61,8 @@ def _int(entry: Mapping[str, Any], key: str, where: str, default: int | None = N
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}.{key}: {'required integer' if value is None else f'must be an integer, got {value!r}'}")
+        raise ValueError(f"{where}.{key}: "
+                         f"{'required integer' if value is None else f'must be an integer, got {value!r}'}")
     if value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{where}.{key}: must be {kind}, got {value}")
@@ -145,7 +146,8 @@ def _firmware_info(entry: Mapping[str, Any], where: str, base_dir: Path) -> str 
         if text is not None:
             return text
     known = ", ".join(sorted(p.name for p in _builtin_debugfs().iterdir() if p.is_dir()))
-    raise ValueError(f"{where}.firmware_info: {name!r} is neither a file next to the profile nor a built-in capture ({known})")
+    raise ValueError(f"{where}.firmware_info: {name!r} is neither a file next to the profile nor a built-in capture "
+                     f"({known})")
 
 
 def parse_gpu(entry: Any, where: str, base_dir: Path) -> tuple[SimGpu, int]:
@@ -270,10 +272,12 @@ def _gpu_node(topology: Path, item: _Placed, all_nodes: list[_Placed], cpu_nodes
     }))
     _write(node / "gpu_id", str(10000 + 97 * item.kfd_node))
     _write(node / "name", "ip discovery")
-    _write(node / "mem_banks/0/properties", _properties({"heap_type": 1, "size_in_bytes": gpu.vram_per_partition, "flags": 0}))
+    _write(node / "mem_banks/0/properties",
+           _properties({"heap_type": 1, "size_in_bytes": gpu.vram_per_partition, "flags": 0}))
     for number, (peer, kind) in enumerate(links):
         _write(node / "io_links" / str(number) / "properties",
-               _properties({"type": kind, "node_from": item.kfd_node, "node_to": peer, "weight": 15 if kind == LINK_XGMI else 20}))
+               _properties({"type": kind, "node_from": item.kfd_node, "node_to": peer,
+                            "weight": 15 if kind == LINK_XGMI else 20}))
 
 
 def _drm_card(root: Path, item: _Placed, card: int, render_minor: int, bdf: str) -> None:

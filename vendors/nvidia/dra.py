@@ -77,7 +77,8 @@ def gpu_attributes(part: NvidiaInventory, gpu: NvidiaGpu) -> dict[str, Attribute
             attributes["architecture"] = Attribute(arch, "nvml", source, f"compute capability {major}.{minor} is "
                                                    f"{arch} (nvmlDeviceGetArchitecture is not read)")
     if (driver := semver(part.driver_version)) is not None:
-        attributes["driverVersion"] = Attribute(driver, "nvml", f"nvmlSystemGetDriverVersion() = {part.driver_version!r}",
+        attributes["driverVersion"] = Attribute(driver, "nvml",
+                                                f"nvmlSystemGetDriverVersion() = {part.driver_version!r}",
                                                 "as a semantic version, missing parts 0")
     if part.cuda_driver_version > 0:
         cuda = part.cuda_driver_version
@@ -97,7 +98,8 @@ def _name(gpu: NvidiaGpu) -> str:
 def gpu_device(part: NvidiaInventory, gpu: NvidiaGpu, config: Config) -> DraDevice:
     attributes = {
         "type": Attribute("gpu", "nvml", f"nvmlDeviceGetMigMode({_ref(gpu)}): MIG "
-                          f"{'not supported' if not gpu.mig_capable else 'disabled'}", "a GPU without MIG is one device"),
+                          f"{'not supported' if not gpu.mig_capable else 'disabled'}",
+                          "a GPU without MIG is one device"),
         "uuid": Attribute(gpu.uuid, "nvml", f"nvmlDeviceGetUUID(GPU {gpu.index}) = {gpu.uuid!r}"),
         **gpu_attributes(part, gpu),
     }

@@ -81,7 +81,8 @@ def gpu_instance_profiles(nvml: ModuleType) -> dict[int, tuple[int, str]]:
 def compute_instance_profiles(nvml: ModuleType) -> dict[int, int]:
     """NVML's compute-instance profile index -> compute slices, for the constants this pynvml has."""
     return {getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_" + name): slices
-            for name, slices in COMPUTE_INSTANCE_PROFILES.items() if hasattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_" + name)}
+            for name, slices in COMPUTE_INSTANCE_PROFILES.items()
+            if hasattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_" + name)}
 
 
 def gpu_instance_placements(nvml: ModuleType) -> dict[int, tuple[int, int, tuple[int, ...]]]:
@@ -100,7 +101,8 @@ def mig_memory_gb(memory_mib: int, parent_total_bytes: int) -> int:
 
 def mig_profile_name(gpu_slices: int, compute_slices: int, memory_gb: int, suffix: str = "") -> str:
     """"1g.5gb", "1c.3g.20gb", "1g.10gb+me": the compute count is only written when it differs."""
-    base = f"{gpu_slices}g.{memory_gb}gb" if compute_slices == gpu_slices else f"{compute_slices}c.{gpu_slices}g.{memory_gb}gb"
+    base = (f"{gpu_slices}g.{memory_gb}gb" if compute_slices == gpu_slices
+            else f"{compute_slices}c.{gpu_slices}g.{memory_gb}gb")
     return base + suffix
 
 

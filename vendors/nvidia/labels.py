@@ -195,7 +195,8 @@ def mps_capability_labels(inventory: Inventory, config: Config, offer: Offer) ->
     if _nvidia(inventory) is None:
         return {}
     served = [r.name for r in offer.of_vendor(VENDOR) if r.strategy == "mps"]
-    source = f"offer: MPS replicas advertised under {', '.join(served)}" if served else "offer: no MPS replicas advertised"
+    source = (f"offer: MPS replicas advertised under {', '.join(served)}" if served
+              else "offer: no MPS replicas advertised")
     for held in offer.held:
         if held.resource.vendor == VENDOR and held.resource.strategy == "mps":
             (log.info if held.waiting else log.error)("MPS replicas not advertised; mps.capable=false",
@@ -228,7 +229,8 @@ def clique_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     if len(cliques) != 1:
         return {}
     fabric = [g for g in _gpus(inventory) if g.clique]
-    return {"nvidia.com/gpu.clique": derived(cliques.pop(), "nvml", f"nvmlDeviceGetGpuFabricInfo on {_gpu_range(fabric)}",
+    return {"nvidia.com/gpu.clique": derived(cliques.pop(), "nvml",
+                                             f"nvmlDeviceGetGpuFabricInfo on {_gpu_range(fabric)}",
                                              "'<clusterUuid>.<cliqueId>' when every fabric-attached GPU agrees")}
 
 
@@ -250,7 +252,8 @@ def vgpu_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
 def mig_strategy_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     if _nvidia(inventory) is None or config.mig_strategy == "none":
         return {}
-    return {"nvidia.com/mig.strategy": derived(config.mig_strategy, "config", f"flags.migStrategy = {config.mig_strategy}",
+    return {"nvidia.com/mig.strategy": derived(config.mig_strategy, "config",
+                                               f"flags.migStrategy = {config.mig_strategy}",
                                                "written when the strategy is not none")}
 
 
@@ -301,10 +304,13 @@ def _memory_sharing_labels(product: str, product_source: str, resources: Sequenc
     offered = "offer under nvidia.com/gpu: " + ", ".join(f"{r.name} ({len(r.devices)} devices)" for r in resources)
     return {
         f"{GPU}.product": derived(product, "nvml", product_source, SANITISE_RULE),
-        f"{GPU}.replicas": derived(str(min(units.values(), default=0)), "offer", f"{offered}; config sharing.memory.unit",
-                                   f"the {RESOURCE_MEM} units of one {model.name} (its memory, floored to whole units)"),
+        f"{GPU}.replicas": derived(str(min(units.values(), default=0)), "offer",
+                                   f"{offered}; config sharing.memory.unit",
+                                   f"the {RESOURCE_MEM} units of one {model.name} "
+                                   "(its memory, floored to whole units)"),
         f"{GPU}.sharing-strategy": derived("memory", "offer", offered,
-                                           "memory when the GPUs are shared by memory (ours: GFD has no such strategy)"),
+                                           "memory when the GPUs are shared by memory "
+                                           "(ours: GFD has no such strategy)"),
     }
 
 
@@ -319,7 +325,8 @@ def _model_labels(gpu: NvidiaGpu) -> Labels:
         major, minor = gpu.compute_capability
         source = f"nvmlDeviceGetCudaComputeCapability({_gpu_ref(gpu)}) = ({major}, {minor})"
         labels |= {f"{GPU}.family": derived(family(major, minor), "nvml", source,
-                                            f"GFD getArchFamily: compute capability {major}.{minor} is {family(major, minor)}"),
+                                            f"GFD getArchFamily: compute capability {major}.{minor} is "
+                                            f"{family(major, minor)}"),
                    f"{GPU}.compute.major": derived(str(major), "nvml", source, "the major version"),
                    f"{GPU}.compute.minor": derived(str(minor), "nvml", source, "the minor version")}
     return labels
@@ -383,7 +390,8 @@ def gpu_resource_labels(inventory: Inventory, config: Config, offer: Offer) -> L
     migs = [d for d in devices if d.mig is not None]
     if migs and migs[0].mig is not None:  # migStrategy single: the labels describe one MIG device
         mig = migs[0].mig
-        return (labels | _sharing_labels(GPU, mig_product_name(migs[0].nvml_gpu.name, mig), _mig_source(migs[0]), resources)
+        return (labels | _sharing_labels(GPU, mig_product_name(migs[0].nvml_gpu.name, mig), _mig_source(migs[0]),
+                                         resources)
                 | _count(GPU, len(migs), "MIG devices") | _mig_attribute_labels(GPU, mig))
     name_source = f"nvmlDeviceGetName({_gpu_ref(model)}) = {model.name!r}"
     if any(r.strategy == "memory" for r in resources):
@@ -460,12 +468,13 @@ KEY_DOCS: tuple[KeyDoc, ...] = (
     KeyDoc(f"{GPU}.clique", _GFD, "every fabric-attached GPU reports the same cluster UUID and clique id "
            "(multi-node NVLink)", "nvidia"),
     *(KeyDoc(f"{GPU}.{suffix}", _GFD, _SINGLE, "nvidia") for suffix in _MIG_SUFFIXES),
-    *(KeyDoc(f"nvidia.com/cuda.driver-version.{part}", _GFD, f"{_NVML} and the driver version has 2 or 3 parts", "nvidia")
-      for part in ("major", "minor", "revision", "full")),
+    *(KeyDoc(f"nvidia.com/cuda.driver-version.{part}", _GFD, f"{_NVML} and the driver version has 2 or 3 parts",
+             "nvidia") for part in ("major", "minor", "revision", "full")),
     *(KeyDoc(f"nvidia.com/cuda.driver.{part}", f"{_GFD} (deprecated key)", f"{_NVML} and the driver version has 2 or "
              "3 parts", "nvidia") for part in ("major", "minor", "rev")),
     *(KeyDoc(f"nvidia.com/cuda.runtime-version.{part}", _GFD, _NVML, "nvidia") for part in ("major", "minor", "full")),
-    *(KeyDoc(f"nvidia.com/cuda.runtime.{part}", f"{_GFD} (deprecated key)", _NVML, "nvidia") for part in ("major", "minor")),
+    *(KeyDoc(f"nvidia.com/cuda.runtime.{part}", f"{_GFD} (deprecated key)", _NVML, "nvidia")
+      for part in ("major", "minor")),
     KeyDoc("nvidia.com/mig.capable", _GFD, _NVML, "nvidia"),
     KeyDoc("nvidia.com/mig.strategy", _GFD, "flags.migStrategy is single or mixed (now: {mig_strategy})", "nvidia"),
     *(KeyDoc(f"nvidia.com/mig-<profile>.{suffix}", _GFD, _MIXED, "nvidia")

@@ -19,7 +19,14 @@ import structlog
 
 from labeller.config import Config
 from labeller.inventory import BackendReport, BackendStatus, PciGpu
-from vendors.nvidia.facts import MIB, PCI_VENDOR_ID, compute_instance_profiles, gpu_instance_profiles, mig_memory_gb, mig_profile_name
+from vendors.nvidia.facts import (
+    MIB,
+    PCI_VENDOR_ID,
+    compute_instance_profiles,
+    gpu_instance_profiles,
+    mig_memory_gb,
+    mig_profile_name,
+)
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 from vendors.nvidia.mps import probe_readiness
 from vendors.pci import devices_dir, normalise_bdf
@@ -386,7 +393,8 @@ def _inventory(nvml: ModuleType, host_root: Path, nvidia_pci: tuple[PciGpu, ...]
     is_vgpu, host = vgpu_state(host_root, nvidia_pci, {gpu.pci_bus_id: gpu.vgpu_guest for gpu in gpus}, problems)
     if not gpus and not problems:
         status: BackendStatus = "unavailable" if nvidia_pci else "absent"
-        return None, BackendReport("nvidia", status, f"NVML sees no GPU; {len(nvidia_pci)} NVIDIA GPU(s) on the PCI bus")
+        return None, BackendReport("nvidia", status,
+                                   f"NVML sees no GPU; {len(nvidia_pci)} NVIDIA GPU(s) on the PCI bus")
     inventory = NvidiaInventory(driver_version, cuda_driver_version, tuple(gpus), vgpu_present=is_vgpu,
                                 vgpu_host_driver=host)
     detail = f"{len(gpus)} GPU(s), driver {driver_version}"

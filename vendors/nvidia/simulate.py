@@ -170,7 +170,8 @@ def _error_code(value: Any, where: str) -> int:
     """An NVML error by pynvml's name, lower-case without the prefix: library_not_found, unknown."""
     code = getattr(real, "NVML_ERROR_" + str(value).upper(), None) if isinstance(value, str) else None
     if not isinstance(code, int):
-        raise _fail(where, f"must be an NVML error name such as library_not_found, driver_not_loaded, unknown; got {value!r}")
+        raise _fail(where, f"must be an NVML error name such as library_not_found, driver_not_loaded, unknown; "
+                           f"got {value!r}")
     return code
 
 
@@ -425,7 +426,8 @@ def _check_unique(gpus: list[FakeGpu]) -> None:
     for gpu in gpus:
         for value in (gpu.uuid, gpu.bus_id, *(mig.uuid for mig in gpu.migs)):
             if value in seen:
-                raise _fail(f"nvidia.gpus (GPU {gpu.index})", f"{value} appears twice; UUIDs and bus ids must be unique")
+                raise _fail(f"nvidia.gpus (GPU {gpu.index})",
+                            f"{value} appears twice; UUIDs and bus ids must be unique")
             seen.add(value)
 
 
@@ -710,7 +712,8 @@ class FakeNvml:
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> Any:
         gpu = self._gpu(handle)
         if not 0 <= link < len(gpu.nvlink_peers):
-            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED if not gpu.nvlink_peers else real.NVML_ERROR_INVALID_ARGUMENT)
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED if not gpu.nvlink_peers
+                                 else real.NVML_ERROR_INVALID_ARGUMENT)
         peer = next(other for other in self.gpus if other.bus_id == gpu.nvlink_peers[link])
         return self._pci_info(peer)
 
