@@ -10,7 +10,6 @@ deletes the registration socket when it restarts, and registers it again once it
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +25,7 @@ from labeller.draplugin.api import registration_pb2 as reg
 from labeller.draplugin.api import registration_pb2_grpc as reg_grpc
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import ClaimError, ClaimRef, Preparer
-from labeller.process.sockets import SocketRetry, SocketUnavailable, clear_socket_path
+from labeller.process.sockets import SocketRetry, SocketServer, SocketUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -107,51 +106,15 @@ class DraService(dra_grpc.DRAPluginServicer):
         return dra.NodeUnprepareResourcesResponse(claims=answers)
 
 
-class SocketServer:
-    """One gRPC server on one unix socket; ``stop`` then ``start`` re-creates it."""
+def grpc_server(name: str, add: Callable[[grpc.Server], None]) -> Callable[[], grpc.Server]:
+    """What makes one socket's gRPC server, its service added by ``add``."""
 
-    def __init__(self, path: Path, add: Callable[[Any], None], name: str) -> None:
-        self.path, self._add, self.name = path, add, name
-        self._server: Any = None
-        self._identity: tuple[int, int] | None = None
+    def build() -> grpc.Server:
+        server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=name))
+        add(server)
+        return server
 
-    def start(self) -> None:
-        """Serve on the socket; SocketUnavailable when it cannot be created."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)  # the command line checked its parent
-        except OSError as exc:
-            raise SocketUnavailable(f"{self.path.parent}: {exc.strerror or exc}") from None
-        clear_socket_path(self.path)
-        server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=self.name))
-        self._add(server)
-        try:
-            server.add_insecure_port(f"unix://{self.path}")
-        except RuntimeError as exc:  # gRPC could not bind: the directory is gone or not writable
-            server.stop(grace=None)
-            raise SocketUnavailable(f"{self.path}: cannot listen there ({exc})") from None
-        server.start()
-        self._server = server
-        self._identity = self._stat()  # None: removed at once (a restarting kubelet); the next tick re-creates it
-
-    def _stat(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_ino, st.st_ctime_ns
-
-    def socket_ok(self) -> bool:
-        """False when the socket file is gone or replaced (a new file may reuse the inode, not the ctime)."""
-        return self._identity is not None and self._stat() == self._identity
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=None).wait(2)
-            self._server = None
-        if self.socket_ok():
-            self.path.unlink(missing_ok=True)
-        self._identity = None
-
+    return build
 
 
 class DriverSockets:
@@ -165,9 +128,9 @@ class DriverSockets:
         registration = Registration(driver, self.endpoint, self._on_status)
         add_dra: Callable[[Any, Any], None] = dra_grpc.add_DRAPluginServicer_to_server
         add_registration: Callable[[Any, Any], None] = reg_grpc.add_RegistrationServicer_to_server
-        self.dra = SocketServer(self.endpoint, lambda s: add_dra(service, s), f"dra-{driver}")
+        self.dra = SocketServer(self.endpoint, grpc_server(f"dra-{driver}", lambda s: add_dra(service, s)))
         self.registration = SocketServer(registry_dir / f"{driver}-reg.sock",
-                                         lambda s: add_registration(registration, s), f"reg-{driver}")
+                                         grpc_server(f"reg-{driver}", lambda s: add_registration(registration, s)))
         self._dra_retry = SocketRetry(driver=driver, socket=str(self.endpoint))
         self._registration_retry = SocketRetry(driver=driver, socket=str(self.registration.path))
 
@@ -182,6 +145,7 @@ class DriverSockets:
         """(Re-)create one socket; False (logged once per problem, tried again with backoff) when it cannot be."""
         server.stop()
         try:
+            _make_parent(server.path)
             server.start()
         except SocketUnavailable as exc:
             retry.failed(exc)
@@ -223,3 +187,11 @@ class DriverSockets:
         self.registration.stop()  # first: the kubelet stops calling a plugin that is going
         self.dra.stop()
         self._set_registered(False)
+
+
+def _make_parent(path: Path) -> None:
+    """The command line checked the parent's parent; the driver's own directory is made here."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SocketUnavailable(f"{path.parent}: {exc.strerror or exc}") from None

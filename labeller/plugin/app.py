@@ -33,7 +33,7 @@ from labeller.plugin.cdi import CdiSpecs
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
-from labeller.plugin.server import DevicePluginService, SocketServer
+from labeller.plugin.server import DevicePluginService, ResourceSocket
 from labeller.vendor import Vendor
 from labeller.vendor.plugin import Allocate
 from vendors import VENDORS
@@ -122,7 +122,7 @@ class DevicePlugin:
             service = self._services.get(resource.name)
             if service is None:
                 service = DevicePluginService(allocator, self.board, self.metrics, policy)
-                self.manager.add(SocketServer(service, self.settings.socket_dir))
+                self.manager.add(ResourceSocket(service, self.settings.socket_dir))
                 self._services[resource.name] = service
             else:
                 service.update(allocator, policy)

@@ -16,7 +16,6 @@ calls), together with ``add`` and ``remove``, so none of them needs a lock:
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +26,8 @@ import structlog
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.metrics import PluginMetrics
-from labeller.plugin.server import OPTIONS, SocketServer
-from labeller.process.sockets import SocketRetry, SocketUnavailable
+from labeller.plugin.server import OPTIONS, ResourceSocket
+from labeller.process.sockets import SocketRetry, SocketUnavailable, socket_identity
 
 log = structlog.get_logger(__name__)
 
@@ -47,35 +46,27 @@ class _State:
     socket: SocketRetry = field(default_factory=SocketRetry)  # while the socket cannot be created
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_ctime_ns
-
-
 class PluginManager:
     def __init__(self, kubelet_socket: Path, metrics: PluginMetrics, missing_log_seconds: float = 60.0):
         self.kubelet_socket = kubelet_socket
         self._metrics = metrics
         self._missing_log_seconds = missing_log_seconds
         # Replaced, never mutated, so that readers on other threads (``all_registered``) see a whole dict.
-        self._servers: dict[str, SocketServer] = {}
+        self._servers: dict[str, ResourceSocket] = {}
         self._states: dict[str, _State] = {}
         self._kubelet: tuple[int, int] | None = None
         self._kubelet_missing_since: float | None = None
         self._kubelet_missing_logged: float | None = None
 
     @property
-    def servers(self) -> list[SocketServer]:
+    def servers(self) -> list[ResourceSocket]:
         return list(self._servers.values())
 
     @property
     def all_registered(self) -> bool:
         return all(state.registered for state in self._states.values())
 
-    def add(self, server: SocketServer) -> None:
+    def add(self, server: ResourceSocket) -> None:
         """Serve a new resource; the next tick registers it."""
         name = server.service.resource.name
         state = _State(socket=SocketRetry(resource=name, socket=str(server.path)))
@@ -86,7 +77,7 @@ class PluginManager:
                      devices=len(server.service.resource.devices))
 
     @staticmethod
-    def _start(server: SocketServer, state: _State) -> bool:
+    def _start(server: ResourceSocket, state: _State) -> bool:
         """Create the socket; False (logged once per problem, tried again with backoff) when it cannot be."""
         try:
             server.start()
@@ -110,7 +101,7 @@ class PluginManager:
 
     def tick(self) -> None:
         now = time.monotonic()
-        kubelet = _identity(self.kubelet_socket)
+        kubelet = socket_identity(self.kubelet_socket)
         self._note_kubelet_presence(kubelet is not None, now)
         if kubelet is not None and kubelet != self._kubelet:
             log.info("kubelet socket (re)created; registering again", socket=str(self.kubelet_socket))
@@ -155,7 +146,7 @@ class PluginManager:
         if immediately:
             state.next_attempt, state.backoff = 0.0, FIRST_BACKOFF
 
-    def _register(self, server: SocketServer, state: _State) -> None:
+    def _register(self, server: ResourceSocket, state: _State) -> None:
         name = server.service.resource.name
         request = pb.RegisterRequest(version=VERSION, endpoint=server.endpoint, resource_name=name, options=OPTIONS)
         try:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import grpc
 import structlog
@@ -17,7 +15,7 @@ from labeller.plugin.allocate import RequestError, ResourceAllocator, Unmatched
 from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard
-from labeller.process.sockets import SocketUnavailable, clear_socket_path
+from labeller.process.sockets import SocketServer
 from labeller.plugin.metrics import PluginMetrics
 from labeller.offer import Resource
 
@@ -122,51 +120,27 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-class SocketServer:
+class ResourceSocket(SocketServer):
     """Serves a DevicePluginService on ``<socket_dir>/<resource socket name>``; can be re-created.
     ``start`` raises SocketUnavailable when the socket cannot be created."""
 
     def __init__(self, service: DevicePluginService, socket_dir: Path):
         self.service = service
-        self.path = socket_dir / service.resource.socket_name
-        self._server: Any = None
-        self._inode: int | None = None
+        super().__init__(socket_dir / service.resource.socket_name, self._grpc_server)
 
     @property
     def endpoint(self) -> str:
         return self.path.name
 
-    def start(self) -> None:
-        clear_socket_path(self.path)
-        self.service.resume()
+    def _grpc_server(self) -> grpc.Server:
         server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=self.endpoint))
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
-        try:
-            server.add_insecure_port(f"unix://{self.path}")
-        except RuntimeError as exc:  # gRPC could not bind: the directory is gone or not writable
-            server.stop(grace=None)
-            raise SocketUnavailable(f"{self.path}: cannot listen there ({exc})") from None
-        server.start()
-        self._server = server
-        try:
-            self._inode = os.stat(self.path).st_ino
-        except FileNotFoundError:
-            # A restarting kubelet emptied the directory just now: socket_ok() is False and the
-            # supervisor re-creates the socket on its next tick.
-            self._inode = None
+        return server
 
-    def socket_ok(self) -> bool:
-        """False when our socket file is gone or replaced (a kubelet restart deletes it)."""
-        try:
-            return os.stat(self.path).st_ino == self._inode
-        except OSError:
-            return False
+    def start(self) -> None:
+        self.service.resume()
+        super().start()
 
     def stop(self) -> None:
-        self.service.stop()
-        if self._server is not None:
-            self._server.stop(grace=None).wait(2)
-            self._server = None
-        if self.socket_ok():
-            self.path.unlink(missing_ok=True)
-        self._inode = None
+        self.service.stop()  # its ListAndWatch streams end
+        super().stop()
