@@ -1,7 +1,8 @@
 """The Labeler idea: something that returns labels, plus merging and Kubernetes label syntax.
 
 A labeler is a pure function ``(Inventory, Config, Offer) -> dict[str, str]``: what discovery
-found, the config, and what the node offers (``labeller.offer``). ``merge`` runs labelers in order. Different labelers own different keys; when two of them produce the same key with
+found, the config, and what the node offers (``labeller.offer``). ``merge`` runs labelers in
+order. Different labelers own different keys; when two of them produce the same key with
 different values, that is a bug in the rules, so ``merge`` reports it instead of letting the last
 one silently win.
 
@@ -10,7 +11,7 @@ Provenance comes from the same derivation: a labeler may return a value made wit
 in ``LabelSet.labels`` and the how in ``LabelSet.sources``. A value returned as a plain ``str``
 still gets a ``Provenance``: its labeler and that labeler's docstring. ``KeyDoc`` says, per key
 family, who else writes the key and when gpu-labeller writes it (``gpu-labeller explain``).
-"""  # noqa: E501
+"""
 
 from __future__ import annotations
 

@@ -16,10 +16,12 @@ Sharing (NVIDIA's config format, applied to any vendor's resource; one case per 
   indices, UUIDs or PCI addresses. The rest stay whole under the plain name. A selector that does
   not fit the node is a ``ConfigError`` naming the entry and the device.
 - MPS replicas are advertised only while the vendor says its MPS control daemon serves exactly
-  that resource (``Mps.check``, ``labeller.vendor.mps``); until then the resource is ``held`` (``waiting``), and devices
-  MPS cannot share (MIG) are held for good. Held resources are neither advertised nor labelled.
+  that resource (``Mps.check``, ``labeller.vendor.mps``); until then the resource is ``held``
+  (``waiting``), and devices MPS cannot share (MIG) are held for good. Held resources are neither
+  advertised nor labelled.
 - ``sharing.memory`` (gpushare's model) offers the whole GPUs of the base a vendor shares so
-  (``Devices.memory_shared``: NVIDIA's ``nvidia.com/gpu``) by their memory instead: ``aliyun.com/gpu-mem`` with one device ``<id>::<n>`` per unit (GiB or MiB, floored) of
+  (``Devices.memory_shared``: NVIDIA's ``nvidia.com/gpu``) by their memory instead:
+  ``aliyun.com/gpu-mem`` with one device ``<id>::<n>`` per unit (GiB or MiB, floored) of
   each GPU's memory, and ``aliyun.com/gpu-count`` with one device per GPU; nothing under
   ``nvidia.com/gpu``. A GPU that cannot be shared so (MIG enabled, memory unknown or under one unit)
   is held for good, with the reason. Which GPU a container gets is decided at bind by the scheduler
@@ -38,7 +40,7 @@ advertised (docs/deviations.md). The cases, all decided by the groups NVIDIA's p
   GFD counts only the model it names.
 - ``migStrategy: single`` on a node that is not uniformly MIG-enabled with one profile offers
   nothing under ``nvidia.com/gpu`` (the group is withheld, and the labels say ``-MIG-INVALID``).
-"""  # noqa: E501
+"""
 
 from __future__ import annotations
 

@@ -69,17 +69,17 @@ def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: s
     """Serve this node's GPUs to the kubelet (device plugin API v1beta1).
 
     One gRPC server per resource (nvidia.com/gpu, nvidia.com/mig-<profile>, amd.com/gpu or
-    amd.com/<compute>_<memory> under AMD's mixed naming, and the shared ones: <name>.shared,
-    rename) on its own socket in --socket-dir, registered with the kubelet and re-registered when
-    the kubelet restarts. MPS replicas are served while gpu-labeller mps-control-daemon says it
-    serves them. Under a CDI deviceListStrategy the CDI spec files go to --cdi-spec-dir. While the driver is not ready (NVML
+    amd.com/<compute>_<memory> under AMD's mixed naming, and the shared ones: <name>.shared, rename) on
+    its own socket in --socket-dir, registered with the kubelet and re-registered when the kubelet
+    restarts. MPS replicas are served while gpu-labeller mps-control-daemon says it serves them. Under a
+    CDI deviceListStrategy the CDI spec files go to --cdi-spec-dir. While the driver is not ready (NVML
     missing, no KFD topology, nothing to serve) it probes again on its own, 1 s doubling to 30 s;
-    flags.failOnInitError: true exits with 1 instead. SIGHUP: re-read the config, probe again and
-    update the served devices in place (a config that fails to load is logged and the old one
-    kept). With --config-dir, the config the node's --config-label names is served, and a change of
-    the label or of the files is served the same way. SIGTERM or SIGINT: stop, remove the sockets,
-    exit 0. Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
-    """  # noqa: E501
+    flags.failOnInitError: true exits with 1 instead. SIGHUP: re-read the config, probe again and update
+    the served devices in place (a config that fails to load is logged and the old one kept). With
+    --config-dir, the config the node's --config-label names is served, and a change of the label or of
+    the files is served the same way. SIGTERM or SIGINT: stop, remove the sockets, exit 0. Health env:
+    DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
+    """
     defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     if "/" in kubelet_socket:

@@ -1,10 +1,11 @@
 """Every built-in profile's dry-run output, as users see it, held against a reviewed copy.
 
 Restructuring the code must not change what a user sees: labels (text and NFD), the device
-plugin's resources, the DRA plugin's ResourceSlices and the probe's inventory, for each built-in profile. When a change is meant to
-change them, regenerate with ``GOLDEN_UPDATE=1 python -m pytest tests/core/test_core_golden.py``
-and review the diff of ``tests/fixtures/golden/`` like code.
-"""  # noqa: E501
+plugin's resources, the DRA plugin's ResourceSlices and the probe's inventory, for each built-in
+profile. When a change is meant to change them, regenerate with
+``GOLDEN_UPDATE=1 python -m pytest tests/core/test_core_golden.py`` and review the diff of
+``tests/fixtures/golden/`` like code.
+"""
 
 from __future__ import annotations
 

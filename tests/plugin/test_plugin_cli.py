@@ -51,7 +51,8 @@ def test_memory_sharing_without_a_node_name_is_one_line_and_exit_2(sock_dir: Pat
 
 
 class PluginProcess(LoggedProcess):
-    """A real ``gpu-labeller device-plugin`` process (or ``command``); its JSON log events are collected as they come."""  # noqa: E501
+    """A real ``gpu-labeller device-plugin`` process (or ``command``); its JSON log events are
+    collected as they come."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, command: str = "device-plugin"):
         super().__init__(command, "--metrics-port", "0", "--metrics-bind", "127.0.0.1", *args,

@@ -8,8 +8,9 @@ Each kind yields, from a list of per-GPU values:
 
 Counts follow AMD: cu-count, simd-count and vram count KFD compute nodes (so partitions): the
 devices ``amd.com/gpu`` offers (labeller.offer), so labels and plugin count the same nodes (on a
-node that serves AMD GPUs through DRA, the devices its ResourceSlices publish: every node); device-id, family and product-name count physical GPUs (partitions have no PCI files there).
-"""  # noqa: E501
+node that serves AMD GPUs through DRA, the devices its ResourceSlices publish: every node);
+device-id, family and product-name count physical GPUs (partitions have no PCI files there).
+"""
 
 from __future__ import annotations
 
