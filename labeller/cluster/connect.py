@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from labeller.cluster.kube import Kube, KubeError, Observer
+from labeller.cluster.kube import Kube, KubeError, Observer, Unreachable
 from labeller.documents import DocumentError, read_limited
-from labeller.errors import InputError
+from labeller.errors import ClusterError, InputError
 
 
 class NoCredentials(InputError):
@@ -30,6 +32,21 @@ def connect(kubeconfig: str | None, *, alternative: str = "", observer: Observer
         suggestion = "give --kubeconfig FILE (env KUBECONFIG)" + (f", or {alternative}" if alternative else "")
         raise NoCredentials(f"no Kubernetes credentials: no kubeconfig given and no in-cluster service account "
                             f"({exc.message.rstrip('.')}); {suggestion}") from None
+
+
+@contextmanager
+def calls(kubeconfig: str | None, doing: str) -> Iterator[Kube]:
+    """A client for a one-shot command's calls, closed after them. A call that fails is the one line
+    ``cannot <doing>: <why>`` (a ClusterError); a server that does not answer keeps its own line."""
+    kube = connect(kubeconfig)
+    try:
+        yield kube
+    except Unreachable:
+        raise
+    except KubeError as exc:
+        raise ClusterError(f"cannot {doing}: {exc}") from None
+    finally:
+        kube.close()
 
 
 def _check_kubeconfig_files(kubeconfig: str) -> None:

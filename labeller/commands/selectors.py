@@ -22,7 +22,6 @@ from labeller.explain import explain as explain_keys
 from labeller.log import at_least
 from labeller.host import NodeOptions, open_host
 from labeller.commands.options import BadInput, discovery_options
-from labeller.errors import ClusterError
 from labeller.selectors import (Selector, SelectorError, Term, hint, load_selector, near_miss, nothing_matches,
                                 parse_selector)
 
@@ -95,18 +94,10 @@ def profile_targets(profiles: Sequence[str], profiles_dir: Path | None, config_p
 
 def node_targets(kubeconfig: str | None) -> list[Target]:
     """Every Node of the cluster, with its labels: one list call."""
-    from labeller.cluster.connect import connect
-    from labeller.cluster.kube import KubeError, Unreachable
+    from labeller.cluster.connect import calls
 
-    kube = connect(kubeconfig)
-    try:
+    with calls(kubeconfig, "list nodes") as kube:
         nodes, _ = kube.list_nodes()
-    except Unreachable:
-        raise
-    except KubeError as exc:
-        raise ClusterError(f"cannot list nodes: {exc}") from None
-    finally:
-        kube.close()
     return [Target(str(n["metadata"]["name"]), dict(n["metadata"].get("labels") or {})) for n in nodes]
 
 
@@ -218,20 +209,12 @@ def nodes(kubeconfig: str | None, fmt: str, names: tuple[str, ...]) -> None:
     """The GPU nodes at a glance, one line each: vendor, model, count, memory, sharing, MIG, each GPU
     resource's capacity/allocatable/in use by pods, labeller and plugin readiness. One list of Nodes
     and one of Pods (bound, not finished), however many nodes."""
-    from labeller.cluster.connect import connect
+    from labeller.cluster.connect import calls
     from labeller.fleet import POD_FIELD_SELECTOR, fleet, fleet_text
-    from labeller.cluster.kube import KubeError, Unreachable
 
-    kube = connect(kubeconfig)
-    try:
+    with calls(kubeconfig, "list nodes and pods") as kube:
         node_list, _ = kube.list_nodes()
         pod_list, _ = kube.list_pods(field_selector=POD_FIELD_SELECTOR)
-    except Unreachable:
-        raise
-    except KubeError as exc:
-        raise ClusterError(f"cannot list nodes and pods: {exc}") from None
-    finally:
-        kube.close()
     rows = [r for r in fleet(node_list, pod_list) if not names or r.name in names]
     unknown = sorted(set(names) - {r.name for r in rows})
     if unknown:
