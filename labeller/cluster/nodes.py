@@ -41,11 +41,17 @@ def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
 class NodeCache(Generic[V]):
     """One Node as the watch (or the last write's answer) saw it, kept as ``view(node)``: what its
     holder cares about (the daemon: the labels it owns and who set them). Thread-safe. ``observers``
-    get every newer view's labels (all of them, None when the Node is gone), outside the lock."""
+    get every newer view's labels (all of them, None when the Node is gone), in the order the views
+    were stored, outside the lock that readers take."""
 
     def __init__(self, view: Callable[[Mapping[str, Any]], V], observers: Sequence[LabelsObserver] = ()) -> None:
         self.view = view
         self._lock = threading.Lock()
+        # One put and its observers at a time. The watch's thread and the writer's (a write's answer)
+        # both put: without it, a put preempted between storing and telling its observers could tell
+        # them after a newer put had, and they would keep the older labels (the config follower then
+        # kept a config the node no longer asked for).
+        self._delivery = threading.Lock()
         self.synced = False
         self.exists = False
         self.live: V = view({})
@@ -58,12 +64,13 @@ class NodeCache(Generic[V]):
         when known: a watch's DELETED, a list without it). True if its ``view`` changed (what the view
         leaves out, status and the like, does not count). A view older than the one stored, present
         or gone, is ignored: a write's answer can come back after the watch said the node was deleted."""
-        changed = self._put(obj, gone_at)
-        if changed is None:
-            return False
-        labels = None if obj is None else node_labels(obj)
-        for observer in self.observers:
-            observer(labels)
+        with self._delivery:
+            changed = self._put(obj, gone_at)
+            if changed is None:
+                return False
+            labels = None if obj is None else node_labels(obj)
+            for observer in self.observers:
+                observer(labels)
         return changed
 
     def _put(self, obj: Mapping[str, Any] | None, gone_at: int) -> bool | None:
