@@ -289,7 +289,9 @@ def _one(name: str, vendor: Vendor, devices: Sequence[DraDevice], config: Config
         return AttributeExplanation(asked, driver, "", (), why_not=f"not an attribute or capacity of {driver}",
                                     known=False, suggestion=closest(name, names))
     if not groups:
-        if not devices:
+        if doc is not None and doc.renamed_to:
+            why = f"no longer published: renamed to {doc.renamed_to}, which a claim should read instead"
+        elif not devices:
             report = next((r for r in inventory.reports if r.backend == vendor.name), None)
             why = f"no {vendor.name} GPU on this node" + (f" ({report.detail})" if report and report.detail else "")
         else:

@@ -24,6 +24,9 @@ class PciGpu:
     revision: int | None = None
     numa_node: int | None = None  # None when the kernel says -1 or the file is unreadable
     driver: str | None = None  # bound driver name ("nvidia", "amdgpu"), None if unbound
+    # The PCI root complex above it, "pci0000:40": where its /sys/devices path starts. None where
+    # sys/bus/pci/devices/<bdf> is not the kernel's link into /sys/devices.
+    pcie_root: str | None = None
 
 
 BackendStatus = Literal["ok", "absent", "unavailable", "error"]

@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from labeller.inventory import Inventory
 from labeller.offer import PhysicalDevice
 
 API_VERSION = "resource.k8s.io/v1"
@@ -125,6 +126,19 @@ def semver(version: str, parts: int = 3) -> Version | None:
         return None
     numbers = [str(int(n)) for n in numbers[:parts]]
     return Version(".".join(numbers + ["0"] * (parts - len(numbers))))
+
+
+def pcie_root(inventory: Inventory, bdf: str) -> dict[str, Attribute]:
+    """Kubernetes' ``resource.kubernetes.io/pcieRoot`` of the PCI device ``bdf``, as both vendors'
+    drivers publish it for a GPU and for each of its MIG devices or partitions; none where the PCI
+    scan found no root complex for it (``PciGpu.pcie_root``)."""
+    pci = next((gpu for gpu in inventory.pci_gpus if gpu.bdf == bdf), None)
+    if pci is None or pci.pcie_root is None:
+        return {}
+    return {PCIE_ROOT: Attribute(pci.pcie_root, "sysfs", f"/sys/bus/pci/devices/{bdf} -> "
+                                 f"/sys/devices/{pci.pcie_root}/.../{bdf}",
+                                 "the first directory of the device's path under /sys/devices, as "
+                                 "k8s.io/dynamic-resource-allocation/deviceattribute reads it")}
 
 
 def slice_name(node_name: str, driver: str, index: int) -> str:

@@ -11,6 +11,7 @@ leaves) the scan raises ``ProbeError`` instead of reporting a node without GPUs.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,9 @@ from vendors.sysfs import Untrusted, list_dir, numa_node, read_int
 GpuClasses = Mapping[int, tuple[int, ...]]  # PCI vendor id -> the PCI base classes that are its GPUs
 DEVICES = "sys/bus/pci/devices"
 _BDF = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+# A PCI root bus as the kernel names its directory under /sys/devices: "pci<domain>:<bus>"
+# (a VMD domain has five digits: pci10000:00).
+_ROOT_BUS = re.compile(r"pci[0-9a-f]{4,8}:[0-9a-f]{2}")
 _HINT = "is the host's /sys mounted at --host-root (HOST_ROOT)?"
 
 
@@ -34,6 +38,25 @@ def normalise_bdf(bus_id: str) -> str:
     domain, _, bus = domain.rpartition(":") if domain.count(":") else ("", "", domain)
     domain_int = int(domain, 16) if domain else 0
     return f"{domain_int:04x}:{bus}:{rest}"
+
+
+def pcie_root(entry: Path) -> str | None:
+    """The PCI root complex of the device whose ``sys/bus/pci/devices/<bdf>`` entry is ``entry``, as
+    Kubernetes defines ``resource.kubernetes.io/pcieRoot`` (k8s.io/dynamic-resource-allocation/
+    deviceattribute): the kernel links that entry to the device's place in the hardware tree,
+    ``../../../devices/pci0000:40/0000:40:01.1/0000:47:00.0``, and the root is the first directory
+    under ``/sys/devices``. None where the entry is no such link (a hand-made tree, a capture without
+    links): the attribute is then left out, as the vendors' drivers leave it out."""
+    try:
+        target = os.readlink(entry)
+    except OSError:  # not a link, or gone
+        return None
+    if posixpath.isabs(target):
+        return None
+    parts = posixpath.normpath(posixpath.join("bus/pci/devices", target)).split("/")
+    if len(parts) < 3 or parts[0] != "devices" or parts[-1] != entry.name or not _ROOT_BUS.fullmatch(parts[1]):
+        return None
+    return parts[1]
 
 
 def read_device(path: Path, gpu_classes: GpuClasses) -> PciGpu | None:
@@ -66,6 +89,7 @@ def read_device(path: Path, gpu_classes: GpuClasses) -> PciGpu | None:
         revision=revision,
         numa_node=numa_node(read_int(path / "numa_node")),
         driver=driver,
+        pcie_root=pcie_root(path),
     )
 
 

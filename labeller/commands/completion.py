@@ -48,7 +48,8 @@ def complete_label_keys(ctx: click.Context, param: click.Parameter, incomplete: 
 
         keys = set(known_keys(catalog(VENDORS)))
         keys.update(f"{v.dra.driver}/{doc.name}" if "/" not in doc.name else doc.name
-                    for v in VENDORS if v.dra is not None for doc in v.dra.attribute_docs if "<" not in doc.name)
+                    for v in VENDORS if v.dra is not None for doc in v.dra.attribute_docs
+                    if "<" not in doc.name and not doc.renamed_to)
         keys.update(_simulated_keys(ctx))
     except Exception:  # noqa: BLE001
         return []

@@ -31,6 +31,9 @@ class AttributeDoc:
     kind: str  # the API's attribute type ("string", "int", "bool", "version"), or "capacity"
     meaning: str  # what it holds and where its value comes from
     upstream: str  # which upstream driver publishes it, and how ours differs where it does
+    # A name this driver published before and no longer does: the attribute it became, for claims
+    # written against the old name (``explain`` says so; completion does not offer it).
+    renamed_to: str | None = None
 
 
 @dataclass(frozen=True)

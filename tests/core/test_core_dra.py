@@ -22,9 +22,11 @@ from labeller.host import Host, NodeOptions, open_host
 from labeller.labels import KeyDoc
 from labeller.offer import Offer
 from labeller.resourceslices import DraDevice, healthy, resource_slices
+from tests.fakes.apiserver import ApiError, NodeStore, SliceStore
 from vendors import RESOURCE_NAMES, VENDORS
 from vendors.amd.labels import product_name_value, vram_gib_label
 from vendors.nvidia.devices import NvidiaDevice
+from vendors.nvidia.dra import profile_label
 from vendors.nvidia.facts import MIB
 from vendors.nvidia.labels import product_name
 from vendors.simulate import builtin_profiles
@@ -88,15 +90,15 @@ def test_labels_resources_and_slices_describe_the_same_devices(profile: str) -> 
         # partitions: the MIG devices published are the MIG devices served, profile for profile
         assert sorted(attribute(d, "profile") for d in migs) == sorted(
             p.partition for p in physical.values() if p.vendor == "nvidia" and p.partition)
-        # MIG devices named as NVIDIA's driver names them, by their GPU instance's profile id and placement,
-        # whose memory slices they publish; two GPU instances of one GPU never share a memory slice
+        # MIG devices named as NVIDIA's driver names them, by their profile and GPU instance's profile id and
+        # placement start, whose memory slices they publish; two GPU instances of one GPU never share a slice
         occupied: Counter[tuple[Any, str]] = Counter()
         for mig in migs:
-            named = re.fullmatch(r"gpu-\d+-mig-\d+-(\d+)-(\d+)", mig.name)
-            assert named is not None, mig.name
-            start, size = int(named[1]), int(named[2])
+            named = re.fullmatch(r"gpu-\d+-mig-([a-z0-9-]+)-\d+-(\d+)", mig.name)
+            assert named is not None and named[1] == profile_label(attribute(mig, "profile")), mig.name
+            start = int(named[2])
             slices = {name for name in mig.capacity if name.startswith("memorySlice")}
-            assert slices == {f"memorySlice{i}" for i in range(start, start + size)}, mig.name
+            assert slices and slices == {f"memorySlice{i}" for i in range(start, start + len(slices))}, mig.name
             occupied.update((attribute(mig, "parentUUID"), name) for name in slices)
         assert set(occupied.values()) <= {1}
         # product: the label names the product the devices publish (GFD's sanitised form)
@@ -134,6 +136,30 @@ def test_labels_resources_and_slices_describe_the_same_devices(profile: str) -> 
         profiles = {attribute(d, "partitionProfile") for d in amd} - {None}
         assert profiles == ({labels["amd.com/gpu.compute-memory-partition"]}
                             if "amd.com/gpu.compute-memory-partition" in labels else set())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_builtin_profiles_slices_are_what_the_api_server_accepts(profile: str) -> None:
+    """Validated as a v1.34 API server does (tests/fakes/apiserver.py): qualified attribute names,
+    at most 32 attributes and capacities per device (a 7-slice MIG device publishes 28), values of
+    at most 64 characters."""
+    store = SliceStore(NodeStore())
+    for published in resource_slices("node", derive(profile).devices):
+        store.validate(published)
+
+
+def test_the_api_server_refuses_what_no_real_one_takes() -> None:
+    store = SliceStore(NodeStore())
+    (published,) = resource_slices("node", {NVIDIA: derive("dgx-h100").devices[NVIDIA][:1]})
+    device = published["spec"]["devices"][0]
+    one_too_many = 33 - len(device["attributes"]) - len(device["capacity"])
+    for broken, message in (({"x" * 65: {"string": "a"}}, "a C identifier of at most 32 characters"),
+                            ({"resource.kubernetes.io/pcieRoot": {"string": "p" * 65}}, "Too long"),
+                            ({f"attribute{i}": {"int": i} for i in range(one_too_many)}, "must not exceed 32")):
+        spoilt = {**published, "spec": {**published["spec"], "devices": [
+            {**device, "attributes": {**device["attributes"], **broken}}]}}
+        with pytest.raises(ApiError, match=message):
+            store.validate(spoilt)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -246,7 +272,7 @@ def test_explain_says_which_placement_a_mig_devices_memory_slices_and_name_come_
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == "gpu.nvidia.com/memorySlice7 (capacity, gpu.nvidia.com), on 2 devices:"
-    assert lines[1] == "  = 1: gpu-6-mig-9-4-4, gpu-7-mig-9-4-4"  # 3g.20gb: profile id 9, memory slices 4 to 7
+    assert lines[1] == "  = 1: gpu-6-mig-3g20gb-9-4, gpu-7-mig-3g20gb-9-4"  # 3g.20gb: profile id 9, slices 4 to 7
     assert "    source:   nvmlGpuInstanceGetInfo(GPU instance 1 of GPU 6 " \
            "(GPU-0c6a7f5e-2b1d-4d3c-8e9f-a1b2c3d4e506)): profileId 9, placement 4:4" in lines
     assert "  upstream: NVIDIA k8s-dra-driver-gpu (gpu.nvidia.com): same name, type and value form; NVIDIA's does " \
@@ -261,6 +287,21 @@ def test_explain_says_why_an_attribute_is_left_out_and_suggests_for_a_typo() -> 
     assert memory["produced"] is False and "none of the 63 gpu.amd.com devices here has it" in memory["why_not"]
     assert typo["known"] is False and typo["suggestion"] == "productName"
     assert absent["why_not"].startswith("no nvidia GPU on this node")
+
+
+def test_explain_says_an_old_nvidia_name_was_renamed_and_where_the_pcie_root_comes_from() -> None:
+    result = run("explain", "--simulate", "mixed-l40s-mi210", "--format", "json", "gpu.nvidia.com/pcieBusID",
+                 "resource.kubernetes.io/pcieRoot")
+    assert result.exit_code == 0, result.output
+    renamed, *roots = json.loads(result.stdout)
+    assert renamed["produced"] is False and renamed["known"] is True
+    assert renamed["why_not"] == ("no longer published: renamed to resource.kubernetes.io/pciBusID, which a claim "
+                                  "should read instead")
+    assert {r["driver"]: [v["value"] for v in r["values"]] for r in roots} == {
+        AMD: ["pci0000:00", "pci0000:20"], NVIDIA: ["pci0000:40", "pci0000:c0"]}
+    nvidia_root = next(r for r in roots if r["driver"] == NVIDIA)["values"][0]
+    assert (nvidia_root["backend"], nvidia_root["source"]) == (
+        "sysfs", "/sys/bus/pci/devices/0000:4a:00.0 -> /sys/devices/pci0000:40/.../0000:4a:00.0")
 
 
 def test_explain_of_a_driver_lists_every_attribute_its_devices_publish() -> None:

@@ -36,6 +36,9 @@ EXPECTED = {  # example -> the built-in profiles where it can be allocated
     "mig-1g-5gb": {"a100-mig-single", "dgx-a100-mig-mixed"},
     "two-partitions-one-gpu": {"mi300x-x8-cpx", "mi300x-x8-cpx-mixed"},
     "four-gpus-one-numa-node": {"mi300x-x8-spx"},
+    "datacenter-gpu": {"dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared", "h100-pcie-driver-2part",
+                       "l40s-x4-mps", "mixed-l40s-mi210", "t4-time-slicing", "t4-x4-gpushare"},
+    "two-gpus-one-pcie-root": {"dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared", "t4-x4-gpushare"},
 }
 
 _SUFFIXES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30,
@@ -179,6 +182,17 @@ def test_two_partitions_of_one_gpu_share_its_bus_id_and_four_gpus_share_a_numa_n
     four = allocate(claims["four-gpus-one-numa-node"], list(spx.values()), cel)
     assert four is not None and len(set(four)) == 4
     assert len({attribute_of(spx[name], "gpu.amd.com/numaNode") for name in four}) == 1
+
+
+def test_two_gpus_under_one_root_complex_share_it_and_no_root_is_no_match() -> None:
+    claims, cel = doc_claims(), Cel()
+    h100 = {d["_name"]: d for d in profile_devices("dgx-h100")}
+    two = allocate(claims["two-gpus-one-pcie-root"], list(h100.values()), cel)
+    assert two is not None and len(set(two)) == 2
+    assert len({attribute_of(h100[name], "resource.kubernetes.io/pcieRoot") for name in two}) == 1
+    assert len({attribute_of(d, "resource.kubernetes.io/pcieRoot") for d in h100.values()}) > 1  # not one root for all
+    rootless = [{**d, "attributes": {**d["attributes"], "resource.kubernetes.io": {}}} for d in h100.values()]
+    assert allocate(claims["two-gpus-one-pcie-root"], rootless, cel) is None
 
 
 def test_the_allocator_here_refuses_what_the_scheduler_refuses() -> None:

@@ -207,6 +207,58 @@ def test_bus_ids_from_nvml_and_sysfs_compare_equal() -> None:
     assert normalise_bdf("0000:18:00.0") == "0000:18:00.0"
 
 
+def kernel_device(root: Path, hardware_path: str, vendor: int = 0x10DE) -> str:
+    """A GPU as the kernel lays it out: its files at ``sys/<hardware_path>``, and
+    ``sys/bus/pci/devices/<bdf>`` a relative link to them."""
+    directory = root / "sys" / hardware_path
+    directory.mkdir(parents=True)
+    for name, text in (("vendor", f"0x{vendor:04x}"), ("device", "0x2330"), ("class", "0x030200")):
+        (directory / name).write_text(text + "\n")
+    bdf = directory.name
+    link = root / DEVICES / bdf
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(directory, link.parent), link)
+    return bdf
+
+
+def test_the_pcie_root_is_the_root_complex_the_kernels_link_leads_into(tmp_path: Path) -> None:
+    """As Kubernetes' deviceattribute reads resource.kubernetes.io/pcieRoot: the first directory of
+    the device's path under /sys/devices, whatever switches lie between."""
+    behind_switch = kernel_device(tmp_path, "devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0")
+    on_root_port = kernel_device(tmp_path, "devices/pci0000:40/0000:40:01.1/0000:47:00.0")
+    behind_vmd = kernel_device(tmp_path, "devices/pci0000:00/0000:00:0e.0/pci10000:e0/10000:e1:00.0")
+    hyper_v = kernel_device(tmp_path, "devices/LNXSYSTM:00/LNXSYBUS:00/VMBUS:00/7870a1b2/pci7870:00/7870:00:00.0")
+    gpus, _ = pci_scan(tmp_path)
+    assert {g.bdf: g.pcie_root for g in gpus} == {behind_switch: "pci0000:15", on_root_port: "pci0000:40",
+                                                  behind_vmd: "pci0000:00", hyper_v: None}
+
+
+def test_no_pcie_root_where_the_entry_is_not_the_kernels_link(tmp_path: Path) -> None:
+    plain = tmp_path / DEVICES / "0000:18:00.0"  # a hand-made tree, a capture without links
+    plain.mkdir(parents=True)
+    for name, text in (("vendor", "0x10de"), ("device", "0x2330"), ("class", "0x030200")):
+        (plain / name).write_text(text)
+    absolute = kernel_device(tmp_path, "devices/pci0000:20/0000:20:01.1/0000:21:00.0")
+    (tmp_path / DEVICES / absolute).unlink()
+    os.symlink(tmp_path / "sys/devices/pci0000:20/0000:20:01.1/0000:21:00.0", tmp_path / DEVICES / absolute)
+    elsewhere = kernel_device(tmp_path, "devices/pci0000:40/0000:40:01.1/0000:41:00.0")
+    (tmp_path / DEVICES / elsewhere).unlink()  # a link to another device's directory
+    os.symlink("../../../devices/pci0000:20/0000:20:01.1/0000:21:00.0", tmp_path / DEVICES / elsewhere)
+    gpus, report = pci_scan(tmp_path)
+    assert [(g.bdf, g.pcie_root) for g in gpus] == [("0000:18:00.0", None), (absolute, None), (elsewhere, None)]
+    assert report.problems == ()
+
+
+def test_a_simulated_gpu_hangs_off_one_of_eight_root_complexes_per_domain(tmp_path: Path) -> None:
+    for bdf in ("0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:e5:00.0", "0001:20:00.0"):
+        add_pci_device(tmp_path, bdf, 0x10DE, 0x2330, 0x030200)
+    gpus, _ = pci_scan(tmp_path)
+    assert [(g.bdf, g.pcie_root) for g in gpus] == [
+        ("0000:07:00.0", "pci0000:00"), ("0000:0f:00.0", "pci0000:00"), ("0000:47:00.0", "pci0000:40"),
+        ("0000:e5:00.0", "pci0000:e0"), ("0001:20:00.0", "pci0001:20")]
+    assert os.readlink(tmp_path / DEVICES / "0000:47:00.0") == "../../../devices/pci0000:40/0000:40:01.1/0000:47:00.0"
+
+
 def test_a_fifo_for_the_dmi_product_name_is_reported_not_read(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
     product_name = tmp_path / "sys/class/dmi/id/product_name"

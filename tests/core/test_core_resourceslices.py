@@ -11,7 +11,7 @@ import pytest
 
 from labeller.config import Config, ConfigError, parse_config
 from labeller.host import Host
-from labeller.inventory import Inventory
+from labeller.inventory import Inventory, PciGpu
 from labeller.offer import Offer, PhysicalDevice
 from labeller.resourceslices import (MAX_DEVICES_PER_SLICE, Attribute, Capacity, DraDevice, Version, healthy,
                                      quantity, resource_slices, semver)
@@ -20,6 +20,7 @@ from vendors import RESOURCE_NAMES
 from vendors.amd.dra import devices as amd_devices
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 from vendors.nvidia.dra import devices as nvidia_devices
+from vendors.nvidia.dra import profile_label
 from vendors.nvidia.model import MigDevice
 
 
@@ -113,7 +114,8 @@ def test_nvidia_mig_devices_are_named_by_their_gpu_instance_profile_and_placemen
     three, one = gpu.mig_devices
     gpu = replace(gpu, mig_devices=(placed(three, 9, 4, 4, (3, 3)), placed(one, 19, 0, 1)))
     (first, second) = nvidia_devices(nvidia(gpu), Offer(), Config())
-    assert (first.name, second.name) == ("gpu-3-mig-9-4-4", "gpu-3-mig-19-0-1")
+    # gpu-<minor>-mig-<profile, DNS-label form>-<GI profile id>-<placement start> (NVIDIA's mig.go)
+    assert (first.name, second.name) == ("gpu-3-mig-3g20gb-9-4", "gpu-3-mig-1g5gb-19-0")
     slices = {name: c.value for name, c in first.capacity.items() if name.startswith("memorySlice")}
     assert slices == {"memorySlice4": 1, "memorySlice5": 1, "memorySlice6": 1, "memorySlice7": 1}
     assert [name for name in second.capacity if name.startswith("memorySlice")] == ["memorySlice0"]
@@ -121,6 +123,43 @@ def test_nvidia_mig_devices_are_named_by_their_gpu_instance_profile_and_placemen
     where = first.capacity["memorySlice4"]
     assert where.backend == "nvml" and where.source == (
         "nvmlGpuInstanceGetInfo(GPU instance 1 of GPU 3 (GPU-3)): profileId 9, placement 4:4")
+
+
+@pytest.mark.parametrize(("profile", "label"), [("1g.5gb", "1g5gb"), ("7g.80gb", "7g80gb"), ("1g.10gb+me", "1g10gb-me"),
+                                              ("1g.12gb-me", "1g12gb-me"), ("1g.24gb+gfx", "1g24gb-gfx"),
+                                              ("1g.10gb+me.all", "1g10gb-meall"), ("1c.3g.20gb", "1c3g20gb")])
+def test_a_mig_profile_goes_into_a_device_name_as_nvidias_driver_puts_it(profile: str, label: str) -> None:
+    assert profile_label(profile) == label
+    gpu = nvidia_gpu(4, mig=(profile,))
+    gpu = replace(gpu, mig_devices=(placed(gpu.mig_devices[0], 20, 6, 1),))
+    (found,) = nvidia_devices(nvidia(gpu), Offer(), Config())
+    assert found.name == f"gpu-4-mig-{label}-20-6"
+
+
+# The attributes NVIDIA's own test suite expects its driver to publish (tests/bats/test_gpu_basic.bats
+# and test_gpu_mig.bats, "inspect device attributes in resource slice").
+NVIDIAS_GPU_ATTRIBUTES = {"architecture", "brand", "cudaComputeCapability", "cudaDriverVersion", "driverVersion",
+                          "productName", "resource.kubernetes.io/pciBusID", "resource.kubernetes.io/pcieRoot", "type",
+                          "uuid", "addressingMode"}
+NVIDIAS_MIG_ATTRIBUTES = NVIDIAS_GPU_ATTRIBUTES | {"parentUUID", "profile"}
+
+
+def test_nvidia_devices_publish_the_attributes_nvidias_driver_does() -> None:
+    gpus = (replace(nvidia_gpu(0), brand="Nvidia", addressing_mode="ATS"),
+            replace(nvidia_gpu(1, mig=("1g.5gb",)), brand="Nvidia", addressing_mode="ATS"))
+    pci = tuple(PciGpu(g.pci_bus_id, 0x10DE, 0x20B0, 0x030200, pcie_root="pci0000:40") for g in gpus)
+    whole, mig = nvidia_devices(replace(nvidia(*gpus), pci_gpus=pci), Offer(), Config())
+    assert set(whole.attributes) == NVIDIAS_GPU_ATTRIBUTES and set(mig.attributes) == NVIDIAS_MIG_ATTRIBUTES
+    assert "pcieBusID" not in whole.attributes  # NVIDIA's until v25.8
+    for device in (whole, mig):  # a MIG device carries its GPU's
+        attributes = device.document()["attributes"]
+        assert attributes["brand"] == {"string": "Nvidia"} and attributes["addressingMode"] == {"string": "ATS"}
+        assert attributes["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:40"}
+    assert whole.document()["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": gpus[0].pci_bus_id}
+    assert mig.document()["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": gpus[1].pci_bus_id}
+    root = whole.attributes["resource.kubernetes.io/pcieRoot"]
+    assert (root.backend, root.source) == ("sysfs", f"/sys/bus/pci/devices/{gpus[0].pci_bus_id} -> "
+                                                    f"/sys/devices/pci0000:40/.../{gpus[0].pci_bus_id}")
 
 
 def test_compute_instances_sharing_a_gpu_instance_keep_their_instance_names() -> None:
@@ -139,7 +178,8 @@ def test_an_nvidia_value_the_inventory_lacks_is_left_out() -> None:
     gpu = replace(nvidia_gpu(0), memory_bytes=0, compute_capability=None)
     (found,) = nvidia_devices(nvidia(gpu, driver_version="", cuda_driver_version=0), Offer(), Config())
     assert "memory" not in found.capacity
-    assert not {"cudaComputeCapability", "architecture", "driverVersion", "cudaDriverVersion"} & set(found.attributes)
+    assert not {"cudaComputeCapability", "architecture", "driverVersion", "cudaDriverVersion", "brand",
+                "addressingMode", "resource.kubernetes.io/pcieRoot"} & set(found.attributes)
 
 
 def amd_gpu(nodes: int, *, card: int | None = 0, vram: int | None = 64 << 30, numa: int | None = 0,
@@ -157,13 +197,15 @@ def amd(gpu: AmdGpu, version: str = "6.8.5.60100") -> Inventory:
     return Inventory(parts=(AmdInventory(driver_version=version, driver_src_version="", gpus=(gpu,)),))
 
 
-def test_amd_partitions_share_their_gpus_bus_id_and_carry_their_profile() -> None:
-    found = amd_devices(amd(amd_gpu(2, compute="cpx")), Offer(), Config())
+def test_amd_partitions_share_their_gpus_bus_id_and_root_complex_and_carry_their_profile() -> None:
+    pci = PciGpu("0000:05:00.0", 0x1002, 0x74A1, 0x120000, pcie_root="pci0000:00")
+    found = amd_devices(replace(amd(amd_gpu(2, compute="cpx")), pci_gpus=(pci,)), Offer(), Config())
     assert [d.name for d in found] == ["gpu-0-128", "gpu-1-129"]
     for published in found:
         attributes = published.document()["attributes"]
         assert attributes["type"] == {"string": "amdgpu-partition"}
         assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:05:00.0"}
+        assert attributes["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:00"}
         assert attributes["partitionProfile"] == {"string": "cpx_nps4"}
         assert attributes["deviceID"] == {"string": "0x74a1"}
         assert attributes["productName"] == {"string": "AMD_Instinct_MI300X_OAM"}
@@ -178,7 +220,8 @@ def test_an_amd_value_the_inventory_lacks_is_left_out_never_made_up() -> None:
     assert found.name == "gpu-render128"
     assert found.attributes["type"].value == "amdgpu"
     assert "memory" not in found.capacity
-    assert not {"numaNode", "driverVersion", "driverVersionFull", "partitionProfile"} & set(found.attributes)
+    assert not {"numaNode", "driverVersion", "driverVersionFull", "partitionProfile",
+                "resource.kubernetes.io/pcieRoot"} & set(found.attributes)
 
 
 # --- which vendors DRA serves -----------------------------------------------------------------------

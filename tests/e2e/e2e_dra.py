@@ -15,7 +15,8 @@ Four nodes, each a drakubelet and a ``gpu-labeller dra-plugin`` on a simulated p
    and the spec file defines them), unprepared when the pod is deleted; no spec file or checkpoint left.
 2. A claim nothing satisfies: the pod stays Pending with the scheduler's reason; deleting it leaves
    no slice change, spec file or checkpoint behind.
-3. MIG: ``profile == "1g.5gb"`` gets a MIG device of dra-mig. AMD: two partitions of one GPU through
+3. MIG: ``profile == "1g.5gb"`` gets a MIG device of dra-mig, named as NVIDIA's driver names it
+   (``gpu-<minor>-mig-1g5gb-19-<start>``). AMD: two partitions of one GPU through
    ``matchAttribute: resource.kubernetes.io/pciBusID`` on dra-amd. Mixed node: both drivers publish,
    a pod with an NVIDIA claim and an AMD claim gets each from its driver.
 4. Faults on dra-h100: drakubelet restarted (registered again, prepared claims still known: the pod's
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -308,7 +310,8 @@ def scenario_mig_amd_mixed(cluster: Cluster, nodes: dict[str, Node]) -> None:
     ])
     event = prepared(mig, "mig-pod", marks["dra-mig"])
     devices = allocated_devices(cluster, "mig-pod")
-    check(event is not None and event["error"] == "" and len(devices) == 1 and "-mig-" in devices[0]["device"]
+    check(event is not None and event["error"] == "" and len(devices) == 1
+          and re.fullmatch(r"gpu-\d+-mig-1g5gb-19-\d", devices[0]["device"]) is not None  # NVIDIA's name
           and devices[0]["pool"] == "dra-mig", f"MIG 1g.5gb: {[d['device'] for d in devices]} prepared on dra-mig")
     event = prepared(amd, "amd-pod", marks["dra-amd"])
     devices = allocated_devices(cluster, "amd-pod")

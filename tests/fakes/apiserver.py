@@ -574,6 +574,12 @@ DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 ATTRIBUTE_TYPES = ("int", "bool", "string", "version")
 MAX_DEVICES_PER_SLICE = 128
+# pkg/apis/resource: ResourceSliceMaxAttributesAndCapacitiesPerDevice, DeviceMaxIDLength,
+# DeviceMaxDomainLength, DeviceAttributeMaxValueLength
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+MAX_DOMAIN = 63
+MAX_ATTRIBUTE_VALUE = 64
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
 QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
 
@@ -586,7 +592,9 @@ def invalid(kind: str, name: str, problems: list[str]) -> ApiError:
 class SliceStore(ObjectStore):
     """ResourceSlices (``resource.k8s.io/v1``, cluster-scoped), validated as the real server does for
     what a driver writes: names, the pool, one node field, at most 128 devices, DNS-label device names
-    unique in the slice, attribute values of exactly one type (versions semver), capacities quantities."""
+    unique in the slice, at most 32 attributes and capacities per device named by qualified names
+    (``productName``, ``resource.kubernetes.io/pcieRoot``), attribute values of exactly one type
+    (versions semver; strings and versions at most 64 characters), capacities quantities."""
 
     fields = SLICE_FIELDS
     api_version = "resource.k8s.io/v1"
@@ -631,14 +639,27 @@ class SliceStore(ObjectStore):
         elif device_name in seen:
             problems.append(f"{where}.name: Duplicate value: {device_name!r}")
         seen.add(device_name)
-        for key, value in (device.get("attributes") or {}).items():
+        attributes, capacity = device.get("attributes") or {}, device.get("capacity") or {}
+        if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+            problems.append(f"{where}: Invalid value: {len(attributes) + len(capacity)}: the total number of "
+                            f"attributes and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}")
+        for key in (*attributes, *capacity):
+            domain, slash, identifier = str(key).rpartition("/")
+            if not C_IDENTIFIER.fullmatch(identifier) or (slash and (
+                    len(domain) > MAX_DOMAIN or not DNS_SUBDOMAIN.fullmatch(domain))):
+                problems.append(f"{where}: Invalid value: {key!r}: a C identifier of at most 32 characters, "
+                                "optionally after a DNS subdomain and a slash")
+        for key, value in attributes.items():
             given = [t for t in ATTRIBUTE_TYPES if t in (value or {})]
             if len(given) != 1:
                 problems.append(f"{where}.attributes[{key}]: Invalid value: exactly one value must be specified")
             elif given[0] == "version" and not SEMVER.fullmatch(str(value["version"])):
                 problems.append(f"{where}.attributes[{key}].version: Invalid value: {value['version']!r}: "
                                 "must be a semantic version")
-        for key, value in (device.get("capacity") or {}).items():
+            elif given[0] in ("string", "version") and len(str(value[given[0]])) > MAX_ATTRIBUTE_VALUE:
+                problems.append(f"{where}.attributes[{key}].{given[0]}: Too long: may not be more than "
+                                f"{MAX_ATTRIBUTE_VALUE} bytes")
+        for key, value in capacity.items():
             if not QUANTITY.fullmatch(str((value or {}).get("value") or "")):
                 problems.append(f"{where}.capacity[{key}].value: Invalid value: {value!r}: a quantity")
         return problems

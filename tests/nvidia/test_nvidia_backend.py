@@ -273,6 +273,35 @@ def test_a_pynvml_without_the_fabric_api_still_describes_the_gpus(tmp_path: Path
     assert [gpu.clique for gpu in inventory.gpus] == [None, None]
 
 
+def test_brand_and_addressing_mode_are_read_as_go_nvlib_names_them(tmp_path: Path) -> None:
+    """NVIDIA's DRA driver publishes both: brand for every GPU, addressingMode where NVML has it (the
+    call came with driver 580; before Turing it is not supported)."""
+    gpus = [h100(), a100(name="NVIDIA GeForce RTX 4090", compute_capability=[8, 9]),
+            a100(name="Tesla V100-SXM2-32GB", compute_capability=[7, 0])]
+    old = nvidia_part(inventory_of(tmp_path / "550", section(*gpus))).gpus
+    assert [(g.brand, g.addressing_mode) for g in old] == [("Nvidia", None), ("GeForceRTX", None), ("Nvidia", None)]
+    new = nvidia_part(inventory_of(tmp_path / "580", section(*gpus, driver_version="580.65.06"))).gpus
+    assert [(g.brand, g.addressing_mode) for g in new] == [("Nvidia", "None"), ("GeForceRTX", "None"),
+                                                           ("Nvidia", None)]
+
+
+def test_a_brand_or_addressing_mode_without_a_name_is_left_out_and_the_gpu_kept(tmp_path: Path) -> None:
+    root, nvml = build(tmp_path, section(h100(), driver_version="580.65.06"))
+    nvml.nvmlDeviceGetBrand = lambda handle: nvml.NVML_BRAND_NVIDIA_NPU  # a brand go-nvlib has no name for
+    nvml.nvmlDeviceGetAddressingMode = lambda handle: 7
+    inventory, report = backend.probe(root, pci_scan(root)[0], None, nvml)
+    assert report.status == "ok" and report.problems == () and inventory is not None
+    assert [(g.brand, g.addressing_mode) for g in inventory.gpus] == [(None, None)]
+
+
+def test_a_pynvml_without_the_addressing_mode_call_still_describes_the_gpus(tmp_path: Path) -> None:
+    root, nvml = build(tmp_path, section(h100(), driver_version="580.65.06"))
+    del nvml.nvmlDeviceGetAddressingMode  # nvidia-ml-py before 13.580
+    inventory, report = backend.probe(root, pci_scan(root)[0], None, nvml)
+    assert report.problems == () and inventory is not None
+    assert [(g.brand, g.addressing_mode) for g in inventory.gpus] == [("Nvidia", None)]
+
+
 def missing_symbol(nvml: ModuleType, name: str, *, only_default_version: bool = False) -> None:
     """Make ``name`` fail as real pynvml does when the driver's libnvidia-ml lacks the symbol."""
     original = getattr(nvml, name)

@@ -4,13 +4,15 @@ One device per KFD compute node, as the device plugin serves them: a whole GPU (
 or each partition of a GPU in a compute partition mode other than SPX (``type=amdgpu-partition``),
 named ``gpu-<card>-<render>`` after its DRM card and render node. Attribute and capacity names,
 types and value forms are AMD's; a partition carries its GPU's ``deviceID``, ``productName``,
-``driverVersion``, ``numaNode`` and ``resource.kubernetes.io/pciBusID`` (the same for all its
-partitions: ``matchAttribute`` on it keeps partitions on one GPU).
+``driverVersion``, ``numaNode``, ``resource.kubernetes.io/pciBusID`` (the same for all its
+partitions: ``matchAttribute`` on it keeps partitions on one GPU) and
+``resource.kubernetes.io/pcieRoot`` (the PCI root complex above the GPU: ``matchAttribute`` on it
+keeps GPUs under one root).
 
 Where the inventory does not hold a value, the attribute or capacity is left out (docs/dra.md, "Where
 ours differ"); AMD's driver publishes ``memory: 0`` (or a default size) for VRAM it cannot
-read, ours publishes no ``memory``. ``resource.kubernetes.io/pcieRoot`` is left out (the PCI
-topology is not read). A node whose DRM card is unknown (a KFD capture) is ``gpu-render<minor>``.
+read, ours publishes no ``memory``. A node whose DRM card is unknown (a KFD capture) is
+``gpu-render<minor>``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.offer import Offer
-from labeller.resourceslices import PCI_BUS_ID, Attribute, Capacity, DraDevice, semver
+from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, pcie_root, semver
 from labeller.vendor.dra import AttributeDoc
 from vendors.amd import devices as kfd
 from vendors.amd.devices import AmdDevice
@@ -45,7 +47,7 @@ def _name(device: AmdDevice) -> str:
     return f"gpu-{node.card}-{node.render_minor}" if node.card is not None else f"gpu-render{node.render_minor}"
 
 
-def _attributes(part: AmdInventory, device: AmdDevice) -> dict[str, Attribute]:
+def _attributes(inventory: Inventory, part: AmdInventory, device: AmdDevice) -> dict[str, Attribute]:
     gpu = device.amd_gpu
     partition = is_partition(gpu)
     pci = f"/sys/bus/pci/devices/{gpu.bdf}"
@@ -56,6 +58,7 @@ def _attributes(part: AmdInventory, device: AmdDevice) -> dict[str, Attribute]:
         "deviceID": Attribute(f"0x{gpu.device_id:04x}", "sysfs", f"{pci}/device = 0x{gpu.device_id:04x}",
                               "the GPU's (a partition's parent's)"),
         PCI_BUS_ID: Attribute(gpu.bdf, "sysfs", pci, "the GPU's PCI address (a partition's parent's)"),
+        **pcie_root(inventory, gpu.bdf),
     }
     if gpu.product_name:
         attributes["productName"] = Attribute(
@@ -98,7 +101,7 @@ def devices(inventory: Inventory, offer: Offer, config: Config) -> list[DraDevic
     part = inventory.part(AmdInventory)
     if part is None:
         return []
-    return [DraDevice(_name(d), d, _attributes(part, d), _capacity(d)) for d in kfd.devices(part.gpus)]
+    return [DraDevice(_name(d), d, _attributes(inventory, part, d), _capacity(d)) for d in kfd.devices(part.gpus)]
 
 
 _SAME = "same name, type and value form"
@@ -119,9 +122,9 @@ ATTRIBUTE_DOCS: tuple[AttributeDoc, ...] = (
                  f"{UPSTREAM}: same name and type; AMD's skips a GPU whose numa_node file is unreadable"),
     AttributeDoc(PCI_BUS_ID, "string", f"the GPU's PCI address ({_PARENT}: the same for all its partitions)",
                  f"Kubernetes' standard attribute, published by {UPSTREAM}: {_SAME}"),
-    AttributeDoc("resource.kubernetes.io/pcieRoot", "string", "the GPU's PCIe root complex",
-                 f"Kubernetes' standard attribute, published by {UPSTREAM}; not read by gpu-labeller's probe, "
-                 "left out"),
+    AttributeDoc(PCIE_ROOT, "string", f"the PCI root complex above the GPU, pci<domain>:<bus> ({_PARENT}): GPUs "
+                 "with the same value hang off one root complex; left out where /sys/bus/pci/devices/<bdf> does not "
+                 "link into one", f"Kubernetes' standard attribute, published by {UPSTREAM}: {_SAME}"),
     AttributeDoc("memory", "capacity", "bytes of VRAM of the GPU or partition (KFD); left out when KFD gives none",
                  f"{UPSTREAM}: same name; AMD's publishes 0 (or a default size) for VRAM it cannot read"),
     AttributeDoc("computeUnits", "capacity", "compute units of the GPU or partition (KFD simd_count // simd_per_cu)",

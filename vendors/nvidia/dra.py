@@ -2,29 +2,35 @@
 
 A GPU with MIG off is one device, ``gpu-<minor>`` (``type=gpu``); a GPU with MIG on is its MIG
 devices that exist (``type=mig``), never the GPU itself, whatever ``flags.migStrategy`` says
-(that flag is the device plugin's). Attribute and capacity names, types and value forms are
-NVIDIA's, so a DeviceClass or CEL selector written for its driver selects the same devices here.
+(that flag is the device plugin's). Attribute and capacity names, types and value forms are those
+of NVIDIA's current driver (``cmd/gpu-kubelet-plugin/deviceinfo.go`` and ``mig.go`` of its main
+branch, since v25.12.0), so a DeviceClass or CEL selector written for its driver selects the same
+devices here: the GPU's PCI address and root complex are Kubernetes' standard
+``resource.kubernetes.io/pciBusID`` and ``resource.kubernetes.io/pcieRoot``, and a MIG device
+carries its GPU's.
 
-A MIG device is named as NVIDIA's names it, ``gpu-<minor>-mig-<GI profile id>-<start>-<size>``,
-and publishes ``memorySlice<start>`` ... ``memorySlice<start + size - 1>``: the profile id and the
-placement (the memory slices) of its GPU instance, as nvmlGpuInstanceGetInfo gives them. Where the
-probe could not read the placement, or the GPU instance is split into compute instances (one MIG
-device each, which NVIDIA's driver does not publish, and which would share that name), the name is
-``gpu-<minor>-mig-gi<GI id>-ci<CI id>`` and ``memorySlice<i>`` is left out.
+A MIG device is named as NVIDIA's names it, ``gpu-<minor>-mig-<profile>-<GI profile id>-<start>``
+(``gpu-4-mig-1g5gb-19-0``: the profile name without dots and made a DNS label, ``1g.10gb+me`` is
+``1g10gb-me``), and publishes ``memorySlice<start>`` ... ``memorySlice<start + size - 1>``: the
+profile id and the placement (the memory slices) of its GPU instance, as nvmlGpuInstanceGetInfo
+gives them. Where the probe could not read the placement, or the GPU instance is split into compute
+instances (one MIG device each, which NVIDIA's driver does not publish, and which would share that
+name), the name is ``gpu-<minor>-mig-gi<GI id>-ci<CI id>`` and ``memorySlice<i>`` is left out.
 
 Where the inventory does not hold a value, the attribute is left out (docs/dra.md, "Where ours
-differ"): ``brand`` and ``addressingMode`` (NVML calls the probe does not make) and
-``resource.kubernetes.io/pcieRoot`` (the PCI topology is not read).
+differ"): ``addressingMode`` before driver 580, ``pcieRoot`` where sysfs does not link the GPU
+into a PCI root complex.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.offer import Offer
-from labeller.resourceslices import Attribute, Capacity, DraDevice, Version, semver
+from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, Version, pcie_root, semver
 from labeller.vendor.dra import AttributeDoc
 from vendors.nvidia.devices import partition, whole
 from vendors.nvidia.facts import MIB
@@ -63,11 +69,15 @@ def architecture(major: int, minor: int) -> str | None:
     return rule(minor) if rule else None
 
 
-def gpu_attributes(part: NvidiaInventory, gpu: NvidiaGpu) -> dict[str, Attribute]:
-    """What a whole GPU and each of its MIG devices publish alike: product, architecture, versions."""
+def gpu_attributes(inventory: Inventory, part: NvidiaInventory, gpu: NvidiaGpu) -> dict[str, Attribute]:
+    """What a whole GPU and each of its MIG devices publish alike: product, brand, architecture,
+    versions, addressing mode, PCI address and root complex."""
     attributes: dict[str, Attribute] = {}
     if gpu.name:
         attributes["productName"] = Attribute(gpu.name, "nvml", f"nvmlDeviceGetName({_ref(gpu)}) = {gpu.name!r}")
+    if gpu.brand is not None:
+        attributes["brand"] = Attribute(gpu.brand, "nvml", f"nvmlDeviceGetBrand({_ref(gpu)})",
+                                        "the brand's name as go-nvlib writes it (NVML_BRAND_NVIDIA is Nvidia)")
     if gpu.compute_capability is not None:
         major, minor = gpu.compute_capability
         source = f"nvmlDeviceGetCudaComputeCapability({_ref(gpu)}) = ({major}, {minor})"
@@ -85,8 +95,12 @@ def gpu_attributes(part: NvidiaInventory, gpu: NvidiaGpu) -> dict[str, Attribute
         attributes["cudaDriverVersion"] = Attribute(
             Version(f"{cuda // 1000}.{cuda % 1000 // 10}.0"), "nvml", f"nvmlSystemGetCudaDriverVersion() = {cuda}",
             "<n // 1000>.<n % 1000 // 10> as a semantic version")
-    attributes["pcieBusID"] = Attribute(gpu.pci_bus_id, "nvml", f"nvmlDeviceGetPciInfo({_ref(gpu)}).busId",
-                                        "lower-case, 4-digit domain")
+    if gpu.addressing_mode is not None:
+        attributes["addressingMode"] = Attribute(gpu.addressing_mode, "nvml",
+                                                 f"nvmlDeviceGetAddressingMode({_ref(gpu)}) = {gpu.addressing_mode}")
+    attributes[PCI_BUS_ID] = Attribute(gpu.pci_bus_id, "nvml", f"nvmlDeviceGetPciInfo({_ref(gpu)}).busId",
+                                       "lower-case, 4-digit domain")
+    attributes.update(pcie_root(inventory, gpu.pci_bus_id))
     return attributes
 
 
@@ -95,13 +109,13 @@ def _name(gpu: NvidiaGpu) -> str:
     return f"gpu-{gpu.minor_number}" if gpu.minor_number is not None else f"gpu-nvml{gpu.index}"
 
 
-def gpu_device(part: NvidiaInventory, gpu: NvidiaGpu, config: Config) -> DraDevice:
+def gpu_device(inventory: Inventory, part: NvidiaInventory, gpu: NvidiaGpu, config: Config) -> DraDevice:
     attributes = {
         "type": Attribute("gpu", "nvml", f"nvmlDeviceGetMigMode({_ref(gpu)}): MIG "
                           f"{'not supported' if not gpu.mig_capable else 'disabled'}",
                           "a GPU without MIG is one device"),
         "uuid": Attribute(gpu.uuid, "nvml", f"nvmlDeviceGetUUID(GPU {gpu.index}) = {gpu.uuid!r}"),
-        **gpu_attributes(part, gpu),
+        **gpu_attributes(inventory, part, gpu),
     }
     capacity = {}
     if gpu.memory_bytes > 0:
@@ -117,9 +131,16 @@ def _placed(mig: MigDevice) -> range | None:
     return mig.memory_slices if whole_instance and mig.gpu_instance_profile_id is not None else None
 
 
+def profile_label(profile: str) -> str:
+    """A MIG profile name as NVIDIA's driver puts it into device names: dots dropped, lower-case,
+    any other character a DNS label cannot hold a dash, no dash at either end (``1g.10gb+me`` is
+    ``1g10gb-me``)."""
+    return re.sub(r"[^a-z0-9-]", "-", profile.replace(".", "").lower()).strip("-")
+
+
 def _mig_name(gpu: NvidiaGpu, mig: MigDevice) -> str:
     if (slices := _placed(mig)) is not None:
-        return f"{_name(gpu)}-mig-{mig.gpu_instance_profile_id}-{slices.start}-{len(slices)}"
+        return f"{_name(gpu)}-mig-{profile_label(mig.profile)}-{mig.gpu_instance_profile_id}-{slices.start}"
     if mig.gpu_instance_id is not None and mig.compute_instance_id is not None:
         return f"{_name(gpu)}-mig-gi{mig.gpu_instance_id}-ci{mig.compute_instance_id}"
     return f"{_name(gpu)}-mig-{mig.index}"
@@ -136,7 +157,8 @@ def _memory_slices(gpu: NvidiaGpu, mig: MigDevice) -> dict[str, Capacity]:
     return {f"memorySlice{i}": Capacity(1, "nvml", source, rule) for i in slices}
 
 
-def mig_device(part: NvidiaInventory, gpu: NvidiaGpu, mig: MigDevice, config: Config) -> DraDevice:
+def mig_device(inventory: Inventory, part: NvidiaInventory, gpu: NvidiaGpu, mig: MigDevice, config: Config
+               ) -> DraDevice:
     where = f"MIG {mig.uuid}"
     attributes = {
         "type": Attribute("mig", "nvml", f"nvmlDeviceGetMigMode({_ref(gpu)}): MIG enabled",
@@ -146,7 +168,7 @@ def mig_device(part: NvidiaInventory, gpu: NvidiaGpu, mig: MigDevice, config: Co
                                 "the GPU the MIG device is part of"),
         "profile": Attribute(mig.profile, "nvml", f"the GPU and compute instance profiles of {where}",
                              "the profile name go-nvlib gives"),
-        **gpu_attributes(part, gpu),  # the parent's product, architecture and versions, as NVIDIA's
+        **gpu_attributes(inventory, part, gpu),  # the parent's product, versions, PCI address..., as NVIDIA's
     }
     capacity = {name: Capacity(getattr(mig, field), "nvml", f"nvmlDeviceGetAttributes({where}).{call}")
                 for name, field, call, _ in _MIG_ENGINES}
@@ -168,14 +190,14 @@ def devices(inventory: Inventory, offer: Offer, config: Config) -> list[DraDevic
     out: list[DraDevice] = []
     for gpu in sorted(part.gpus, key=lambda g: g.index):
         if gpu.mig_enabled:
-            out.extend(mig_device(part, gpu, mig, config) for mig in gpu.mig_devices)
+            out.extend(mig_device(inventory, part, gpu, mig, config) for mig in gpu.mig_devices)
         else:
-            out.append(gpu_device(part, gpu, config))
+            out.append(gpu_device(inventory, part, gpu, config))
     return out
 
 
 _SAME = "same name, type and value form"
-_NOT_READ = "not read by gpu-labeller's probe; left out"
+_STANDARD = f"Kubernetes' standard attribute, published by {UPSTREAM}"
 ATTRIBUTE_DOCS: tuple[AttributeDoc, ...] = (
     AttributeDoc("type", "string", "gpu (a whole GPU, MIG off) or mig (a MIG device)", f"{UPSTREAM}: {_SAME}"),
     AttributeDoc("uuid", "string", "the GPU's or MIG device's UUID (NVML)", f"{UPSTREAM}: {_SAME}"),
@@ -183,6 +205,9 @@ ATTRIBUTE_DOCS: tuple[AttributeDoc, ...] = (
     AttributeDoc("profile", "string", "a MIG device's profile, e.g. 1g.10gb", f"{UPSTREAM}: {_SAME}"),
     AttributeDoc("productName", "string", "the GPU's name as NVML gives it (a MIG device: its GPU's)",
                  f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc("brand", "string", "the GPU's brand as go-nvlib names NVML's (nvmlDeviceGetBrand): Nvidia for the "
+                 "data-center GPUs, GeForceRTX, NvidiaRTX, Tesla, ... (a MIG device: its GPU's); left out for a brand "
+                 "go-nvlib has no name for", f"{UPSTREAM}: {_SAME}; NVIDIA's fails to start on such a brand"),
     AttributeDoc("architecture", "string", "Kepler ... Blackwell, from the compute capability",
                  f"{UPSTREAM}: same values; NVIDIA's asks NVML (nvmlDeviceGetArchitecture), ours maps the compute "
                  "capability, and leaves the attribute out for one it does not know"),
@@ -190,12 +215,16 @@ ATTRIBUTE_DOCS: tuple[AttributeDoc, ...] = (
     AttributeDoc("driverVersion", "version", "the NVIDIA driver version, e.g. 550.54.15", f"{UPSTREAM}: {_SAME}"),
     AttributeDoc("cudaDriverVersion", "version", "the CUDA version the driver supports, e.g. 12.4.0",
                  f"{UPSTREAM}: {_SAME}"),
-    AttributeDoc("pcieBusID", "string", "the GPU's PCI address, e.g. 0000:18:00.0 (a MIG device: its GPU's)",
-                 f"{UPSTREAM}: {_SAME}"),
-    AttributeDoc("brand", "string", "the GPU's brand (nvmlDeviceGetBrand)", f"{UPSTREAM}; {_NOT_READ}"),
-    AttributeDoc("addressingMode", "string", "HMM, ATS or None on coherent-memory systems", f"{UPSTREAM}; {_NOT_READ}"),
-    AttributeDoc("resource.kubernetes.io/pcieRoot", "string", "the GPU's PCIe root complex",
-                 f"Kubernetes' standard attribute, published by {UPSTREAM}; {_NOT_READ}"),
+    AttributeDoc("addressingMode", "string", "how the GPU addresses system memory (nvmlDeviceGetAddressingMode): "
+                 "HMM, ATS, or None where the platform could but neither is active (a MIG device: its GPU's); left "
+                 "out where NVML has no answer (drivers before 580, platforms without it)", f"{UPSTREAM}: {_SAME}"),
+    AttributeDoc(PCI_BUS_ID, "string", "the GPU's PCI address, e.g. 0000:18:00.0 (a MIG device: its GPU's)",
+                 f"{_STANDARD}: {_SAME}"),
+    AttributeDoc(PCIE_ROOT, "string", "the PCI root complex above the GPU, pci<domain>:<bus> (a MIG device: its "
+                 "GPU's): GPUs with the same value hang off one root complex; left out where "
+                 "/sys/bus/pci/devices/<bdf> does not link into one", f"{_STANDARD}: {_SAME}"),
+    AttributeDoc("pcieBusID", "string", "no longer published: the GPU's PCI address is resource.kubernetes.io/pciBusID",
+                 f"{UPSTREAM}: published it until v25.8; renamed in v25.12.0", renamed_to=PCI_BUS_ID),
     AttributeDoc("memory", "capacity", "bytes of memory (NVML); left out when NVML gives none",
                  f"{UPSTREAM}: {_SAME}"),
     AttributeDoc("multiprocessors", "capacity", "a MIG device's streaming multiprocessors",
@@ -206,8 +235,8 @@ ATTRIBUTE_DOCS: tuple[AttributeDoc, ...] = (
       for name, _, _, what in _MIG_ENGINES),
     AttributeDoc("memorySlice<i>", "capacity",
                  "1 for each GPU memory slice a MIG device's GPU instance occupies (its placement, "
-                 "nvmlGpuInstanceGetInfo), which with the GPU instance profile id also names the device "
-                 "gpu-<minor>-mig-<profile id>-<start>-<size>; left out where the placement was not read "
+                 "nvmlGpuInstanceGetInfo), whose start with the profile and its id also names the device "
+                 "gpu-<minor>-mig-<profile>-<profile id>-<start>; left out where the placement was not read "
                  "or the GPU instance is split into compute instances (then named gpu-<minor>-mig-gi<GI id>-ci<CI id>)",
                  f"{UPSTREAM}: {_SAME}; NVIDIA's does not publish MIG devices of split GPU instances"),
 )

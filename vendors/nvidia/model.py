@@ -69,6 +69,10 @@ class NvidiaGpu:
     pci_class: int | None = None  # from sysfs; decides gpu.mode
     clique: str | None = None  # "<clusterUUID>.<cliqueId>" for fabric-attached GPUs
     vgpu_guest: bool | None = None  # NVML virtualization mode is VGPU; None when NVML cannot say
+    brand: str | None = None  # nvmlDeviceGetBrand as go-nvlib names it ("Nvidia", "GeForceRTX"); None: not given
+    # nvmlDeviceGetAddressingMode: "HMM", "ATS" or "None" (possible, not active); None where the driver
+    # (before 580) or the platform has none
+    addressing_mode: str | None = None
 
 
 @dataclass(frozen=True)

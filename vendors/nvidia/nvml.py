@@ -249,6 +249,45 @@ def _vgpu_guest(nvml: ModuleType, handle: Any) -> bool | None:
         return None
 
 
+# nvmlDeviceGetBrand -> the name go-nvlib gives it (GetBrandAsString), which NVIDIA's DRA driver
+# publishes as ``brand``; a brand it does not name (DLA, NPU, ...) is left out.
+_BRANDS = {"UNKNOWN": "Unknown", "QUADRO": "Quadro", "TESLA": "Tesla", "NVS": "NVS", "GRID": "Grid",
+           "GEFORCE": "GeForce", "TITAN": "Titan", "NVIDIA_VAPPS": "NvidiaVApps", "NVIDIA_VPC": "NvidiaVPC",
+           "NVIDIA_VCS": "NvidiaVCS", "NVIDIA_VWS": "NvidiaVWS", "NVIDIA_CLOUD_GAMING": "NvidiaCloudGaming",
+           "QUADRO_RTX": "QuadroRTX", "NVIDIA_RTX": "NvidiaRTX", "NVIDIA": "Nvidia", "GEFORCE_RTX": "GeForceRTX",
+           "TITAN_RTX": "TitanRTX"}
+_ADDRESSING_MODES = {"NONE": "None", "HMM": "HMM", "ATS": "ATS"}  # as go-nvlib's GetAddressingModeAsString
+
+
+def _named(nvml: ModuleType, prefix: str, names: Mapping[str, str], value: int) -> str | None:
+    """The name of ``value`` among pynvml's ``<prefix><key>`` constants, as ``names`` gives it."""
+    return next((name for key, name in names.items() if getattr(nvml, prefix + key, None) == value), None)
+
+
+def _brand(nvml: ModuleType, handle: Any, device: int) -> str | None:
+    try:
+        value = int(nvml.nvmlDeviceGetBrand(handle))
+    except nvml.NVMLError_NotSupported:
+        return None
+    if (name := _named(nvml, "NVML_BRAND_", _BRANDS, value)) is None:
+        log.info("GPU brand has no name NVIDIA's DRA driver publishes; brand left out", vendor="nvidia",
+                 device=device, reason=f"nvmlDeviceGetBrand = {value}")
+    return name
+
+
+def _addressing_mode(nvml: ModuleType, handle: Any, device: int) -> str | None:
+    """HMM, ATS or None; not there (None) on drivers before 580, which lack the call, on platforms
+    without it, and with a pynvml older than it."""
+    try:
+        value = int(nvml.nvmlDeviceGetAddressingMode(handle))
+    except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, AttributeError):
+        return None
+    if (name := _named(nvml, "NVML_DEVICE_ADDRESSING_MODE_", _ADDRESSING_MODES, value)) is None:
+        log.info("GPU addressing mode unknown; addressingMode left out", vendor="nvidia", device=device,
+                 reason=f"nvmlDeviceGetAddressingMode = {value}")
+    return name
+
+
 def _minor_number(nvml: ModuleType, handle: Any) -> int | None:
     try:
         return int(nvml.nvmlDeviceGetMinorNumber(handle))
@@ -341,6 +380,8 @@ def _read_gpu(nvml: ModuleType, index: int, pci_by_bdf: dict[str, PciGpu]) -> Nv
         pci_class=pci.class_code if pci else None,
         clique=_clique(nvml, handle),
         vgpu_guest=_vgpu_guest(nvml, handle),
+        brand=_brand(nvml, handle, index),
+        addressing_mode=_addressing_mode(nvml, handle, index),
     )
 
 

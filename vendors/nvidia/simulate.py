@@ -483,6 +483,13 @@ def write_sysfs(gpus: list[FakeGpu], root: Path, driver_loaded: bool) -> None:
 
 # --- the module ----------------------------------------------------------------------------------
 
+# nvmlDeviceGetBrand by product name, the first marker the name holds; others are NVML_BRAND_NVIDIA.
+_BRANDS_BY_NAME = (("GeForce RTX", real.NVML_BRAND_GEFORCE_RTX), ("GeForce", real.NVML_BRAND_GEFORCE),
+                   ("TITAN RTX", real.NVML_BRAND_TITAN_RTX), ("TITAN", real.NVML_BRAND_TITAN),
+                   ("Quadro RTX", real.NVML_BRAND_QUADRO_RTX), ("Quadro", real.NVML_BRAND_QUADRO),
+                   ("NVIDIA RTX", real.NVML_BRAND_NVIDIA_RTX))
+
+
 def _bus_id_nvml(bdf: str) -> bytes:
     """NVML prints the domain with 8 digits: "00000000:18:00.0"."""
     domain, rest = bdf.split(":", 1)
@@ -603,6 +610,23 @@ class FakeNvml:
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         return self._gpu(handle).minor_number
+
+    def nvmlDeviceGetBrand(self, handle: Any) -> int:
+        """The brand NVML gives the product line: the data-center GPUs (Tesla T4, A100, H100, L40S)
+        are "NVIDIA" on current drivers; GeForce, TITAN, Quadro and RTX workstation cards their own."""
+        name = self._gpu(handle).name
+        return int(next((brand for marker, brand in _BRANDS_BY_NAME if marker in name), real.NVML_BRAND_NVIDIA))
+
+    def nvmlDeviceGetAddressingMode(self, handle: Any) -> int:
+        """Drivers before 580 (NVML 13) have no such call; Turing and newer GPUs on them say None: a
+        simulated machine has no coherent CPU-GPU memory (ATS) and no HMM."""
+        gpu = self._gpu(handle)
+        major = re.match(r"\d+", self.driver_version)
+        if major is None or int(major.group()) < 580:
+            raise real.NVMLError(real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if gpu.compute_capability is None or gpu.compute_capability < (7, 5):
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return int(real.NVML_DEVICE_ADDRESSING_MODE_NONE)
 
     def nvmlDeviceGetVirtualizationMode(self, handle: Any) -> int:
         gpu = self._gpu(handle)
