@@ -5,6 +5,7 @@
     python deploy/render.py --check            # exit 1 if they differ from a fresh render
     python deploy/render.py -f my-values.yaml  # print the chart with these values (as `helm template -f`)
     python deploy/render.py --check -f my-values.yaml  # only check that they render and their configs are valid
+    python deploy/render.py -f my-values.yaml --kube-version 1.31  # for a 1.31 cluster, as `helm install` there
 
 Values files (-f/--values, repeatable) merge in order as Helm merges them. Every render's named
 configs (the chart's ConfigMap) are checked with gpu-labeller's own config validator: a config the
@@ -13,16 +14,16 @@ value the chart refuses.
 
 gpu-labeller.yaml is the chart with its default values, plus createNamespace=true so that
 `kubectl apply -f` works without Helm, and two example named configs (EXAMPLE_CONFIGS: whole GPUs
-by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4).
-validating-admission-policy.yaml holds only the optional ValidatingAdmissionPolicy and its binding
-(admissionPolicy.enabled=true), scheduler-extender.yaml only the scheduler extender's objects
-(extender.enabled=true), kubelet-dra-plugin.yaml only the DRA objects (dra.enabled=true with the same
-example configs, admissionPolicy.enabled=true: the DRA plugin, its RBAC and its ResourceSlice policy,
-the DeviceClasses). All are rendered as
-release "gpu-labeller" in namespace "gpu-labeller", each for the oldest Kubernetes it runs on (its header
-names it): gpu-labeller.yaml and scheduler-extender.yaml for the chart's minimum, 1.27 (so without the
-1.30 field recursiveReadOnly: Helm renders it for a cluster that knows it), the policy for 1.30, DRA for
-1.34. Needs helm-python-sdk (the project's test extra).
+by default, 4-way time-slicing on nodes labelled nvidia.com/device-plugin.config=time-sliced-4),
+for Kubernetes 1.27, the chart's minimum: without the ValidatingAdmissionPolicy and without the 1.30
+field recursiveReadOnly. gpu-labeller-k8s1.30.yaml is the same for Kubernetes 1.30 and later, where the
+chart's default (admissionPolicy.enabled=auto) installs the policy and the read-only host mounts are
+recursive. scheduler-extender.yaml holds only the scheduler extender's objects (extender.enabled=true,
+1.27), kubelet-dra-plugin.yaml only the DRA objects (dra.enabled=true with the same example configs, for
+1.34: the DRA plugin, its RBAC and its ResourceSlice policy, the DeviceClasses). All are rendered as
+release "gpu-labeller" in namespace "gpu-labeller", each for a cluster of the oldest Kubernetes it runs
+on (its header names it), with the API versions that cluster serves (cluster_api_versions), as `helm
+install` there would. Needs helm-python-sdk (the project's test extra).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ MANIFESTS = DEPLOY / "manifests"
 RELEASE = NAMESPACE = "gpu-labeller"
 # The Kubernetes version each file is rendered for: the oldest its objects run on.
 MIN_KUBE_VERSION = "1.27.0"  # Chart.yaml kubeVersion
-POLICY_KUBE_VERSION = "1.30.0"  # admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy
+POLICY_KUBE_VERSION = "1.30.0"  # admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, recursiveReadOnly
 DRA_KUBE_VERSION = "1.34.0"  # resource.k8s.io/v1
 REGEN_COMMAND = "python deploy/render.py"
 
@@ -58,7 +59,11 @@ HEADER = (
 KIND_ORDER = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
               "Service", "DaemonSet", "Deployment", "DeviceClass", "ValidatingAdmissionPolicy",
               "ValidatingAdmissionPolicyBinding"]
-VAP_TEMPLATE = "validatingadmissionpolicy.yaml"
+# What the chart asks .Capabilities.APIVersions: the policy's kind, and a kind every cluster serves, which
+# Helm lists only when it asked the cluster (discovery), not offline (helm template, lint).
+POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+DISCOVERED_API = "apps/v1/DaemonSet"
+NOTES = "NOTES.txt"
 EXTENDER_TEMPLATE = "scheduler-extender.yaml"
 DRA_TEMPLATE_PREFIX = "dra-"  # dra-plugin.yaml, dra-deviceclasses.yaml, dra-admissionpolicy.yaml
 EXAMPLE_CONFIGS: dict[str, Any] = {
@@ -68,12 +73,22 @@ EXAMPLE_CONFIGS: dict[str, Any] = {
 }
 
 
-def render_chart(values: dict[str, Any] | None = None, kube_version: str | None = None) -> dict[str, str]:
+def cluster_api_versions(kube_version: str) -> list[str]:
+    """The API versions the chart asks about that a cluster of ``kube_version`` serves, as Helm's discovery
+    lists them on `helm install` there."""
+    major, minor = (int(part) for part in kube_version.removeprefix("v").split(".")[:2])
+    return [DISCOVERED_API] + ([POLICY_API] if (major, minor) >= (1, 30) else [])
+
+
+def render_chart(values: dict[str, Any] | None = None, kube_version: str | None = None,
+                 api_versions: Iterable[str] = ()) -> dict[str, str]:
     """Render the chart as release gpu-labeller in namespace gpu-labeller: template path -> text.
 
     ``kube_version`` is the cluster's version the templates see (.Capabilities.KubeVersion), as `helm
-    template --kube-version`; without it, Helm's default (its client library's version)."""
-    options: dict[str, Any] = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True}
+    template --kube-version`; without it, Helm's default (its client library's version). ``api_versions``
+    are added to Helm's offline set (.Capabilities.APIVersions), as `helm template --api-versions`."""
+    options: dict[str, Any] = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True,
+                               "api_versions": list(api_versions)}
     if kube_version:
         options["kube_version"] = kube_version
     chart = helm_python.Chart.load(CHART)
@@ -86,10 +101,17 @@ def render_chart(values: dict[str, Any] | None = None, kube_version: str | None 
     return rendered
 
 
+def for_cluster(values: dict[str, Any], kube_version: str) -> dict[str, str]:
+    """The chart rendered for a cluster of ``kube_version``, as `helm install` there would render it."""
+    return render_chart(values, kube_version, cluster_api_versions(kube_version))
+
+
 def documents(rendered: dict[str, str]) -> list[str]:
-    """Every non-empty YAML document of a render, ordered by kind, then by template path."""
+    """Every non-empty YAML document of a render (not NOTES.txt), ordered by kind, then by template path."""
     docs: list[tuple[int, str, str]] = []
     for path in sorted(rendered):
+        if path.endswith("/" + NOTES):
+            continue
         for text in rendered[path].split("\n---\n"):
             obj = yaml.safe_load(text)
             if not obj:
@@ -107,30 +129,38 @@ def join(docs: list[str], what: str) -> str:
 
 def manifests() -> dict[str, str]:
     """File name in deploy/manifests/ -> its expected content."""
-    main = render_chart({"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}}, MIN_KUBE_VERSION)
-    policy = render_chart({"admissionPolicy": {"enabled": True}}, POLICY_KUBE_VERSION)
-    vap = {path: text for path, text in policy.items() if path.endswith("/" + VAP_TEMPLATE)}
+    main_values = {"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}}
+    main_what = f"default values, createNamespace=true, config.data: {', '.join(EXAMPLE_CONFIGS)}"
     # No generated keys in a file everyone downloads: the manifest takes the Secret the user makes (README).
     extender_values = {"extender": {"enabled": True, "tls": {"existingSecret": "gpu-labeller-scheduler-extender-tls"}}}
-    extender = {path: text for path, text in render_chart(extender_values, MIN_KUBE_VERSION).items()
+    extender = {path: text for path, text in for_cluster(extender_values, MIN_KUBE_VERSION).items()
                 if path.endswith("/" + EXTENDER_TEMPLATE)}
-    dra_values = {"config": {"data": EXAMPLE_CONFIGS}, "dra": {"enabled": True}, "admissionPolicy": {"enabled": True}}
-    dra = {path: text for path, text in render_chart(dra_values, DRA_KUBE_VERSION).items()
+    dra_values = {"config": {"data": EXAMPLE_CONFIGS}, "dra": {"enabled": True}}
+    dra = {path: text for path, text in for_cluster(dra_values, DRA_KUBE_VERSION).items()
            if path.rpartition("/")[2].startswith(DRA_TEMPLATE_PREFIX)}
     return {
-        "gpu-labeller.yaml": join(documents(main), "default values, createNamespace=true, config.data: "
-                                  f"{', '.join(EXAMPLE_CONFIGS)}; Kubernetes >= 1.27"),
-        "validating-admission-policy.yaml": join(
-            documents(vap), "admissionPolicy.enabled=true; Kubernetes >= 1.30; apply after gpu-labeller.yaml"),
+        "gpu-labeller.yaml": join(documents(for_cluster(main_values, MIN_KUBE_VERSION)),
+                                  f"{main_what}; Kubernetes 1.27 to 1.29: no ValidatingAdmissionPolicy, "
+                                  "host mounts not recursively read-only; on >= 1.30 apply gpu-labeller-k8s1.30.yaml"),
+        "gpu-labeller-k8s1.30.yaml": join(documents(for_cluster(main_values, POLICY_KUBE_VERSION)),
+                                          f"{main_what}; Kubernetes >= 1.30: with the ValidatingAdmissionPolicy, "
+                                          "recursively read-only host mounts"),
         "scheduler-extender.yaml": join(
             documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; "
             "Kubernetes >= 1.27; apply after gpu-labeller.yaml and configure the kube-scheduler "
             "(docs/memory-sharing.md)"),
         "kubelet-dra-plugin.yaml": join(
-            documents(dra), "dra.enabled=true, admissionPolicy.enabled=true, the same config.data: the DRA "
-            "plugin, its RBAC and ResourceSlice policy, the DeviceClasses only; Kubernetes >= 1.34; apply after "
-            "gpu-labeller.yaml"),
+            documents(dra), "dra.enabled=true, the same config.data: the DRA plugin, its RBAC and ResourceSlice "
+            "policy, the DeviceClasses only; Kubernetes >= 1.34; apply after gpu-labeller-k8s1.30.yaml"),
     }
+
+
+def parse_kube_version(text: str) -> str:
+    """A Kubernetes version as `--kube-version` takes it: 1.31, v1.31 or 1.31.2."""
+    parts = text.removeprefix("v").split(".")
+    if not 2 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"not a Kubernetes version (1.31, v1.31.2): {text!r}")
+    return ".".join(parts + ["0"] * (3 - len(parts)))
 
 
 class BadValues(Exception):
@@ -179,15 +209,16 @@ def checked_configs(texts: Iterable[str]) -> list[str]:
     return names
 
 
-def render_values(paths: list[str], check: bool) -> int:
-    """The chart rendered with the values files: printed (as `helm template`), or with --check only a summary."""
+def render_values(paths: list[str], check: bool, kube_version: str | None = None) -> int:
+    """The chart rendered with the values files: printed (as `helm template`), or with --check only a summary.
+    With ``kube_version``, for a cluster of that version (its fields and APIs, as `helm install` there)."""
     try:
         values = read_values(paths)
         try:
-            rendered = render_chart(values)
+            rendered = for_cluster(values, kube_version) if kube_version else render_chart(values)
         except helm_python.errors.HelmError as exc:
             raise BadValues(str(exc).strip().splitlines()[0]) from None
-        configs = checked_configs(rendered.values())
+        configs = checked_configs(text for path, text in rendered.items() if not path.endswith("/" + NOTES))
     except BadValues as exc:
         where = "" if str(exc).startswith(tuple(paths)) else f"{', '.join(paths)}: "
         print(f"Error: {where}{exc}", file=sys.stderr)
@@ -206,9 +237,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="only compare (exit 1 when a file is stale); with -f, only check the values")
     parser.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
                         help="render with this values file (repeatable; later files win, as with helm -f)")
+    parser.add_argument("--kube-version", metavar="VERSION", type=parse_kube_version,
+                        help="with -f: render for a cluster of this Kubernetes version (e.g. 1.31), its fields "
+                        "and APIs (the admission policy from 1.30) as `helm install` there; default: as "
+                        "`helm template`, which knows no cluster")
     args = parser.parse_args(argv)
+    if args.kube_version and not args.values:
+        parser.error("--kube-version needs -f (deploy/manifests/ are rendered for their own versions)")
     if args.values:
-        return render_values(args.values, args.check)
+        return render_values(args.values, args.check, args.kube_version)
     try:
         expected = manifests()
         checked_configs(expected.values())

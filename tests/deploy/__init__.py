@@ -75,21 +75,40 @@ Obj = dict[str, Any]
 
 
 @functools.cache
-def _render(values_json: str, kube_version: str | None) -> tuple[Obj, ...]:
-    rendered: dict[str, str] = _render_script().render_chart(json.loads(values_json), kube_version=kube_version)
+def _render(values_json: str, kube_version: str | None, api_versions: tuple[str, ...]) -> tuple[tuple[Obj, ...], str]:
+    rendered: dict[str, str] = _render_script().render_chart(json.loads(values_json), kube_version, api_versions)
     objects = []
+    notes = ""
     for path in sorted(rendered):
+        if path.endswith("/NOTES.txt"):
+            notes = rendered[path]
+            continue
         for doc in yaml.safe_load_all(rendered[path]):
             if doc:
                 objects.append(doc)
-    return tuple(objects)
+    return tuple(objects), notes
 
 
-def render(values: dict[str, Any] | None = None, kube_version: str | None = None) -> list[Obj]:
+def render(values: dict[str, Any] | None = None, kube_version: str | None = None,
+           api_versions: tuple[str, ...] = ()) -> list[Obj]:
     """Every object the chart renders with these values (a fresh copy; safe to modify), for a cluster of
-    ``kube_version`` (as `helm template --kube-version`; default: Helm's own)."""
-    objects: list[Obj] = json.loads(json.dumps(_render(json.dumps(values or {}, sort_keys=True), kube_version)))
-    return objects
+    ``kube_version`` (as `helm template --kube-version`; default: Helm's own) that serves ``api_versions``
+    beside Helm's offline set (as `helm template --api-versions`; default: none, as `helm template`)."""
+    objects, _ = _render(json.dumps(values or {}, sort_keys=True), kube_version, api_versions)
+    copied: list[Obj] = json.loads(json.dumps(objects))
+    return copied
+
+
+def cluster(kube_version: str) -> dict[str, Any]:
+    """The keyword arguments of render() for a cluster of ``kube_version``, as `helm install` there sees it
+    (its version and the API versions it serves)."""
+    return {"kube_version": kube_version, "api_versions": tuple(_render_script().cluster_api_versions(kube_version))}
+
+
+def notes(values: dict[str, Any] | None = None, kube_version: str | None = None,
+          api_versions: tuple[str, ...] = ()) -> str:
+    """The chart's NOTES.txt rendered as render() renders the objects."""
+    return _render(json.dumps(values or {}, sort_keys=True), kube_version, api_versions)[1]
 
 
 def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:

@@ -1,4 +1,6 @@
-"""The optional ValidatingAdmissionPolicy: its shape, and its CEL evaluated on admission requests
+"""The ValidatingAdmissionPolicies: when the chart installs them (admissionPolicy.enabled: auto, the default,
+wherever the cluster serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy), what NOTES.txt says
+without them, and the labeller's Node policy: its shape, and its CEL evaluated on admission requests
 (tests.deploy.cel emulates the API server)."""
 
 from __future__ import annotations
@@ -6,20 +8,132 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import helm_python
 import pytest
 
 from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_KEYS, OWNED_PREFIXES
-from tests.deploy import one, render
+from tests.deploy import cluster, notes, one, render
 from tests.deploy.cel import Policy
 
 Obj = dict[str, Any]
 USERNAME = "system:serviceaccount:gpu-labeller:gpu-labeller"
+DRA_USERNAME = "system:serviceaccount:gpu-labeller:gpu-labeller-dra-plugin"
+PLUGIN_USERNAME = "system:serviceaccount:gpu-labeller:gpu-labeller-device-plugin"
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+LABELLER = [f"{kind}/gpu-labeller-own-node-labels" for kind in KINDS]
+DRA = [f"{kind}/gpu-labeller-dra-plugin-own-node-slices" for kind in KINDS]
+PODS = [f"{kind}/gpu-labeller-plugin-own-node-pods" for kind in KINDS]
+MEMORY_SHARING = {"config": {"nodeLabel": "", "data": {"whole": {"version": "v1"}, "gpushare": {
+    "version": "v1", "sharing": {"memory": {"unit": "GiB"}}}}, "default": "whole"}}
 
 
 def policy_and_binding(values: dict[str, Any] | None = None) -> tuple[Obj, Obj]:
-    objects = render({"admissionPolicy": {"enabled": True}, **(values or {})})
+    """The labeller's policy as the chart's defaults install it on a 1.34 cluster."""
+    objects = render(values, **cluster("1.34.0"))
     return one(objects, "ValidatingAdmissionPolicy"), one(objects, "ValidatingAdmissionPolicyBinding")
+
+
+def policies(objects: list[Obj]) -> list[str]:
+    return sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in KINDS)
+
+
+# --- admissionPolicy.enabled: auto (the default), true, false -------------------------------------
+
+@pytest.mark.parametrize("kube_version", ["1.30.0", "1.34.0", "1.37.0"])
+def test_the_defaults_install_the_policies_wherever_the_cluster_serves_them(kube_version: str) -> None:
+    assert policies(render(**cluster(kube_version))) == LABELLER
+    assert policies(render(MEMORY_SHARING, **cluster(kube_version))) == sorted(LABELLER + PODS)
+
+
+def test_the_defaults_install_the_dra_plugins_policy_with_dra() -> None:
+    assert policies(render({"dra": {"enabled": True}}, **cluster("1.34.0"))) == sorted(LABELLER + DRA)
+
+
+@pytest.mark.parametrize("kube_version", ["1.27.0", "1.29.0"])
+def test_the_defaults_install_no_policy_where_the_cluster_does_not_serve_it(kube_version: str) -> None:
+    assert policies(render(MEMORY_SHARING, **cluster(kube_version))) == []
+
+
+def test_offline_auto_installs_the_policies_only_when_told_the_api_is_served() -> None:
+    # `helm template` knows no cluster: only its own group versions (admissionregistration.k8s.io/v1 is
+    # served since 1.16 for webhooks, so the kind is what tells), and what --api-versions adds.
+    assert policies(render({"dra": {"enabled": True}})) == []
+    assert policies(render({"dra": {"enabled": True}}, api_versions=(POLICY_API,))) == sorted(LABELLER + DRA)
+
+
+def test_false_installs_no_policy_even_where_the_cluster_serves_it() -> None:
+    values = {**MEMORY_SHARING, "dra": {"enabled": True}, "admissionPolicy": {"enabled": False}}
+    assert policies(render(values, **cluster("1.34.0"))) == []
+
+
+def test_true_installs_the_policies_offline_as_asked() -> None:
+    # helm template and helm lint (no cluster): the user says the cluster serves it
+    assert policies(render({"admissionPolicy": {"enabled": True}})) == LABELLER
+    assert policies(render({"admissionPolicy": {"enabled": True}}, **cluster("1.30.0"))) == LABELLER
+
+
+@pytest.mark.parametrize("where", [cluster("1.29.0"), {"kube_version": "1.29.0"}], ids=["install", "template"])
+def test_true_fails_the_render_on_a_cluster_without_the_api(where: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.errors.HelmRenderError) as error:
+        render({"admissionPolicy": {"enabled": True}}, **where)
+    assert ("admissionPolicy.enabled is true but this cluster (Kubernetes v1.29.0) does not serve "
+            "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes >= 1.30): set "
+            "admissionPolicy.enabled to auto or false") in str(error.value)
+
+
+@pytest.mark.parametrize("value", ["yes", "on", "True", 1])
+def test_the_switch_is_auto_true_or_false(value: object) -> None:
+    with pytest.raises(helm_python.errors.HelmValuesError, match="admissionPolicy/enabled"):
+        render({"admissionPolicy": {"enabled": value}}, **cluster("1.34.0"))
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_notes_say_what_is_unrestricted_where_the_cluster_does_not_serve_the_policy() -> None:
+    text = words(notes({**MEMORY_SHARING, "dra": {"enabled": True}}, **cluster("1.29.0")))
+    assert ("WARNING: no ValidatingAdmissionPolicy is installed (admissionPolicy.enabled=auto: this cluster does "
+            "not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, Kubernetes < 1.30)") in text
+    assert (f"the labeller's ({USERNAME}) may patch every Node: relabel, taint and cordon any node") in text
+    assert (f"the DRA plugin's ({DRA_USERNAME}) may create, update and delete every ResourceSlice: publish "
+            "devices for any node or for all nodes, delete every node's and every driver's slices") in text
+    assert f"the device plugin's ({PLUGIN_USERNAME}) may patch every pod" in text
+    assert "docs/security.md" in text
+
+
+def test_notes_say_what_is_unrestricted_when_the_policy_is_turned_off() -> None:
+    text = words(notes({"admissionPolicy": {"enabled": False}}, **cluster("1.34.0")))
+    assert "WARNING: no ValidatingAdmissionPolicy is installed (admissionPolicy.enabled=false)." in text
+    assert f"the labeller's ({USERNAME}) may patch every Node" in text
+    assert "DRA plugin" not in text and "device plugin's" not in text  # neither has write access here
+
+
+def test_notes_offline_say_how_to_tell_helm_template_the_api_is_served() -> None:
+    text = words(notes())
+    assert ("admissionPolicy.enabled=auto: rendered without the cluster's API versions; `helm template` needs "
+            "--api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy)") in text
+
+
+def test_notes_name_the_installed_policies_and_warn_of_nothing() -> None:
+    text = words(notes({**MEMORY_SHARING, "dra": {"enabled": True}}, **cluster("1.34.0")))
+    assert "WARNING" not in text and "may patch every" not in text
+    for name in ("gpu-labeller-own-node-labels", "gpu-labeller-dra-plugin-own-node-slices",
+                 "gpu-labeller-plugin-own-node-pods"):
+        assert f"- {name}: " in text
+
+
+def test_notes_warn_of_nothing_where_no_token_may_write() -> None:
+    # features.d output without events: the labeller has no API access at all
+    values = {"labeller": {"output": "features-file"}, "admissionPolicy": {"enabled": False}}
+    text = words(notes(values, **cluster("1.34.0")))
+    assert "is installed in namespace gpu-labeller" in text and "docs/security.md" in text
+    assert "WARNING" not in text and "may patch every" not in text
+
+
+# --- the labeller's Node policy -------------------------------------------------------------------
 
 
 def test_policy_shape() -> None:

@@ -10,7 +10,18 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
-from tests.deploy import CHART, COMBINATIONS, KUBE_VERSIONS, find, kube_version_for, labeller_ds, one, plugin_ds, render
+from tests.deploy import (
+    CHART,
+    COMBINATIONS,
+    KUBE_VERSIONS,
+    cluster,
+    find,
+    kube_version_for,
+    labeller_ds,
+    one,
+    plugin_ds,
+    render,
+)
 
 COMBOS = list(COMBINATIONS.items())
 IDS = list(COMBINATIONS)
@@ -86,9 +97,10 @@ def test_plugin_off_renders_no_plugin_objects() -> None:
     labeller_ds(objects)
 
 
-def test_policy_is_off_by_default_and_on_when_enabled() -> None:
-    assert find(render(), "ValidatingAdmissionPolicy") == []
-    objects = render({"admissionPolicy": {"enabled": True}})
+def test_policy_is_on_by_default_where_the_cluster_serves_it() -> None:
+    # tests/deploy/test_deploy_admission_policy.py has every case of admissionPolicy.enabled
+    assert find(render(**cluster("1.29.0")), "ValidatingAdmissionPolicy") == []
+    objects = render(**cluster("1.30.0"))
     assert one(objects, "ValidatingAdmissionPolicy")["apiVersion"] == "admissionregistration.k8s.io/v1"
     one(objects, "ValidatingAdmissionPolicyBinding")
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from labeller.cli import main
-from tests.deploy import find, one, render
+from tests.deploy import cluster, find, one, render
 from tests.deploy.cel import Policy
 from vendors import VENDORS
 
@@ -25,13 +25,15 @@ DRIVERS = [v.dra.driver for v in VENDORS if v.dra is not None]
 
 
 def policy_and_binding(values: dict[str, Any] | None = None) -> tuple[Obj, Obj]:
-    objects = render({"admissionPolicy": {"enabled": True}, "dra": {"enabled": True}, **(values or {})})
+    """The DRA plugin's policy as the chart's defaults with dra.enabled install it on a 1.34 cluster."""
+    objects = render({"dra": {"enabled": True}, **(values or {})}, **cluster("1.34.0"))
     return one(objects, "ValidatingAdmissionPolicy", NAME), one(objects, "ValidatingAdmissionPolicyBinding", NAME)
 
 
 def test_policy_comes_with_dra_and_the_policy_switch_only() -> None:
-    assert find(render({"dra": {"enabled": True}}), "ValidatingAdmissionPolicy") == []
-    assert find(render({"admissionPolicy": {"enabled": True}}), "ValidatingAdmissionPolicy", NAME) == []
+    off = {"dra": {"enabled": True}, "admissionPolicy": {"enabled": False}}
+    assert find(render(off, **cluster("1.34.0")), "ValidatingAdmissionPolicy") == []
+    assert find(render(**cluster("1.34.0")), "ValidatingAdmissionPolicy", NAME) == []
     policy, binding = policy_and_binding()
     assert binding["spec"] == {"policyName": NAME, "validationActions": ["Deny"]}
     assert policy["spec"]["failurePolicy"] == "Fail"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -20,6 +21,8 @@ from tests.deploy import (
 
 REGEN = "python deploy/render.py"
 DRA_FILE = "kubelet-dra-plugin.yaml"
+MAIN_FILE, MAIN_FILE_1_30 = "gpu-labeller.yaml", "gpu-labeller-k8s1.30.yaml"
+POLICY_KUBE_VERSION = "1.30.0"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,7 @@ def test_regen_command_is_the_documented_one() -> None:
 def test_plain_manifests_are_valid_kubernetes(kube_version: str) -> None:
     kinds = []
     for path in sorted(MANIFESTS.glob("*.yaml")):  # the order `kubectl apply -f deploy/manifests/` takes
-        # The DRA file needs Kubernetes >= 1.34 (its header says so); the others 1.30.
+        # The DRA file needs Kubernetes >= 1.34 (its header says so); the others 1.30 at most.
         version = kube_version_for({"dra": {"enabled": path.name == DRA_FILE}}, kube_version)
         for obj in yaml.safe_load_all(path.read_text()):
             if obj:
@@ -56,25 +59,57 @@ def test_plain_manifests_are_valid_kubernetes(kube_version: str) -> None:
             "DeviceClass"} <= set(kinds)
 
 
-@pytest.mark.parametrize("name", ["gpu-labeller.yaml", "scheduler-extender.yaml"])
-def test_the_main_manifests_apply_on_the_oldest_kubernetes_the_chart_supports(name: str) -> None:
-    # Rendered for Chart.yaml's kubeVersion floor: no field an older API server refuses (recursiveReadOnly is 1.30's).
+@pytest.mark.parametrize(("name", "floor"), [(MAIN_FILE, "Kubernetes 1.27 to 1.29"),
+                                             ("scheduler-extender.yaml", "Kubernetes >= 1.27")])
+def test_the_main_manifests_apply_on_the_oldest_kubernetes_the_chart_supports(name: str, floor: str) -> None:
+    # Rendered for Chart.yaml's kubeVersion floor: no field an older API server refuses (recursiveReadOnly is
+    # 1.30's), and no ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1 is 1.30's).
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["kubeVersion"] == f">={MIN_KUBE_VERSION}-0" == f">={load_render_script().MIN_KUBE_VERSION}-0"
     text = (MANIFESTS / name).read_text()
-    assert f"Kubernetes >= {MIN_KUBE_VERSION.removesuffix('.0')}" in text.splitlines()[0]
+    assert floor in text.splitlines()[0]
     objects = [obj for obj in yaml.safe_load_all(text) if obj]
     assert objects
     for obj in objects:
         kv.validate(obj, MIN_KUBE_VERSION, strict=True)
     assert "recursiveReadOnly" not in text
+    assert "ValidatingAdmissionPolicy" not in [o["kind"] for o in objects]
 
 
-def test_main_manifest_has_no_admission_policy_and_policy_file_nothing_else() -> None:
-    main = [o["kind"] for o in yaml.safe_load_all((MANIFESTS / "gpu-labeller.yaml").read_text()) if o]
-    policy = [o["kind"] for o in yaml.safe_load_all((MANIFESTS / "validating-admission-policy.yaml").read_text()) if o]
-    assert "ValidatingAdmissionPolicy" not in main
-    assert policy == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+def test_the_1_27_manifest_names_the_1_30_one_for_later_clusters() -> None:
+    assert f"on >= 1.30 apply {MAIN_FILE_1_30}" in (MANIFESTS / MAIN_FILE).read_text().splitlines()[0]
+
+
+def host_mounts(ds: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(container, host path, its volume mount) for every hostPath mount of a DaemonSet."""
+    spec = ds["spec"]["template"]["spec"]
+    paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    return [(box["name"], paths[m["name"]], m) for box in spec["containers"] for m in box.get("volumeMounts", [])
+            if m["name"] in paths]
+
+
+def test_the_1_30_manifest_installs_the_policy_and_mounts_host_trees_read_only_all_the_way_down() -> None:
+    text = (MANIFESTS / MAIN_FILE_1_30).read_text()
+    assert "Kubernetes >= 1.30: with the ValidatingAdmissionPolicy" in text.splitlines()[0]
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    for obj in objects:
+        kv.validate(obj, POLICY_KUBE_VERSION, strict=True)
+    main = [o for o in yaml.safe_load_all((MANIFESTS / MAIN_FILE).read_text()) if o]
+    # the same objects as the 1.27 file, plus the labeller's Node policy and its binding
+    assert [f"{o['kind']}/{o['metadata']['name']}" for o in objects] == [
+        f"{o['kind']}/{o['metadata']['name']}" for o in main] + [
+        "ValidatingAdmissionPolicy/gpu-labeller-own-node-labels",
+        "ValidatingAdmissionPolicyBinding/gpu-labeller-own-node-labels"]
+    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    # /sys (both DaemonSets) and /dev (the device plugin): read-only down to every submount
+    read_only = [(box, path, m.get("recursiveReadOnly")) for ds in objects if ds["kind"] == "DaemonSet"
+                 for box, path, m in host_mounts(ds) if m.get("readOnly")]
+    assert {(box, path) for box, path, _ in read_only} >= {("labeller", "/sys"), ("device-plugin", "/sys"),
+                                                          ("device-plugin", "/dev")}
+    assert {recursive for _, _, recursive in read_only} == {"IfPossible"}
 
 
 def test_check_mode_reports_stale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -110,8 +145,9 @@ def test_dra_file_holds_only_the_dra_objects_and_uses_the_main_files_namespace_a
         "DeviceClass/gpu.nvidia.com", "DeviceClass/mig.nvidia.com", "DeviceClass/gpu.amd.com",
         "ValidatingAdmissionPolicy/gpu-labeller-dra-plugin-own-node-slices",
         "ValidatingAdmissionPolicyBinding/gpu-labeller-dra-plugin-own-node-slices"]
-    assert f"Kubernetes >= {DRA_KUBE_VERSION.removesuffix('.0')}; apply after gpu-labeller.yaml" in text.splitlines()[0]
-    main = [o for o in yaml.safe_load_all((MANIFESTS / "gpu-labeller.yaml").read_text()) if o]
+    assert (f"Kubernetes >= {DRA_KUBE_VERSION.removesuffix('.0')}; apply after {MAIN_FILE_1_30}"
+            in text.splitlines()[0])
+    main = [o for o in yaml.safe_load_all((MANIFESTS / MAIN_FILE_1_30).read_text()) if o]
     assert not [o for o in main if o["kind"] == "DeviceClass" or "dra" in o["metadata"]["name"]]
     (namespace,) = [o["metadata"]["name"] for o in main if o["kind"] == "Namespace"]
     (config_map,) = [o for o in main if o["kind"] == "ConfigMap"]
@@ -171,3 +207,34 @@ def test_a_values_file_the_chart_refuses_is_one_line(tmp_path: Path, capsys: pyt
     assert load_render_script().main(["--check", "-f", values]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"Error: {values}: ") and "dra.vendors: the chart does not write" in line
+
+
+def test_a_values_file_renders_for_the_cluster_version_given(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --kube-version as `helm template` (no cluster known: the default `auto` installs no policy);
+    with it, as `helm install` on a cluster of that version (its APIs and fields)."""
+    values = write_values(tmp_path / "values.yaml", {"labeller": {"events": {"enabled": True}}})
+    script = load_render_script()
+
+    def render(*extra: str) -> tuple[list[str], str]:
+        assert script.main(["-f", values, *extra]) == 0
+        out = capsys.readouterr().out
+        return [f"{o['kind']}/{o['metadata']['name']}" for o in yaml.safe_load_all(out) if o], out
+
+    offline, _ = render()
+    assert not [name for name in offline if name.startswith("ValidatingAdmissionPolicy")]
+    names, text = render("--kube-version", "1.34")
+    assert "ValidatingAdmissionPolicy/gpu-labeller-own-node-labels" in names
+    assert "recursiveReadOnly: IfPossible" in text
+    old, text = render("--kube-version", "v1.29.4")
+    assert not [name for name in old if name.startswith("ValidatingAdmissionPolicy")]
+    assert "recursiveReadOnly" not in text
+
+
+@pytest.mark.parametrize("argv", [["--kube-version", "1.x", "-f", "values.yaml"], ["--kube-version", "1.31"]])
+def test_a_bad_kube_version_or_one_without_values_is_refused(argv: list[str],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        load_render_script().main(argv)
+    assert exited.value.code == 2
+    assert "--kube-version" in capsys.readouterr().err

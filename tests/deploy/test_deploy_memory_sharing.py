@@ -1,6 +1,6 @@
 """Memory sharing in the chart: the device plugin gets pod access only when a named config shares by
-memory, and the optional ValidatingAdmissionPolicy limits its pod patches to pods on its own Node and
-to gpushare's annotations (its CEL evaluated as the API server would)."""
+memory, and the ValidatingAdmissionPolicy (on by default where the cluster serves it) limits its pod
+patches to pods on its own Node and to gpushare's annotations (its CEL evaluated as the API server would)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy import find, one, plugin_ds, render
+from tests.deploy import cluster, find, one, plugin_ds, render
 from tests.deploy.cel import Policy
 
 Obj = dict[str, Any]
@@ -41,10 +41,11 @@ def test_pod_access_only_when_a_named_config_shares_by_memory() -> None:
 
 
 def test_the_pod_policy_comes_only_with_memory_sharing_and_the_policy_switch() -> None:
-    assert find(render({**NAMED, "admissionPolicy": {"enabled": False}}), "ValidatingAdmissionPolicy") == []
-    assert [p["metadata"]["name"] for p in find(render({"admissionPolicy": {"enabled": True}}),
+    where = cluster("1.34.0")
+    assert find(render({**NAMED, "admissionPolicy": {"enabled": False}}, **where), "ValidatingAdmissionPolicy") == []
+    assert [p["metadata"]["name"] for p in find(render(**where),
                                                  "ValidatingAdmissionPolicy")] == ["gpu-labeller-own-node-labels"]
-    objects = render({**NAMED, "admissionPolicy": {"enabled": True}})
+    objects = render(NAMED, **where)
     policy = one(objects, "ValidatingAdmissionPolicy", "gpu-labeller-plugin-own-node-pods")
     assert policy["spec"]["failurePolicy"] == "Fail"
     binding = one(objects, "ValidatingAdmissionPolicyBinding", "gpu-labeller-plugin-own-node-pods")
@@ -53,7 +54,7 @@ def test_the_pod_policy_comes_only_with_memory_sharing_and_the_policy_switch() -
 
 @pytest.fixture(scope="module")
 def policy() -> Policy:
-    objects = render({**NAMED, "admissionPolicy": {"enabled": True}})
+    objects = render(NAMED, **cluster("1.34.0"))
     return Policy(one(objects, "ValidatingAdmissionPolicy", "gpu-labeller-plugin-own-node-pods")["spec"])
 
 

@@ -154,6 +154,7 @@ class Node:
         self.config.write_text(json.dumps({"version": "v1", "labeller": {"dra": {"vendors": vendors}}}))
         self.kubelet: subprocess.Popen[str] | None = None
         self.plugin: subprocess.Popen[str] | None = None
+        self.plugin_kubeconfig = cluster.kubeconfig  # the plugin's credentials (e2e_policy: its ServiceAccount's token)
 
     def start_kubelet(self) -> int:
         self.kubelet = subprocess.Popen(
@@ -168,7 +169,7 @@ class Node:
     def start_plugin(self) -> float:
         self.plugin = subprocess.Popen(
             [sys.executable, "-m", "labeller.cli", "--log-format", "json", "dra-plugin", "--simulate", self.profile,
-             "--config", str(self.config), "--node-name", self.name, "--kubeconfig", self.cluster.kubeconfig,
+             "--config", str(self.config), "--node-name", self.name, "--kubeconfig", self.plugin_kubeconfig,
              "--registry-dir", str(self.dir / "reg"), "--plugins-dir", str(self.dir / "plugins"),
              "--cdi-spec-dir", str(self.dir / "cdi"), "--metrics-port", "0", "--metrics-bind", "127.0.0.1"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(self.dir / "plugin.log").open("a"), text=True)

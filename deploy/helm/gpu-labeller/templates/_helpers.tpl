@@ -275,3 +275,26 @@ seccompProfile:
 {{- define "gpu-labeller.draDrivers" -}}
 {{- toJson (list "gpu.nvidia.com" "gpu.amd.com") -}}
 {{- end }}
+
+{{/* "true" when the ValidatingAdmissionPolicies are rendered (admissionPolicy.enabled). auto, the default:
+     where the cluster serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes >= 1.30).
+     true: always, and a cluster known not to serve it fails the render. false: never.
+     Helm knows what the cluster serves on install and upgrade: discovery lists every served kind
+     (apps/v1/DaemonSet among them). Offline (helm template, helm lint) it knows only group versions and
+     what --api-versions adds: auto renders no policy there unless --api-versions names the kind, and true
+     renders it as asked unless --kube-version is older than 1.30. */}}
+{{- define "gpu-labeller.admissionPolicy" -}}
+{{- $mode := .Values.admissionPolicy.enabled -}}
+{{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+{{- if eq (toString $mode) "auto" -}}
+{{- $served | toString -}}
+{{- else if $mode -}}
+{{- $discovered := .Capabilities.APIVersions.Has "apps/v1/DaemonSet" -}}
+{{- if or (and $discovered (not $served)) (semverCompare "<1.30-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "admissionPolicy.enabled is true but this cluster (Kubernetes %s) does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes >= 1.30): set admissionPolicy.enabled to auto or false, and see docs/security.md for what the components' tokens may do without it" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+true
+{{- else -}}
+false
+{{- end -}}
+{{- end }}
