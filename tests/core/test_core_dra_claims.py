@@ -32,13 +32,15 @@ DEVICE_CLASSES = {
 }
 EXPECTED = {  # example -> the built-in profiles where it can be allocated
     "h100-40gi": {"dgx-h100", "dgx-h100-4of8-shared"},
-    "any-40gi": {"dgx-h100", "dgx-h100-4of8-shared", "h100-pcie-driver-2part", "l40s-x4-mps", "mixed-l40s-mi210"},
+    "any-40gi": {"dgx-h100", "dgx-h100-4of8-shared", "h100-pcie-driver-2part", "hgx-h20", "l40s-x4-mps",
+                 "mixed-l40s-mi210", "p6-b200-mig-mixed"},
     "mig-1g-5gb": {"a100-mig-single", "dgx-a100-mig-mixed"},
     "two-partitions-one-gpu": {"mi300x-x8-cpx", "mi300x-x8-cpx-mixed"},
     "four-gpus-one-numa-node": {"mi300x-x8-spx"},
-    "datacenter-gpu": {"dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared", "h100-pcie-driver-2part",
-                       "l40s-x4-mps", "mixed-l40s-mi210", "t4-time-slicing", "t4-x4-gpushare"},
-    "two-gpus-one-pcie-root": {"dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared", "t4-x4-gpushare"},
+    "datacenter-gpu": {"dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared", "h100-pcie-driver-2part", "hgx-h20",
+                       "l40s-x4-mps", "mixed-l40s-mi210", "p6-b200-mig-mixed", "t4-time-slicing", "t4-x4-gpushare"},
+    "two-gpus-one-pcie-root": {"dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared", "hgx-h20", "p6-b200-mig-mixed",
+                               "t4-x4-gpushare"},
 }
 
 _SUFFIXES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30,

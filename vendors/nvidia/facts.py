@@ -1,5 +1,5 @@
-"""NVIDIA facts, defined once: PCI ids and classes, MIG instance profiles, how they are named and
-where they sit.
+"""NVIDIA facts, defined once: PCI ids and classes, MIG instance profiles and how they are named
+(which profiles each GPU has, and where they sit: ``vendors.nvidia.migtable``).
 
 Read by the NVML backend, the label rules, the device groups and the simulated NVML alike.
 """
@@ -51,25 +51,6 @@ COMPUTE_INSTANCE_PROFILES: dict[str, int] = {
     "7_SLICE": 7,
     "8_SLICE": 8,
 }
-# Where a GPU instance of each profile may sit on the GPUs with eight memory slices (A100 40 and
-# 80 GB, H100, H200): GPU-instance profile (as above) -> (the profile id NVML gives, memory slices it
-# occupies, the memory slices it may start at). Profiles not listed are not profiles of these GPUs.
-# Source: NVIDIA Multi-Instance GPU User Guide (docs.nvidia.com/datacenter/tesla/mig-user-guide,
-# r580), "Getting Started with MIG": `nvidia-smi mig -lgip` (ids: 1g.5gb 19, 1g.5gb+me 20, 1g.10gb
-# 15, 2g.10gb 14, 3g.20gb 9, 4g.20gb 5, 7g.40gb 0) and `nvidia-smi mig -lgipp` ("{starts}:size") on an
-# A100-SXM4-40GB; its H100 and H200 tables have the same profiles and fractions of memory, and
-# `-lgipp` on an H100 NVL prints the same placements (Colfax Research, "Sharing NVIDIA GPUs at the
-# System Level", 2024).
-MIG_PLACEMENTS: dict[str, tuple[int, int, tuple[int, ...]]] = {
-    "1_SLICE": (19, 1, (0, 1, 2, 3, 4, 5, 6)),
-    "1_SLICE_REV1": (20, 1, (0, 1, 2, 3, 4, 5, 6)),
-    "1_SLICE_REV2": (15, 2, (0, 2, 4, 6)),
-    "2_SLICE": (14, 2, (0, 2, 4)),
-    "3_SLICE": (9, 4, (0, 4)),
-    "4_SLICE": (5, 4, (0,)),
-    "7_SLICE": (0, 8, (0,)),
-}
-MIG_PLACEMENT_PRODUCTS = ("A100", "H100", "H200")  # in NVML's name of the GPUs the table is for
 
 
 def gpu_instance_profiles(nvml: ModuleType) -> dict[int, tuple[int, str]]:
@@ -83,12 +64,6 @@ def compute_instance_profiles(nvml: ModuleType) -> dict[int, int]:
     return {getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_" + name): slices
             for name, slices in COMPUTE_INSTANCE_PROFILES.items()
             if hasattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_" + name)}
-
-
-def gpu_instance_placements(nvml: ModuleType) -> dict[int, tuple[int, int, tuple[int, ...]]]:
-    """NVML's GPU-instance profile index -> (profile id, size, starts) of ``MIG_PLACEMENTS``."""
-    return {getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_" + name): value
-            for name, value in MIG_PLACEMENTS.items() if hasattr(nvml, "NVML_GPU_INSTANCE_PROFILE_" + name)}
 
 
 def mig_memory_gb(memory_mib: int, parent_total_bytes: int) -> int:
