@@ -133,6 +133,9 @@ class SlicePublisher:
         self._drivers: set[str] = set()  # every driver published by this process, until its slices are gone
         self._live: dict[str, Obj] = {}  # slice name -> the slice on this node, as last seen
         self._listed = False
+        # resourceVersions that say a slice absent from ``_live`` is gone: its deletion, the last list
+        self._deleted_at: dict[str, int] = {}
+        self._listed_at = 0
         self._echo: dict[str, tuple[Any, Any]] = {}  # slice name -> (content written, content the server kept)
         self._generations: dict[str, int] = {}  # driver -> the pool generation this process last wrote
         self._repairing: dict[str, str] = {}  # driver -> why its pool is being started again, until written
@@ -160,6 +163,8 @@ class SlicePublisher:
         with self._lock:
             self._live = {_name(obj): obj for obj in items}
             self._listed = True
+            self._listed_at = int(resource_version) if resource_version.isdigit() else 0
+            self._deleted_at.clear()
             self._changes += 1
         self._wake.set()
 
@@ -168,6 +173,7 @@ class SlicePublisher:
         with self._lock:
             current = self._live.get(name)
             if kind == "DELETED":
+                self._deleted_at[name] = max(self._deleted_at.get(name, 0), _rv(obj))
                 if current is not None and _rv(obj) >= _rv(current):
                     del self._live[name]
             elif current is None or _rv(obj) > _rv(current):
@@ -339,10 +345,13 @@ class SlicePublisher:
         return answer
 
     def _remember(self, written: Obj, answer: Obj) -> None:
-        """The server's answer to a write is the newest view of that slice."""
+        """The server's answer to a write is the newest view of that slice, unless the watch already
+        told of something newer: a later change, or its deletion (someone deleted it as soon as it was
+        written, and the watch was quicker than the answer)."""
         name = _name(written)
         with self._lock:
             current = self._live.get(name)
-            if current is None or _rv(answer) > _rv(current):
+            newest = _rv(current) if current is not None else max(self._deleted_at.get(name, 0), self._listed_at)
+            if _rv(answer) > newest:
                 self._live[name] = answer
             self._echo[name] = (content(written["spec"]), content(answer.get("spec") or {}))

@@ -99,6 +99,26 @@ def test_a_slice_deleted_by_someone_else_is_written_again(api: FakeApiServer, dr
         assert generation(run) == 2
 
 
+def test_a_slice_deleted_before_the_answer_to_its_write_comes_is_written_again(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch can tell of a deletion before the plugin reads the answer to its write of the slice:
+    that older answer must not bring the slice back into the plugin's view."""
+    update = Kube.update_resource_slice
+
+    def deleted_at_once(kube: Kube, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = update(kube, name, body)
+        if api.slices(NODE):
+            api.delete_slice(name)
+            wait_for(lambda: name not in {s["metadata"]["name"] for s in run.plugin.publisher.live()})
+        return answer
+
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        before = run.slices(NVIDIA)
+        monkeypatch.setattr(Kube, "update_resource_slice", deleted_at_once)
+        edit(api, before[0]["metadata"]["name"], 1)
+        wait_for(lambda: ours_again(run, before, 3) and run.plugin.ready)
+
+
 def test_an_unhealthy_gpu_leaves_the_slice_and_comes_back(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                           dirs: Dirs) -> None:
     with simulated_plugin(api, drakubelet, dirs, "dgx-h100", recovery_seconds=0.5) as run:
