@@ -11,6 +11,15 @@ watch) keeps a live view of them, and a worker thread compares it with what is w
   resourceVersion) with the pool's generation bumped past any live one, and the pool's other slices
   on this node are deleted (a uid precondition: never one that someone created again meanwhile).
 
+Generations only compare within the live pool (the scheduler takes the slices of its highest
+generation), and the API keeps them in an int64. So the generation written is one past both the live
+ones and the last one this process wrote, unless that would pass 2^63-1: then one past the live ones
+(a pool someone deleted starts again from 1). A pool that cannot be bumped, because a live slice holds
+2^63-1 or because the server refuses a write for good (400: it cannot decode it; 422: invalid), is
+started again: its slices on this node are deleted (uid preconditions) and it is written from
+generation 1, with one warning per such repair (``reason``: generation-exhausted, write-refused).
+A transient failure (5xx, 429, no answer) is only retried.
+
 So stale slices of a driver for this node are replaced at start, an external delete (a kubelet that
 starts deletes its node's slices) is repaired as soon as the watch says so, a driver published
 before and not now has its slices removed, and slices of other drivers or nodes are never touched.
@@ -43,6 +52,8 @@ log = structlog.get_logger(__name__)
 Obj = dict[str, Any]
 SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
 
+INT64_MAX = 2**63 - 1  # the largest pool generation the API can hold
+REFUSED = (400, 422)  # answers that say the same request will never be accepted
 
 
 class SliceApi(Protocol):
@@ -122,8 +133,13 @@ class SlicePublisher:
         self._drivers: set[str] = set()  # every driver published by this process, until its slices are gone
         self._live: dict[str, Obj] = {}  # slice name -> the slice on this node, as last seen
         self._listed = False
+        # resourceVersions that say a slice absent from ``_live`` is gone: its deletion, the last list
+        self._deleted_at: dict[str, int] = {}
+        self._listed_at = 0
         self._echo: dict[str, tuple[Any, Any]] = {}  # slice name -> (content written, content the server kept)
-        self._generations: dict[str, int] = {}
+        self._generations: dict[str, int] = {}  # driver -> the pool generation this process last wrote
+        self._repairing: dict[str, str] = {}  # driver -> why its pool is being started again, until written
+        self._started_again: set[str] = set()  # drivers whose pool was deleted for that, until written
         self._changes = 0  # grows with every publish and every change seen; reconciling catches up with it
         self._reconciled = -1
         self._worker: threading.Thread | None = None
@@ -147,6 +163,8 @@ class SlicePublisher:
         with self._lock:
             self._live = {_name(obj): obj for obj in items}
             self._listed = True
+            self._listed_at = int(resource_version) if resource_version.isdigit() else 0
+            self._deleted_at.clear()
             self._changes += 1
         self._wake.set()
 
@@ -155,6 +173,7 @@ class SlicePublisher:
         with self._lock:
             current = self._live.get(name)
             if kind == "DELETED":
+                self._deleted_at[name] = max(self._deleted_at.get(name, 0), _rv(obj))
                 if current is not None and _rv(obj) >= _rv(current):
                     del self._live[name]
             elif current is None or _rv(obj) > _rv(current):
@@ -244,12 +263,46 @@ class SlicePublisher:
         return all(self._matches(s, live[_name(s)]) for s in wanted)
 
     def _reconcile_pool(self, driver: str, wanted: list[Obj], live: dict[str, Obj]) -> None:
-        from labeller.cluster.kube import NotFound
+        from labeller.cluster.kube import KubeError
 
         if self._in_sync(wanted, live):
+            self._written(driver)
             return
-        generation = max([_generation(s) for s in live.values()] + [self._generations.get(driver, 0)]) + 1
-        self._generations[driver] = generation
+        top = max((_generation(s) for s in live.values()), default=0)
+        if top >= INT64_MAX:
+            live = self._start_again(driver, "generation-exhausted", generation=top)
+        try:
+            self._write_pool(driver, wanted, live)
+        except KubeError as exc:
+            if exc.status not in REFUSED or not live or driver in self._started_again:
+                raise  # transient, or refused with no old slice in the way (what we write is wrong): retried
+            self._write_pool(driver, wanted, self._start_again(driver, "write-refused", error=str(exc)))
+
+    def _start_again(self, driver: str, reason: str, **why: Any) -> dict[str, Obj]:
+        """Delete every slice of ``driver``'s pool on this node and forget its generation, so that it is
+        written again from 1; the pool as now seen (nothing). Says why once per repair, not per retry."""
+        if self._repairing.get(driver) != reason:
+            log.warning("ResourceSlice pool cannot be bumped: deleting its slices and publishing it again "
+                        "from generation 1", reason=reason, driver=driver, node=self.node_name, **why)
+            self._repairing[driver] = reason
+        with self._lock:
+            pool = {name: s for name, s in self._live.items() if (s.get("spec") or {}).get("driver") == driver}
+        self._delete(pool)
+        self._generations[driver] = 0
+        self._started_again.add(driver)
+        return {}
+
+    def _written(self, driver: str) -> None:
+        """The pool is as published: a repair under way is over."""
+        self._repairing.pop(driver, None)
+        self._started_again.discard(driver)
+
+    def _write_pool(self, driver: str, wanted: list[Obj], live: dict[str, Obj]) -> None:
+        """Write ``wanted`` at a generation past every live one, and delete the pool's other slices."""
+        top = max((_generation(s) for s in live.values()), default=0)
+        generation = max(top, self._generations.get(driver, 0)) + 1
+        if generation > INT64_MAX:  # only ever what this process wrote before and is gone: it no longer counts
+            generation = top + 1
         for slice_ in wanted:
             body = copy.deepcopy(slice_)
             body["spec"]["pool"]["generation"] = generation
@@ -260,18 +313,27 @@ class SlicePublisher:
                 body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
                 answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body), body))
             self._remember(body, answer)
-        for name in sorted(set(live) - {_name(s) for s in wanted}):
+        self._generations[driver] = generation  # only once written: a refused write takes no generation
+        names = {_name(s) for s in wanted}
+        stale = {name: s for name, s in live.items() if name not in names}
+        self._delete(stale)
+        self._written(driver)
+        log.info("ResourceSlices published", driver=driver, node=self.node_name, generation=generation,
+                 slices=len(wanted), devices=sum(len(s["spec"]["devices"]) for s in wanted), removed=len(stale))
+
+    def _delete(self, slices: dict[str, Obj]) -> None:
+        """Delete these slices, each only while it is the one seen (a uid precondition)."""
+        from labeller.cluster.kube import NotFound
+
+        for name in sorted(slices):
             try:
                 self._write("delete", functools.partial(self.api.delete_resource_slice, name,
-                                                        live[name]["metadata"].get("uid")))
+                                                        slices[name]["metadata"].get("uid")))
             except NotFound:
                 pass
             with self._lock:
                 self._live.pop(name, None)
                 self._echo.pop(name, None)
-        log.info("ResourceSlices published", driver=driver, node=self.node_name, generation=generation,
-                 slices=len(wanted), devices=sum(len(s["spec"]["devices"]) for s in wanted),
-                 removed=len(set(live) - {_name(s) for s in wanted}))
 
     def _write(self, verb: str, call: Callable[[], Any]) -> Any:
         try:
@@ -283,10 +345,13 @@ class SlicePublisher:
         return answer
 
     def _remember(self, written: Obj, answer: Obj) -> None:
-        """The server's answer to a write is the newest view of that slice."""
+        """The server's answer to a write is the newest view of that slice, unless the watch already
+        told of something newer: a later change, or its deletion (someone deleted it as soon as it was
+        written, and the watch was quicker than the answer)."""
         name = _name(written)
         with self._lock:
             current = self._live.get(name)
-            if current is None or _rv(answer) > _rv(current):
+            newest = _rv(current) if current is not None else max(self._deleted_at.get(name, 0), self._listed_at)
+            if _rv(answer) > newest:
                 self._live[name] = answer
             self._echo[name] = (content(written["spec"]), content(answer.get("spec") or {}))

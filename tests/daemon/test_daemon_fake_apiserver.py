@@ -3,6 +3,7 @@ labeller.cluster.kube and the official client."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,40 @@ def test_the_403_message_names_the_configured_user(api: FakeApiServer, kube: Kub
     with pytest.raises(Forbidden) as forbidden:
         kube.list_node_names()
     assert forbidden.value.message.startswith('nodes is forbidden: User "system:serviceaccount:')
+
+
+def slice_body(name: str, generation: Any, attributes: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": "gpu.example.com", "nodeName": NODE, "devices": [{"name": "gpu-0", **(
+                {"attributes": attributes} if attributes else {})}],
+                     "pool": {"name": NODE, "generation": generation, "resourceSliceCount": 1}}}
+
+
+def test_a_resource_slice_number_outside_int64_is_400_as_on_a_real_server(api: FakeApiServer, kube: Kube) -> None:
+    """As kube-apiserver v1.34.2 answers a create or update it cannot decode into the Go type (seen on
+    shared/k8s-dra), before any validation: a generation past 2^63-1 can never be written."""
+    cannot = 'ResourceSlice in version "v1" cannot be handled as a ResourceSlice: json: cannot unmarshal '
+    largest = kube.create_resource_slice(slice_body("s1", 2**63 - 1))
+    assert largest["spec"]["pool"]["generation"] == 2**63 - 1
+    too_big = {**largest, "spec": {**largest["spec"], "pool": {**largest["spec"]["pool"], "generation": 2**63}}}
+    for write in (functools.partial(kube.update_resource_slice, "s1", too_big),
+                  functools.partial(kube.create_resource_slice, slice_body("s2", 2**63))):
+        with pytest.raises(KubeError) as refused:
+            write()
+        assert (refused.value.status, refused.value.reason, refused.value.message) == (
+            400, "BadRequest", cannot + "number 9223372036854775808 into Go struct field "
+                                        "ResourcePool.spec.pool.generation of type int64")
+    pool_generation = "Go struct field ResourcePool.spec.pool.generation"
+    for body, what in [(slice_body("s3", "1"), f"string into {pool_generation}"),
+                       (slice_body("s4", -2**63 - 1), f"number -9223372036854775809 into {pool_generation}"),
+                       (slice_body("s5", 1, {"x": {"int": 2**63}}),
+                        "number 9223372036854775808 into Go struct field DeviceAttribute.spec.devices.attributes.int")]:
+        with pytest.raises(KubeError, match="^400 BadRequest: " + re.escape(cannot + what + " of type int64")):
+            kube.create_resource_slice(body)
+    with pytest.raises(KubeError) as invalid:  # in range, but not valid: 422
+        kube.create_resource_slice(slice_body("s6", -1))
+    assert invalid.value.status == 422 and ("spec.pool.generation: Invalid value: -1: must be greater than or equal "
+                                            "to zero") in invalid.value.message
+    assert kube.create_resource_slice(slice_body("s7", None))["spec"]["pool"]["generation"] == 0  # Go's zero value
+    assert sorted(s["metadata"]["name"] for s in api.slices()) == ["s1", "s7"]
+    assert api.slices()[0]["spec"]["pool"]["generation"] == 2**63 - 1

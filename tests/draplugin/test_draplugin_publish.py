@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from labeller.cluster.kube import Kube
 from labeller.draplugin.metrics import DraMetrics
@@ -24,6 +25,9 @@ from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, dra_confi
 from tests.fakes.apiserver import Fault, FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.plugin.profile_files import l40s_node, write_yaml
+
+
+INT64_MAX = 2**63 - 1  # the API keeps a pool's generation in an int64
 
 
 def generation(run: Running, driver: str = NVIDIA) -> int:
@@ -93,6 +97,26 @@ def test_a_slice_deleted_by_someone_else_is_written_again(api: FakeApiServer, dr
         api.delete_slice(slice_["metadata"]["name"])  # a kubelet that starts deletes its node's slices
         assert published_within(run, lambda: len(run.devices()) == 8) < AT_ONCE_S
         assert generation(run) == 2
+
+
+def test_a_slice_deleted_before_the_answer_to_its_write_comes_is_written_again(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch can tell of a deletion before the plugin reads the answer to its write of the slice:
+    that older answer must not bring the slice back into the plugin's view."""
+    update = Kube.update_resource_slice
+
+    def deleted_at_once(kube: Kube, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = update(kube, name, body)
+        if api.slices(NODE):
+            api.delete_slice(name)
+            wait_for(lambda: name not in {s["metadata"]["name"] for s in run.plugin.publisher.live()})
+        return answer
+
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        before = run.slices(NVIDIA)
+        monkeypatch.setattr(Kube, "update_resource_slice", deleted_at_once)
+        edit(api, before[0]["metadata"]["name"], 1)
+        wait_for(lambda: ours_again(run, before, 3) and run.plugin.ready)
 
 
 def test_an_unhealthy_gpu_leaves_the_slice_and_comes_back(api: FakeApiServer, drakubelet: FakeDraKubelet,
@@ -178,6 +202,99 @@ def test_slices_are_written_again_once_the_api_answers(api: FakeApiServer, draku
         answered = time.monotonic()
         wait_for(lambda: len(run.devices()) == 7)
         assert time.monotonic() - answered < AT_ONCE_S  # about a second on a quiet machine
+
+
+def edit(api: FakeApiServer, name: str, pool_generation: int) -> None:
+    """What someone with write access to ResourceSlices does (``kubectl edit``): the pool's generation
+    set, and an attribute of the first device changed."""
+    body = api.resource_slices.get("", name)
+    body["spec"]["pool"]["generation"] = pool_generation
+    body["spec"]["devices"][0]["attributes"]["productName"] = {"string": "edited"}
+    api.resource_slices.replace("", name, body)
+
+
+def ours_again(run: Running, before: list[Any], pool_generation: int) -> bool:
+    """The node's slices of NVIDIA's driver say what the plugin published (``before``), at this generation."""
+    slices = run.slices(NVIDIA)
+    return ([s["spec"]["devices"] for s in slices] == [s["spec"]["devices"] for s in before]
+            and {s["spec"]["pool"]["generation"] for s in slices} == {pool_generation})
+
+
+def repairs(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
+    """The plugin's warnings that it starts a pool again."""
+    return [entry for entry in logs if entry.get("reason") in ("generation-exhausted", "write-refused")]
+
+
+def test_a_pool_generation_of_int64_max_is_published_again_from_1(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                                   dirs: Dirs) -> None:
+    """No generation can follow 2^63-1 (the server cannot decode 2^63): the plugin deletes its pool's
+    slices and publishes from generation 1, and says why once, however often its deletes must be retried."""
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run, structlog.testing.capture_logs() as logs:
+        before = run.slices(NVIDIA)
+        api.faults.add(Fault(verb="delete", resource="resourceslices", status=503, times=2))
+        since = time.monotonic()
+        edit(api, before[0]["metadata"]["name"], INT64_MAX)
+        wait_for(lambda: ours_again(run, before, 1) and run.plugin.ready)
+        assert api.log.count("delete", "resourceslices", since) == 3  # two refused with 503, then done
+        (repair,) = repairs(logs)
+        assert (repair["reason"], repair["driver"], repair["generation"]) == ("generation-exhausted", NVIDIA,
+                                                                              INT64_MAX)
+
+
+def test_a_slice_deleted_while_the_plugin_remembers_int64_max_is_written_again(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    """Generations compare only within the live pool: with none of its slices left, the generation
+    the plugin wrote last does not count when it cannot be bumped."""
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        before = run.slices(NVIDIA)
+        name = before[0]["metadata"]["name"]
+        edit(api, name, INT64_MAX - 1)
+        wait_for(lambda: ours_again(run, before, INT64_MAX))  # the plugin bumped it to the last generation there is
+        api.delete_slice(name)
+        wait_for(lambda: ours_again(run, before, 1) and run.plugin.ready)
+
+
+def test_an_update_the_server_keeps_refusing_starts_the_pool_again(api: FakeApiServer, drakubelet: FakeDraKubelet,
+                                                                    dirs: Dirs) -> None:
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run, structlog.testing.capture_logs() as logs:
+        before = run.slices(NVIDIA)
+        api.faults.add(Fault(verb="update", resource="resourceslices", status=422))
+        edit(api, before[0]["metadata"]["name"], 5)
+        wait_for(lambda: ours_again(run, before, 1) and run.plugin.ready)
+        assert [entry["reason"] for entry in repairs(logs)] == ["write-refused"]
+
+
+def test_a_pool_the_server_refuses_even_afresh_is_deleted_once_and_retried(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    """When the new slices are refused too, what the plugin writes is wrong, not the old pool: it is
+    retried after a backoff, and neither deleted nor logged again."""
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run, structlog.testing.capture_logs() as logs:
+        before = run.slices(NVIDIA)
+        refusals = [api.faults.add(Fault(verb=verb, resource="resourceslices", status=422))
+                    for verb in ("update", "create")]
+        since = time.monotonic()
+        edit(api, before[0]["metadata"]["name"], 5)
+        wait_for(lambda: api.log.count("create", "resourceslices", since) >= 3)
+        assert api.log.count("delete", "resourceslices", since) == 1 and run.slices(NVIDIA) == []
+        assert not run.plugin.ready and len(repairs(logs)) == 1
+        for fault in refusals:
+            api.faults.active.remove(fault)
+        wait_for(lambda: ours_again(run, before, 1) and run.plugin.ready)
+        assert api.log.count("delete", "resourceslices", since) == 1
+
+
+def test_a_transient_error_starts_nothing_again(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    """A server that fails for a while (5xx) is retried after a backoff: nothing is deleted."""
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run, structlog.testing.capture_logs() as logs:
+        before = run.slices(NVIDIA)
+        outage = api.faults.add(Fault(verb="update", resource="resourceslices", status=503))
+        since = time.monotonic()
+        edit(api, before[0]["metadata"]["name"], 5)
+        wait_for(lambda: api.log.count("update", "resourceslices", since) >= 3)  # refused, retried, refused again
+        assert not run.plugin.ready and len(run.slices(NVIDIA)) == 1
+        api.faults.active.remove(outage)
+        wait_for(lambda: ours_again(run, before, 6) and run.plugin.ready)  # bumped past 5, not started again
+        assert api.log.count("delete", "resourceslices", since) == 0 and repairs(logs) == []
 
 
 @pytest.mark.parametrize("profile", ["dgx-h100", "mi300x-x8-cpx"])

@@ -23,6 +23,15 @@ Four nodes, each a drakubelet and a ``gpu-labeller dra-plugin`` on a simulated p
    unprepare after the restart succeeds); the plugin SIGKILLed between prepare and unprepare (the
    unprepare after its restart succeeds, nothing leaks); the API server restarted (the slices are
    there and right once it answers).
+5. A pool generation of 2^63-1 on dra-h100: the real API server refuses 2^63 (400), so after someone
+   sets our slice's generation to 2^63-1 and edits an attribute, the plugin deletes the pool and
+   publishes it again from generation 1 (/readyz 200 within 2 s of that, one warning saying why); the
+   same after the plugin itself wrote 2^63-1 and the slice was deleted; the scheduler then allocates
+   from the pool published again.
+
+The control plane runs with ``DRA_STATE`` (default: a folder in the run's temporary folder) and the
+ports of ``DRA_API_PORT``, ``DRA_ETCD_PORT``, ``DRA_ETCD_PEER_PORT``, ``DRA_SCHED_PORT`` and
+``DRA_KCM_PORT`` when set (``up.sh`` reads them), so that two copies can run side by side.
 
 Prints each check and the figures; exits with 1 when a check fails.
 """
@@ -34,10 +43,13 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +70,7 @@ NODES = {  # node -> (profile, vendors served through DRA)
     "dra-amd": ("mi300x-x8-cpx", ["amd"]),
     "dra-mixed": ("mixed-l40s-mi210", ["nvidia", "amd"]),
 }
+INT64_MAX = 2**63 - 1  # the largest pool generation the API can hold
 DEVICE_CLASSES = [
     ("gpu.nvidia.com", 'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"'),
     ("mig.nvidia.com", 'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "mig"'),
@@ -115,6 +128,7 @@ class Cluster:
                       if "=" in line and not line.startswith("#"))
         self.kubeconfig = values.get("KUBECONFIG", str(self.state / "kubeconfig")).strip("'\"")
         self.bin = Path(values.get("DRA_BIN", "/tmp/gpu-labeller-dra-bin").strip("'\""))
+        self.api_port = int(values.get("DRA_API_PORT", "7443").strip("'\""))
 
     def down(self) -> None:
         subprocess.run([str(self.k8s_dra / "down.sh"), "--wipe"], env=self.env, check=False,
@@ -129,6 +143,20 @@ class Cluster:
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
         self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+
+    def raw(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """One request as the admin user, with what the server answered: its status code and body."""
+        pki = self.state / "pki"
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"https://127.0.0.1:{self.api_port}{path}", data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+                return int(answer.status), json.loads(answer.read())
+        except urllib.error.HTTPError as refused:
+            return int(refused.code), json.loads(refused.read())
 
     def slices(self, node: str) -> list[dict[str, Any]]:
         items = self.json("get", "resourceslices")["items"]
@@ -183,6 +211,20 @@ class Node:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+    def log(self) -> list[Event]:
+        """The plugin's log lines (every run of it on this node)."""
+        lines = (self.dir / "plugin.log").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def ready(self) -> bool:
+        """The plugin's /readyz (on the port its latest run logged) answers 200."""
+        port = [e["port"] for e in self.log() if e.get("event") == "metrics server listening"][-1]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+                return int(answer.status) == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def spec_files(self) -> list[Path]:
         return sorted((self.dir / "cdi").glob("*.json"))
@@ -383,6 +425,63 @@ def scenario_faults(cluster: Cluster, node: Node) -> None:
         figure(f"slice deleted by hand after the API server restart -> written again in {rewritten:.2f} s")
 
 
+def scenario_generation_exhausted(cluster: Cluster, node: Node) -> None:
+    print("5. a pool generation of 2^63-1: the pool is published again from generation 1", flush=True)
+    ours = cluster.slices(node.name)
+    devices = [s["spec"]["devices"] for s in ours]
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    too_big = {**ours[0], "metadata": {"name": "gpu-labeller-e2e-too-big"},
+               "spec": {**ours[0]["spec"], "pool": {**ours[0]["spec"]["pool"], "generation": INT64_MAX + 1}}}
+    code, answer = cluster.raw("POST", path, too_big)
+    check(code == 400 and answer.get("reason") == "BadRequest" and "cannot unmarshal number 9223372036854775808"
+          in answer.get("message", ""), f"the API refuses a generation of 2^63: {code} {answer.get('reason')}: "
+          f"{answer.get('message')}")
+
+    def published_again(generation: int) -> bool:
+        now = cluster.slices(node.name)
+        return ([s["spec"]["devices"] for s in now] == devices
+                and {s["spec"]["pool"]["generation"] for s in now} == {generation})
+
+    def edit(generation: int) -> float:
+        """What someone with write access does (kubectl edit): the pool's generation and an attribute."""
+        (slice_,) = cluster.slices(node.name)
+        slice_["spec"]["pool"]["generation"] = generation
+        slice_["spec"]["devices"][0]["attributes"]["productName"] = {"string": "edited"}
+        cluster.kubectl("replace", "-f", "-", stdin=json.dumps(slice_))
+        return time.monotonic()
+
+    def repaired(what: str, edited: float) -> None:
+        if wait(lambda: published_again(1), 30) is None:
+            check(False, f"{what}: our devices published again at generation 1")
+            return
+        back = time.monotonic() - edited
+        check(True, f"{what}: our devices published again at generation 1")
+        ready = wait(node.ready, 10)
+        check(ready is not None and ready <= 2.0, f"{what}: /readyz 200 within 2 s of that ({ready})")
+        if ready is not None:
+            figure(f"{what} -> published again in {back:.2f} s, /readyz 200 {ready:.2f} s later (budget 2 s)")
+
+    warned = len([e for e in node.log() if e.get("reason") == "generation-exhausted"])
+    repaired("generation set to 2^63-1 and an attribute edited", edit(INT64_MAX))
+    warnings = [e for e in node.log() if e.get("reason") == "generation-exhausted"][warned:]
+    check(len(warnings) == 1 and warnings[0].get("generation") == INT64_MAX,
+          f"one warning says why: {[(e.get('event'), e.get('reason'), e.get('generation')) for e in warnings]}")
+    edit(INT64_MAX - 1)
+    check(wait(lambda: published_again(INT64_MAX), 30) is not None,
+          "an edit at 2^63-2 is written back at 2^63-1 (the last generation there is)")
+    (slice_,) = cluster.slices(node.name)
+    cluster.kubectl("delete", "resourceslice", slice_["metadata"]["name"])
+    repaired("the slice the plugin wrote at 2^63-1 deleted", time.monotonic())
+    since = node.events.mark()
+    cluster.apply([pod("after-repair-pod", {"gpu": "h100-40gi"})])
+    event = prepared(node, "after-repair-pod", since)
+    results_ = allocated_devices(cluster, "after-repair-pod")
+    check(event is not None and event["error"] == "" and [r["pool"] for r in results_] == [node.name],
+          f"the scheduler allocates from the pool published again: {[r['device'] for r in results_]}, prepared")
+    gone = delete_pod(cluster, node, "after-repair-pod", since)
+    check(gone is not None and gone["error"] == "", "and it is unprepared")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k8s-dra", type=Path, default=ROOT.parent / "shared" / "k8s-dra")
@@ -391,7 +490,7 @@ def main() -> int:
         print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")
         return 0
     work = Path(tempfile.mkdtemp(prefix="gld-", dir="/tmp"))
-    cluster = Cluster(args.k8s_dra, work / "state")
+    cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
     nodes: dict[str, Node] = {}
     try:
         cluster.up()
@@ -413,6 +512,7 @@ def main() -> int:
         scenario_unsatisfiable(cluster, nodes["dra-h100"])
         scenario_mig_amd_mixed(cluster, nodes)
         scenario_faults(cluster, nodes["dra-h100"])
+        scenario_generation_exhausted(cluster, nodes["dra-h100"])
     finally:
         for node in nodes.values():
             node.stop(node.plugin)

@@ -8,8 +8,9 @@ with field and label selectors and pages, metadata merge patches with a resource
 precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature objects, Events, and
 ``resource.k8s.io/v1`` ResourceSlices (create, get, list and watch with field selectors on
 ``spec.nodeName`` and ``spec.driver``, update with a resourceVersion precondition, delete with a uid
-precondition; the API's validation of what a driver writes) and ResourceClaims (create, get, and
-``set_claim_allocation`` as the scheduler writes ``status.allocation``).
+precondition; the API's decoding (400 for a number outside int64) and validation of what a driver
+writes) and ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes
+``status.allocation``).
 Faults are injected on demand: RBAC 403, 5xx, slow answers and dropped connections. Every request
 is logged and counted by verb.
 
@@ -447,11 +448,16 @@ class ObjectStore:
     def defaults(self, obj: Obj) -> None:
         """Fields the server fills in at create."""
 
+    def decode(self, obj: Obj) -> None:
+        """The server's decoding of a request body (a copy, changed in place) into its Go type, before
+        anything else: ApiError 400 when a value does not fit its field."""
+
     def validate(self, obj: Obj) -> None:
         """The server's validation of a created or replaced object: ApiError 422 when it is invalid."""
 
     def create(self, namespace: str, body: Obj) -> Obj:
         obj = copy.deepcopy(body)
+        self.decode(obj)
         metadata = obj.setdefault("metadata", {})
         name = metadata.get("name")
         if not name:
@@ -508,6 +514,8 @@ class ObjectStore:
                            stale_rv=str(stale) if stale is not None else None)
 
     def replace(self, namespace: str, name: str, body: Obj) -> Obj:
+        body = copy.deepcopy(body)
+        self.decode(body)
         sent = (body.get("metadata") or {}).get("resourceVersion")
 
         def swap(obj: Obj) -> None:
@@ -584,17 +592,35 @@ SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?
 QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
 
 
+INT64 = range(-2**63, 2**63)
+
+
+def unmarshal_error(kind: str, value: Any, go_field: str, go_type: str = "int64") -> ApiError:
+    """What a real server answers for a body whose ``value`` does not fit a field (``go_field`` as
+    encoding/json names it: the Go struct, then the JSON path); seen on v1.34.2:
+    ``json: cannot unmarshal number 9223372036854775808 into Go struct field
+    ResourcePool.spec.pool.generation of type int64``."""
+    if isinstance(value, bool):
+        what = "bool"
+    elif isinstance(value, (int, float)):
+        what = f"number {json.dumps(value)}"
+    else:
+        what = "string" if isinstance(value, str) else "array" if isinstance(value, list) else "object"
+    return ApiError(400, "BadRequest", f'{kind} in version "v1" cannot be handled as a {kind}: json: cannot '
+                    f"unmarshal {what} into Go struct field {go_field} of type {go_type}")
+
+
 def invalid(kind: str, name: str, problems: list[str]) -> ApiError:
     return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {"; ".join(problems)}',
                     {"name": name, "kind": kind, "causes": [{"message": p} for p in problems]})
 
 
 class SliceStore(ObjectStore):
-    """ResourceSlices (``resource.k8s.io/v1``, cluster-scoped), validated as the real server does for
-    what a driver writes: names, the pool, one node field, at most 128 devices, DNS-label device names
-    unique in the slice, at most 32 attributes and capacities per device named by qualified names
-    (``productName``, ``resource.kubernetes.io/pcieRoot``), attribute values of exactly one type
-    (versions semver; strings and versions at most 64 characters), capacities quantities."""
+    """ResourceSlices (``resource.k8s.io/v1``, cluster-scoped), decoded and validated as the real server
+    does for what a driver writes: int64 fields in range, names, the pool, one node field, at most 128
+    devices, DNS-label device names unique in the slice, at most 32 attributes and capacities per device
+    named by qualified names (``productName``, ``resource.kubernetes.io/pcieRoot``), attribute values of
+    exactly one type (versions semver; strings and versions at most 64 characters), capacities quantities."""
 
     fields = SLICE_FIELDS
     api_version = "resource.k8s.io/v1"
@@ -602,6 +628,24 @@ class SliceStore(ObjectStore):
 
     def __init__(self, store: NodeStore) -> None:
         super().__init__(store, "resourceslices", "ResourceSlice")
+
+    def decode(self, obj: Obj) -> None:
+        """Its int64 fields hold integers in range (null becomes 0, Go's zero value); anything else is
+        the real server's 400 (so a generation past 2^63-1 cannot be written)."""
+        spec = obj.get("spec") or {}
+        pool = spec.get("pool") or {}
+        fields = [(pool, key, f"ResourcePool.spec.pool.{key}") for key in ("generation", "resourceSliceCount")]
+        fields += [(value, "int", "DeviceAttribute.spec.devices.attributes.int")
+                   for device in spec.get("devices") or [] for value in (device.get("attributes") or {}).values()
+                   if isinstance(value, dict)]
+        for holder, key, go_field in fields:
+            if key not in holder:
+                continue
+            value = holder[key]
+            if value is None:
+                holder[key] = 0
+            elif type(value) is not int or value not in INT64:
+                raise unmarshal_error(self.kind, value, go_field)
 
     def validate(self, obj: Obj) -> None:
         name = str(obj.get("metadata", {}).get("name") or "")
@@ -614,8 +658,9 @@ class SliceStore(ObjectStore):
         pool = spec.get("pool") or {}
         if not pool.get("name"):
             problems.append("spec.pool.name: Required value")
-        if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
-            problems.append("spec.pool.generation: Invalid value: must be a non-negative integer")
+        generation = pool.get("generation", 0)
+        if generation < 0:
+            problems.append(f"spec.pool.generation: Invalid value: {generation}: must be greater than or equal to zero")
         if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
             problems.append("spec.pool.resourceSliceCount: Invalid value: must be greater than zero")
         if sum(1 for key in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(key)) != 1:
