@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from labeller.ownfiles import file_kind
+
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML was built with it
 
 
@@ -32,15 +34,6 @@ MAX_INTEGER = (1 << 63) - 1  # an integer any consumer (Go's int64, protobuf) ca
 
 class DocumentError(ValueError):
     """A file that cannot be read as a document; the message is one line naming the file."""
-
-
-def file_kind(mode: int) -> str:
-    """What a file that is not a regular file is ("a FIFO"), from its ``st_mode``."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def not_a_regular_file(path: Path) -> str | None:
