@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from labeller.ownfiles import file_kind
+from labeller.ownfiles import file_kind, read_at_most
 
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML was built with it
 
@@ -57,14 +57,10 @@ def read_limited(path: Path, what: str, limit: int = DOCUMENT_LIMIT) -> bytes:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise DocumentError(f"{path}: not a {what}: {file_kind(mode)}, not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, limit + 1 - size):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise DocumentError(f"{path}: not a {what}: larger than the limit of {limit / 1048576:g} MiB")
-        return b"".join(chunks)
+        data = read_at_most(fd, limit)
+        if data is None:
+            raise DocumentError(f"{path}: not a {what}: larger than the limit of {limit / 1048576:g} MiB")
+        return data
     except OSError as exc:
         raise DocumentError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     finally:

@@ -182,16 +182,25 @@ def read(dir_fd: int, name: str, limit: int) -> bytes | None:
         found = os.fstat(fd).st_mode
         if not stat.S_ISREG(found):  # swapped since the lstat
             raise NotOurs(_where(dir_fd), name, found)
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, limit + 1 - size):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise TooLarge(f"{os.path.join(_where(dir_fd), name)} is larger than {limit} bytes")
-        return b"".join(chunks)
+        data = read_at_most(fd, limit)
+        if data is None:
+            raise TooLarge(f"{os.path.join(_where(dir_fd), name)} is larger than {limit} bytes")
+        return data
     finally:
         os.close(fd)
+
+
+def read_at_most(fd: int, limit: int) -> bytes | None:
+    """What ``fd`` holds, read to its end; None as soon as that is more than ``limit`` bytes (a file
+    may be handed over in pieces, and grow while it is read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := os.read(fd, limit + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return None
+    return b"".join(chunks)
 
 
 def remove(dir_fd: int, name: str) -> bool:

@@ -6,11 +6,8 @@ device of the driver is refused, not recorded."""
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
 from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, simulated_plugin
-from tests.draplugin.test_draplugin_prepare import checkpoint, spec_file
+from tests.draplugin.test_draplugin_prepare import all_at_once, checkpoint, spec_file
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet
 
@@ -83,23 +80,6 @@ def test_of_two_claims_prepared_at_once_for_one_device_one_wins(api: FakeApiServ
             assert all(answers[c.uid].error == refusal(c, winners[0], device) for c in claims if c != winners[0])
             assert [uid for uid, r in checkpoint(dirs).items() if r["devices"][0]["device"] == device] == [
                 winners[0].uid]
-
-
-def all_at_once(drakubelet: FakeDraKubelet, claims: list[Claim]) -> dict[str, Any]:
-    """Each claim prepared in its own call, the calls let go together."""
-    answers: dict[str, Any] = {}
-    start = threading.Barrier(len(claims))
-
-    def prepare(claim: Claim) -> None:
-        start.wait(30)
-        answers.update(drakubelet.call_prepare(NVIDIA, [claim]))
-
-    threads = [threading.Thread(target=prepare, args=(c,)) for c in claims]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return answers
 
 
 def test_a_claim_with_no_device_of_the_driver_is_refused_and_not_recorded(

@@ -187,21 +187,29 @@ def test_a_claim_shared_by_pods_is_prepared_once_and_unprepared_after_the_last(
 def test_concurrent_prepares_of_different_claims(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
     with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
         claims = [run.claim(f"claim-{i}", f"gpu-{i % 8}", shared=True) for i in range(24)]
-        answers: dict[str, Any] = {}
-
-        def prepare(claim: Claim) -> None:
-            answers.update(drakubelet.call_prepare(NVIDIA, [claim]))
-
-        threads = [threading.Thread(target=prepare, args=(c,)) for c in claims]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        answers = all_at_once(drakubelet, claims)
         assert {uid: a.error for uid, a in answers.items()} == {c.uid: "" for c in claims}
         assert all(list(answers[c.uid].devices[0].cdi_device_ids) == [f"{KIND}={c.uid}-gpu-{i % 8}"]
                    for i, c in enumerate(claims))
         assert sorted(checkpoint(dirs)) == sorted(c.uid for c in claims)
         assert resolvable(dirs.cdi) == {i for a in answers.values() for d in a.devices for i in d.cdi_device_ids}
+
+
+def all_at_once(drakubelet: FakeDraKubelet, claims: list[Claim]) -> dict[str, Any]:
+    """Each claim prepared in its own call, the calls let go together."""
+    answers: dict[str, Any] = {}
+    start = threading.Barrier(len(claims))
+
+    def prepare(claim: Claim) -> None:
+        start.wait(30)
+        answers.update(drakubelet.call_prepare(NVIDIA, [claim]))
+
+    threads = [threading.Thread(target=prepare, args=(c,)) for c in claims]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
 
 
 def test_only_this_drivers_results_are_prepared(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
