@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from labeller.ownfiles import file_kind, read_at_most
+
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML was built with it
 
 
@@ -32,15 +34,6 @@ MAX_INTEGER = (1 << 63) - 1  # an integer any consumer (Go's int64, protobuf) ca
 
 class DocumentError(ValueError):
     """A file that cannot be read as a document; the message is one line naming the file."""
-
-
-def file_kind(mode: int) -> str:
-    """What a file that is not a regular file is ("a FIFO"), from its ``st_mode``."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def not_a_regular_file(path: Path) -> str | None:
@@ -64,14 +57,10 @@ def read_limited(path: Path, what: str, limit: int = DOCUMENT_LIMIT) -> bytes:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise DocumentError(f"{path}: not a {what}: {file_kind(mode)}, not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, limit + 1 - size):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise DocumentError(f"{path}: not a {what}: larger than the limit of {limit / 1048576:g} MiB")
-        return b"".join(chunks)
+        data = read_at_most(fd, limit)
+        if data is None:
+            raise DocumentError(f"{path}: not a {what}: larger than the limit of {limit / 1048576:g} MiB")
+        return data
     except OSError as exc:
         raise DocumentError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     finally:

@@ -83,6 +83,16 @@ def owns(key: str) -> bool:
     return key in OWNED_KEYS or key.startswith(OWNED_PREFIXES)
 
 
+def is_dns_label(value: str) -> bool:
+    """A DNS-1123 label: what Kubernetes allows as a namespace's name (and a DRA device's)."""
+    return len(value) <= MAX_NAME_LENGTH and re.fullmatch(_DNS_LABEL, value) is not None
+
+
+def is_dns_subdomain(value: str) -> bool:
+    """A DNS-1123 subdomain: what Kubernetes allows as most objects' names (a ResourceClaim's)."""
+    return len(value) <= MAX_PREFIX_LENGTH and _PREFIX_RE.fullmatch(value) is not None
+
+
 def is_valid_value(value: str) -> bool:
     return len(value) <= MAX_VALUE_LENGTH and _VALUE_RE.match(value) is not None
 

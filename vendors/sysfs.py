@@ -18,7 +18,7 @@ import os
 import stat
 from pathlib import Path
 
-from labeller.documents import file_kind
+from labeller.ownfiles import file_kind, read_at_most
 
 # A sysfs attribute is at most one page (4 KiB); debugfs text such as amdgpu_firmware_info is a few KiB.
 ATTRIBUTE_LIMIT = 64 * 1024
@@ -60,14 +60,10 @@ def read_bytes(path: Path, limit: int = ATTRIBUTE_LIMIT) -> bytes | None:
     try:
         if not stat.S_ISREG(mode := os.fstat(fd).st_mode):  # replaced since the stat
             raise Untrusted(path, f"{file_kind(mode)}, not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, limit + 1 - size):  # sysfs may hand a file over in pieces
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise Untrusted(path, f"larger than {limit} bytes, more than any real one")
-        return b"".join(chunks)
+        data = read_at_most(fd, limit)  # sysfs may hand a file over in pieces
+        if data is None:
+            raise Untrusted(path, f"larger than {limit} bytes, more than any real one")
+        return data
     except OSError as exc:
         raise Untrusted(path, _reason(exc)) from None
     finally:

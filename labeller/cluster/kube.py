@@ -98,6 +98,18 @@ class Gone(KubeError):
     """410: the resourceVersion to resume a watch from is too old; list again."""
 
 
+class InvalidName(KubeError):
+    """A name that cannot be one segment of an API path ('', '.', '..', or holding '/'): no request was made."""
+
+
+def _segment(name: str) -> str:
+    """``name`` as one segment of an API path, every reserved character escaped; InvalidName for a
+    name that would name another path (a caller's own checks come first: this is the last line)."""
+    if name in ("", ".", "..") or "/" in name:
+        raise InvalidName(0, "InvalidName", f"{name[:253]!r} cannot be an object's name in an API path")
+    return quote(name, safe="")
+
+
 def _network_error(exc: Exception, server: str) -> KubeError:
     if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
         return Unreachable(0, type(exc).__name__, f"cannot reach the API server at {server}: {_what_failed(exc)}")
@@ -240,7 +252,7 @@ class Kube:
 
     # -- nodes
     def get_node(self, name: str) -> Obj:
-        return self._request("get", "nodes", "GET", f"/api/v1/nodes/{quote(name)}")
+        return self._request("get", "nodes", "GET", f"/api/v1/nodes/{_segment(name)}")
 
     def list_node(self, name: str) -> tuple[Obj | None, str]:
         """This node (or None when it does not exist) and the list's resourceVersion, to watch from."""
@@ -297,7 +309,7 @@ class Kube:
     def apply_node_labels(self, name: str, labels: Mapping[str, str]) -> Obj:
         """Server-side apply of exactly these labels under our field manager, forced."""
         body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(labels)}}
-        return self._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{quote(name)}",
+        return self._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{_segment(name)}",
                              {"fieldManager": FIELD_MANAGER, "force": "true"}, body, APPLY)
 
     def remove_node_labels(self, name: str, keys: list[str], resource_version: str | None = None) -> Obj:
@@ -307,7 +319,7 @@ class Kube:
         if resource_version:
             metadata["resourceVersion"] = resource_version
         body = {"metadata": metadata}
-        return self._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{quote(name)}",
+        return self._request("patch", "nodes", "PATCH", f"/api/v1/nodes/{_segment(name)}",
                              {"fieldManager": FIELD_MANAGER}, body, MERGE)
 
     def list_node_names(self) -> list[str]:
@@ -325,8 +337,8 @@ class Kube:
     # -- pods
     @staticmethod
     def _pod_path(namespace: str, name: str = "", subresource: str = "") -> str:
-        path = f"/api/v1/namespaces/{quote(namespace)}/pods"
-        path = f"{path}/{quote(name)}" if name else path
+        path = f"/api/v1/namespaces/{_segment(namespace)}/pods"
+        path = f"{path}/{_segment(name)}" if name else path
         return f"{path}/{subresource}" if subresource else path
 
     def list_pods(self, field_selector: str | None = None, label_selector: str | None = None) -> tuple[list[Obj], str]:
@@ -364,23 +376,23 @@ class Kube:
     def get_config_map(self, namespace: str, name: str) -> Obj | None:
         try:
             return self._request("get", "configmaps", "GET",
-                                 f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}")
+                                 f"/api/v1/namespaces/{_segment(namespace)}/configmaps/{_segment(name)}")
         except NotFound:
             return None
 
     def list_config_maps(self, namespace: str) -> tuple[list[Obj], str]:
-        return self._list("configmaps", f"/api/v1/namespaces/{quote(namespace)}/configmaps")
+        return self._list("configmaps", f"/api/v1/namespaces/{_segment(namespace)}/configmaps")
 
     def watch_config_maps(self, namespace: str, resource_version: str,
                           timeout_s: int = 300) -> Generator[tuple[str, Obj], None, None]:
-        return self._watch("configmaps", f"/api/v1/namespaces/{quote(namespace)}/configmaps",
+        return self._watch("configmaps", f"/api/v1/namespaces/{_segment(namespace)}/configmaps",
                            resource_version, timeout_s)
 
     # -- NodeFeature (nfd.k8s-sigs.io/v1alpha1)
     @staticmethod
     def _nfd_path(namespace: str, name: str = "") -> str:
-        path = f"/apis/{NFD_GROUP}/{NFD_VERSION}/namespaces/{quote(namespace)}/{NFD_PLURAL}"
-        return f"{path}/{quote(name)}" if name else path
+        path = f"/apis/{NFD_GROUP}/{NFD_VERSION}/namespaces/{_segment(namespace)}/{NFD_PLURAL}"
+        return f"{path}/{_segment(name)}" if name else path
 
     def get_node_feature(self, namespace: str, name: str) -> Obj | None:
         try:
@@ -398,7 +410,7 @@ class Kube:
 
     # -- events
     def create_event(self, namespace: str, body: Obj) -> Obj:
-        return self._request("create", "events", "POST", f"/api/v1/namespaces/{quote(namespace)}/events",
+        return self._request("create", "events", "POST", f"/api/v1/namespaces/{_segment(namespace)}/events",
                              None, body, JSON)
 
     # -- ResourceSlices and ResourceClaims (resource.k8s.io/v1)
@@ -425,18 +437,18 @@ class Kube:
     def update_resource_slice(self, name: str, body: Obj) -> Obj:
         """Replace the slice; with ``metadata.resourceVersion`` in ``body``, a slice changed since then
         answers 409 (Conflict) and nothing is written."""
-        return self._request("update", "resourceslices", "PUT", f"{RESOURCE_API}/resourceslices/{quote(name)}",
+        return self._request("update", "resourceslices", "PUT", f"{RESOURCE_API}/resourceslices/{_segment(name)}",
                              {"fieldManager": FIELD_MANAGER}, body, JSON)
 
     def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
         """Delete the slice; with ``uid``, only that object (409 when the name now holds another one)."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
-        self._request("delete", "resourceslices", "DELETE", f"{RESOURCE_API}/resourceslices/{quote(name)}",
+        self._request("delete", "resourceslices", "DELETE", f"{RESOURCE_API}/resourceslices/{_segment(name)}",
                       None, body, JSON if body else None)
 
     def get_resource_claim(self, namespace: str, name: str) -> Obj:
         return self._request("get", "resourceclaims", "GET",
-                             f"{RESOURCE_API}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}")
+                             f"{RESOURCE_API}/namespaces/{_segment(namespace)}/resourceclaims/{_segment(name)}")
 
 
 def _watch_events(response: Any) -> Iterator[tuple[str, Obj]]:

@@ -134,8 +134,8 @@ class DraPlugin:
         for driver, devices in self._devices.items():
             if driver not in found and self._vendor(driver).name in failed:
                 found[driver] = devices  # carried forward: see the module docstring
-        self.serve(found)
-        troubles = [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
+        troubles = self.serve(found)
+        troubles += [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
         if troubles:
             return "; ".join(troubles)
         if found or not self.host.config.dra_vendors:
@@ -175,9 +175,11 @@ class DraPlugin:
 
     # --- what is served ------------------------------------------------------------------------
 
-    def serve(self, found: Mapping[str, Sequence[DraDevice]]) -> None:
-        """Serve exactly these drivers and devices from now on (the loop's thread)."""
+    def serve(self, found: Mapping[str, Sequence[DraDevice]]) -> list[str]:
+        """Serve exactly these drivers and devices from now on (the loop's thread); what kept a driver
+        from being served (its claims' files cannot be kept: it publishes nothing, tried again next probe)."""
         config, host_root = self.host.config, self.host.host_root
+        problems: list[str] = []
         for driver in sorted(set(self.drivers) - set(found)):
             self.drivers[driver].sockets.stop()
             log.info("driver no longer served; its slices go", driver=driver)
@@ -188,7 +190,13 @@ class DraPlugin:
                 drivers[driver] = self.drivers[driver]
                 drivers[driver].snapshot = snapshot
             else:
-                drivers[driver] = self._start_driver(driver, snapshot)
+                try:
+                    drivers[driver] = self._start_driver(driver, snapshot)
+                except OSError as exc:
+                    problems.append(f"{driver}: cannot keep its prepared claims: {exc.strerror or exc}")
+                    log.error("driver not served: cannot keep its prepared claims", reason="bad-directory",
+                              driver=driver, error=str(exc.strerror or exc))
+        found = {driver: devices for driver, devices in found.items() if driver in drivers}
         with self._lock:
             self._devices = {driver: list(devices) for driver, devices in found.items()}
         physical = {d.physical for devices in found.values() for d in devices}
@@ -197,22 +205,23 @@ class DraPlugin:
         self._publish()
         # Only now: ``ready`` reads the drivers, and must not see one before its devices are published.
         self.drivers = drivers
+        return problems
 
     def _vendor(self, driver: str) -> Vendor:
         return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)
 
     def _start_driver(self, driver: str, snapshot: Devices) -> _Driver:
         vendor = self._vendor(driver)
-        data_dir = self.settings.plugins_dir / driver
-        data_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = Checkpoint(self.settings.plugins_dir, driver, self.settings.node_name)
+        specs = ClaimSpecs(self.settings.cdi_spec_dir, driver)
         entry: _Driver | None = None
 
         def current() -> Devices:
             assert entry is not None
             return entry.snapshot
 
-        preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim,
-                            Checkpoint(data_dir, driver), ClaimSpecs(self.settings.cdi_spec_dir, driver), current)
+        preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
+                            current)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
         entry = _Driver(sockets, snapshot)

@@ -10,22 +10,30 @@ NVIDIA container is told its devices in ``NVIDIA_VISIBLE_DEVICES``.
 
 Files are written atomically (a dot-file, then a rename: runtimes read only ``*.json``; no fsync,
 as the checkpoint's, see there) and removed when the claim is unprepared; no other file in the
-directory is ever touched.
+directory is ever touched. Nothing found in the directory is trusted (``labeller.ownfiles``): the
+directory itself is never a symlink, and a symlink, FIFO or directory at a claim's file name
+refuses that claim (``NotOurs``), its target never opened; unprepare leaves it alone. Temporary files
+a killed plugin left (``.gpu-labeller-dra_<driver>_*.tmp``) are removed when the driver starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from labeller import ownfiles
 from labeller.config import Config
 from labeller.offer import AdvertisedDevice, Resource
-from labeller.outputs import write_atomic
 from labeller.vendor import Vendor
 from labeller.resourceslices import DraDevice
+
+log = structlog.get_logger(__name__)
 
 KIND = "k8s.gpu-labeller.io/gpu"
 FILE_PREFIX = "gpu-labeller-dra_"
@@ -74,23 +82,37 @@ def claim_spec(claim_uid: str, vendor: Vendor, devices: Sequence[DraDevice], con
 
 
 class ClaimSpecs:
-    """The spec files of one driver's prepared claims in ``directory``."""
+    """The spec files of one driver's prepared claims in ``directory``. OSError from the constructor
+    when the directory cannot be made or is not one."""
 
     def __init__(self, directory: Path, driver: str) -> None:
         self.directory, self.driver = directory, driver
+        self._prefix = f"{FILE_PREFIX}{driver}_"
+        with ownfiles.own_directory(directory) as fd:
+            stale = ownfiles.remove_stale(fd, re.compile(rf"\.{re.escape(self._prefix)}.+\.tmp"))
+        if stale:
+            log.info("temporary CDI spec files of a killed plugin removed", driver=driver, path=str(directory),
+                     files=sorted(stale))
+
+    def _name(self, claim_uid: str) -> str:
+        return f"{self._prefix}{claim_uid}.json"
 
     def path(self, claim_uid: str) -> Path:
-        return self.directory / f"{FILE_PREFIX}{self.driver}_{claim_uid}.json"
+        return self.directory / self._name(claim_uid)
+
+    def present(self, claim_uid: str) -> bool:
+        """Whether the claim's file is there, a regular file (not a link to one)."""
+        with ownfiles.own_directory(self.directory) as fd:
+            return ownfiles.is_regular(fd, self._name(claim_uid))
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
-        path = self.path(claim_uid)
-        write_atomic(path, json.dumps(spec, indent=2) + "\n", durable=False)
-        return path
+        """Write the claim's file; ``ownfiles.NotOurs`` when something else than a regular file holds its name."""
+        with ownfiles.own_directory(self.directory) as fd:
+            ownfiles.replace(fd, self._name(claim_uid), (json.dumps(spec, indent=2) + "\n").encode())
+        return self.path(claim_uid)
 
     def remove(self, claim_uid: str) -> bool:
-        """Remove the claim's file; False when there was none."""
-        try:
-            self.path(claim_uid).unlink()
-        except FileNotFoundError:
-            return False
-        return True
+        """Remove the claim's file; False when there was none, ``ownfiles.NotOurs`` (left alone) when
+        its name holds something else than a regular file."""
+        with ownfiles.own_directory(self.directory) as fd:
+            return ownfiles.remove(fd, self._name(claim_uid))

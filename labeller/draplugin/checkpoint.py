@@ -3,33 +3,61 @@
 One small file per prepared claim, written atomically (a temporary file, then a rename) before
 NodePrepareResources answers and removed after NodeUnprepareResources cleaned up, so a plugin
 killed at any moment restarts knowing every claim it answered for: a repeated prepare is answered
-from it, and an unprepare after a restart finds what the previous process prepared. Nothing is
-held in memory, and a prepare costs the same with one claim prepared on the node or a thousand.
+from it, an unprepare after a restart finds what the previous process prepared, and the devices
+prepared claims hold are known again (``Preparer``'s exclusivity). A prepare reads one file: it
+costs the same with one claim prepared on the node or a thousand.
 
 The files are not fsynced: a killed process leaves them in the page cache, and a node that loses
 power restarts its pods, whose claims the kubelet prepares again (the CDI spec files in /var/run
 are gone too). An fsync would cost every prepare milliseconds on a network disk for nothing.
 
-A file that cannot be read is moved aside (``<uid>.json.bad``) with an error line and the claim is
-prepared again from the API; an unprepare still removes a claim's CDI spec file, whose name the
-claim's UID alone gives.
+Nothing in the directory is trusted (``labeller.ownfiles``): ``<driver>`` and ``claims`` are never
+followed through a symlink, a record is opened without following a link and without waiting (a
+FIFO), must be a regular file of at most ``RECORD_LIMIT`` bytes, and must say exactly what this
+plugin would have answered for that claim: its UID, driver, this node's pool, well-formed names, and
+for each device the one CDI device ID the plugin makes for that claim and device (``cdi_id``).
+Anything else (a FIFO, a directory, a link, a huge file, bad JSON, a foreign CDI ID such as
+``nvidia.com/gpu=all``) is moved aside (``<uid>.json.bad``, or ``.bad.1``... when that name is taken)
+with a warning, and the claim is prepared again from the API. Temporary files a killed plugin left
+(``.<uid>.json.*.tmp``) are removed at start.
+
+Record format, version 2 (version 1, without ``shareID`` and ``adminAccess``, is still read: its
+devices are exclusive)::
+
+    {"version": 2, "driver": "gpu.nvidia.com", "uid": "<claim UID>", "namespace": "ns", "name": "claim",
+     "devices": [{"requests": ["gpu"], "pool": "<node>", "device": "gpu-0",
+                  "cdiDeviceIDs": ["k8s.gpu-labeller.io/gpu=<claim UID>-gpu-0"],
+                  "shareID": null, "adminAccess": false}]}
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from labeller.outputs import write_atomic
+from labeller import ownfiles
+from labeller.draplugin.cdi import cdi_id
+from labeller.labels import is_dns_label, is_dns_subdomain
 
 log = structlog.get_logger(__name__)
 
 DIRECTORY = "claims"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
+RECORD_LIMIT = 64 * 1024  # bytes; a claim of 32 devices (the API's most) is under 8 KiB
+UID = re.compile(r"[0-9A-Za-z][-0-9A-Za-z]{0,127}")
+_RECORD = re.compile(rf"({UID.pattern})\.json")
+_STALE = re.compile(rf"\.{UID.pattern}\.json\..+\.tmp")
+# a request's name, or "<request>/<subrequest>" for one of a firstAvailable list
+_REQUEST = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?")
 
 
 @dataclass(frozen=True)
@@ -40,6 +68,8 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    share_id: str | None = None  # set when every allocation of the device to the claim may share it
+    admin: bool = False  # allocated for admin access: it holds the device from no one
 
 
 @dataclass(frozen=True)
@@ -49,58 +79,134 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
 
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
     def document(self, driver: str) -> dict[str, Any]:
         return {"version": VERSION, "driver": driver, "uid": self.uid, "namespace": self.namespace,
                 "name": self.name,
                 "devices": [{"requests": list(d.requests), "pool": d.pool, "device": d.device,
-                             "cdiDeviceIDs": list(d.cdi_ids)} for d in self.devices]}
+                             "cdiDeviceIDs": list(d.cdi_ids), "shareID": d.share_id, "adminAccess": d.admin}
+                            for d in self.devices]}
 
-    @classmethod
-    def from_document(cls, doc: dict[str, Any]) -> PreparedClaim:
-        devices = tuple(PreparedDevice(tuple(d["requests"]), str(d["pool"]), str(d["device"]), tuple(d["cdiDeviceIDs"]))
-                        for d in doc["devices"])
-        return cls(str(doc["uid"]), str(doc["namespace"]), str(doc["name"]), devices)
+
+class BadRecord(ValueError):
+    """A record that is not what this plugin writes; the message says what is wrong with it."""
+
+
+def _field(doc: dict[str, Any], key: str, kind: type, where: str = "") -> Any:
+    value = doc.get(key)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BadRecord(f"{where}{key} is {json.dumps(value)[:80]}, not a {kind.__name__}")
+    return value
+
+
+def parse(data: bytes, uid: str, driver: str, pool: str) -> PreparedClaim:
+    """The claim a record holds; BadRecord unless it is exactly what this plugin writes for ``uid``."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, nesting beyond the parser's depth
+        raise BadRecord(f"not JSON: {str(exc)[:120]}") from None
+    if not isinstance(doc, dict):
+        raise BadRecord("not a JSON object")
+    if doc.get("version") not in READABLE:
+        raise BadRecord(f"version {json.dumps(doc.get('version'))[:40]}, not one of {list(READABLE)}")
+    if doc.get("driver") != driver or doc.get("uid") != uid:
+        raise BadRecord(f"it is for {json.dumps(doc.get('uid'))[:80]} of driver {json.dumps(doc.get('driver'))[:80]}")
+    namespace, name = _field(doc, "namespace", str), _field(doc, "name", str)
+    if not is_dns_label(namespace) or not is_dns_subdomain(name):
+        raise BadRecord(f"{namespace[:80]!r}/{name[:80]!r} is not a claim's name")
+    entries = _field(doc, "devices", list)
+    if not entries:
+        raise BadRecord("no devices")
+    devices = [_device(entry, uid, pool, doc["version"], f"devices[{i}].") for i, entry in enumerate(entries)]
+    if len({d.device for d in devices}) != len(devices):
+        raise BadRecord("a device listed twice")
+    return PreparedClaim(uid, namespace, name, tuple(devices))
+
+
+def _device(entry: Any, uid: str, pool: str, version: int, where: str) -> PreparedDevice:
+    if not isinstance(entry, dict):
+        raise BadRecord(f"{where[:-1]} is not a JSON object")
+    device = _field(entry, "device", str, where)
+    if not is_dns_label(device):
+        raise BadRecord(f"{where}device {device[:80]!r} is not a device's name")
+    if _field(entry, "pool", str, where) != pool:
+        raise BadRecord(f"{where}pool {entry['pool'][:80]!r} is not this node's ({pool})")
+    requests = _field(entry, "requests", list, where)
+    if not requests or not all(isinstance(r, str) and _REQUEST.fullmatch(r) for r in requests):
+        raise BadRecord(f"{where}requests {json.dumps(requests)[:80]} are not requests' names")
+    ids = _field(entry, "cdiDeviceIDs", list, where)
+    if ids != [cdi_id(uid, device)]:
+        raise BadRecord(f"{where}cdiDeviceIDs {json.dumps(ids)[:120]} are not the plugin's for {device}")
+    share_id, admin = None, False
+    if version >= 2:
+        share_id = entry.get("shareID")
+        if share_id is not None and not (isinstance(share_id, str) and UID.fullmatch(share_id)):
+            raise BadRecord(f"{where}shareID {json.dumps(share_id)[:80]} is not a UID")
+        admin = _field(entry, "adminAccess", bool, where)
+    return PreparedDevice(tuple(requests), pool, device, tuple(ids), share_id, admin)
 
 
 class Checkpoint:
-    """The prepared claims of one driver, a file each in ``<data dir>/claims``. Calls for one claim
-    must not overlap (the preparer holds the claim's lock); calls for different claims may."""
+    """The prepared claims of one driver, a file each in ``<plugins dir>/<driver>/claims``. Calls for
+    one claim must not overlap (the preparer holds the claim's lock); calls for different claims may.
+    OSError from the constructor when the directory cannot be made or is not one."""
 
-    def __init__(self, data_dir: Path, driver: str) -> None:
-        self.directory = data_dir / DIRECTORY
-        self.driver = driver
-        self.directory.mkdir(parents=True, exist_ok=True)
-        count = len(self.uids())
-        if count:
-            log.info("prepared claims found in the checkpoint", driver=driver, claims=count, path=str(self.directory))
+    def __init__(self, plugins_dir: Path, driver: str, pool: str) -> None:
+        self.plugins_dir, self.driver, self.pool = plugins_dir, driver, pool
+        self.directory = plugins_dir / driver / DIRECTORY
+        with self._open() as fd:
+            stale = ownfiles.remove_stale(fd, _STALE)
+        if stale:
+            log.info("temporary checkpoint files of a killed plugin removed", driver=driver,
+                     path=str(self.directory), files=sorted(stale))
+
+    @contextmanager
+    def _open(self) -> Iterator[int]:
+        with ownfiles.directory(self.plugins_dir, self.driver, DIRECTORY, mode=0o700) as fd:
+            yield fd
 
     def path(self, uid: str) -> Path:
         return self.directory / f"{uid}.json"
 
     def get(self, uid: str) -> PreparedClaim | None:
-        path = self.path(uid)
-        try:
-            doc = json.loads(path.read_text())
-            if doc.get("version") != VERSION or doc.get("driver") != self.driver or doc.get("uid") != uid:
-                raise ValueError(f"version {doc.get('version')!r} of driver {doc.get('driver')!r} "
-                                 f"for {doc.get('uid')!r}")
-            return PreparedClaim.from_document(doc)
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            aside = path.with_name(path.name + ".bad")
-            path.replace(aside)
-            log.error("checkpoint of a claim unreadable; moved aside, the claim is prepared again",
-                      reason="bad-checkpoint", driver=self.driver, uid=uid, moved_to=str(aside), error=str(exc))
-            return None
+        """The claim's record; None when there is none, or when it was not one this plugin wrote
+        (moved aside, with a warning). OSError when the directory or the file cannot be read."""
+        with self._open() as fd:
+            return self._get(fd, uid)
 
-    def uids(self) -> set[str]:
-        return {p.stem for p in self.directory.glob("*.json")}
+    def _get(self, fd: int, uid: str) -> PreparedClaim | None:
+        name = f"{uid}.json"
+        try:
+            data = ownfiles.read(fd, name, RECORD_LIMIT)
+            return None if data is None else parse(data, uid, self.driver, self.pool)
+        except (ownfiles.NotOurs, ownfiles.TooLarge, BadRecord) as exc:
+            problem = str(exc)
+        except OSError as exc:
+            if exc.errno not in (errno.EISDIR, errno.ELOOP):
+                raise
+            problem = exc.strerror or str(exc)
+        aside = ownfiles.move_aside(fd, name)
+        log.warning("a checkpoint record that is not the plugin's; moved aside, the claim is prepared again",
+                    reason="bad-checkpoint", driver=self.driver, uid=uid, moved_to=str(self.directory / aside),
+                    error=problem)
+        return None
+
+    def claims(self) -> list[PreparedClaim]:
+        """Every prepared claim on record (bad records moved aside)."""
+        with self._open() as fd:
+            uids = [m.group(1) for name in ownfiles.names(fd) if (m := _RECORD.fullmatch(name))]
+            return [claim for uid in sorted(uids) if (claim := self._get(fd, uid)) is not None]
 
     def add(self, claim: PreparedClaim) -> None:
         """Record ``claim`` (OSError when it cannot be written: then nothing changed)."""
         text = json.dumps(claim.document(self.driver), separators=(",", ":")) + "\n"
-        write_atomic(self.path(claim.uid), text, 0o600, durable=False)
+        with self._open() as fd:
+            ownfiles.replace(fd, f"{claim.uid}.json", text.encode(), 0o600)
 
     def remove(self, uid: str) -> None:
-        self.path(uid).unlink(missing_ok=True)
+        """Forget the claim; ``ownfiles.NotOurs`` (left alone) when its name holds something else than a record."""
+        with self._open() as fd:
+            ownfiles.remove(fd, f"{uid}.json")
+

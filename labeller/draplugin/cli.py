@@ -15,13 +15,16 @@ from labeller.commands.options import BadInput, discovery_options, endpoint_opti
 from labeller.commands.params import Duration
 from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DraPlugin,
                                    DraSettings, probe_inputs)
+from labeller.draplugin.checkpoint import DIRECTORY
 from labeller.draplugin.metrics import DraMetrics
 from labeller.host import NodeOptions, open_host
+from labeller.ownfiles import directory_problem
 from labeller.process.configsource import ConfigSource
 from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
 from labeller.runtime import defer_signals
+from vendors import VENDORS
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +76,7 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
         raise BadInput("the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME")
     parent_must_exist(plugins_dir, "--plugins-dir")
     parent_must_exist(registry_dir, "--registry-dir")
+    _own_directories_must_be_directories(plugins_dir, cdi_spec_dir)
     api = connect(node_options.kubeconfig)
     stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
     metrics = DraMetrics()
@@ -95,3 +99,17 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     if code:
         sys.exit(code)
     log.info("DRA plugin stopped")
+
+
+def _own_directories_must_be_directories(plugins_dir: Path, cdi_spec_dir: Path) -> None:
+    """BadInput when a directory the plugin keeps files in exists and is not one it can use: each
+    driver's checkpoint (``<plugins dir>/<driver>/claims``) and the CDI spec directory."""
+    for vendor in VENDORS:
+        if vendor.dra is not None:
+            problem = directory_problem(plugins_dir, vendor.dra.driver, DIRECTORY)
+            if problem:
+                raise BadInput(f"--plugins-dir {plugins_dir}: cannot keep the prepared claims of {vendor.dra.driver}: "
+                               f"{problem}")
+    problem = directory_problem(cdi_spec_dir.parent, cdi_spec_dir.name) if cdi_spec_dir.name else None
+    if problem:
+        raise BadInput(f"--cdi-spec-dir {cdi_spec_dir}: {problem}")

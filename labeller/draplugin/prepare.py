@@ -1,35 +1,39 @@
 """NodePrepareResources and NodeUnprepareResources for one driver, claim by claim.
 
-Preparing a claim: read the ResourceClaim the kubelet names (namespace, name; its UID must match),
-take the ``status.allocation.devices.results`` of this driver, check that each device is one of this
-node's (its pool is the node's) and healthy, write the claim's CDI spec file, record the claim in
-the checkpoint, and answer the CDI device IDs of exactly those devices. Anything wrong fails that
-claim alone, with a message naming the device; the other claims of the call are prepared.
+Preparing a claim: check the names the kubelet gives (namespace a DNS-1123 label, name a DNS-1123
+subdomain, a UID; nothing else ever reaches an API path), read the ResourceClaim (its UID must
+match), take the ``status.allocation.devices.results`` of this driver (none: refused), check that
+each device is one of this node's (its pool is the node's), healthy, and held by no other prepared
+claim (``Holds``), write the claim's CDI spec file, record the claim in the checkpoint, and answer
+the CDI device IDs of exactly those devices. Anything wrong fails that claim alone, with a message
+naming the device; the other claims of the call are prepared.
 
 A claim already in the checkpoint is answered from it without reading the API (the kubelet calls
 again after a restart, and for every pod that shares the claim): it is prepared once. Unpreparing
 removes the spec file and the checkpoint entry; a claim unknown to the checkpoint is fine (already
 unprepared, or prepared by a process that died before writing it: its spec file, named by the UID,
-is removed all the same). The kubelet unprepares a shared claim after its last pod on the node.
+is removed all the same). Only regular files are removed: a symlink or anything else at a claim's
+file name is left alone and logged. The kubelet unprepares a shared claim after its last pod on the node.
 
 Calls for different claims run concurrently; calls for the same claim one at a time.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from labeller import ownfiles
 from labeller.config import Config
 from labeller.draplugin.cdi import ClaimSpecs, cdi_id, claim_spec
-from labeller.draplugin.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from labeller.draplugin.checkpoint import UID, Checkpoint, PreparedClaim, PreparedDevice
+from labeller.labels import is_dns_label, is_dns_subdomain
 from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
 
@@ -38,7 +42,6 @@ log = structlog.get_logger(__name__)
 Obj = dict[str, Any]
 ClaimReader = Callable[[str, str], Obj]  # (namespace, name) -> the ResourceClaim; raises on failure
 LOCK_STRIPES = 64
-UID = re.compile(r"[0-9A-Za-z][-0-9A-Za-z]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,12 @@ class ClaimRef:
     uid: str
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        """As a log line or an error may show it: bounded, and one line whatever the kubelet sent."""
+        return f"{_shown(self.namespace, 63)}/{_shown(self.name, 253)}"
+
+
+def _shown(text: str, limit: int) -> str:
+    return text[:limit].encode("unicode_escape").decode("ascii")
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,79 @@ class ClaimError(Exception):
 def _check_uid(claim: ClaimRef) -> None:
     """A UID names files (the checkpoint's, the CDI spec's): letters, digits and dashes only."""
     if not UID.fullmatch(claim.uid):
-        raise ClaimError(f"claim {claim}: {claim.uid!r} is not a UID")
+        raise ClaimError(f"claim {claim}: {claim.uid[:128]!r} is not a UID")
+
+
+def _check_names(claim: ClaimRef) -> None:
+    """The namespace and name go into an API path: Kubernetes names only."""
+    if not is_dns_label(claim.namespace):
+        raise ClaimError(f"claim {claim}: namespace {claim.namespace[:63]!r} is not a DNS-1123 label")
+    if not is_dns_subdomain(claim.name):
+        raise ClaimError(f"claim {claim}: name {claim.name[:253]!r} is not a DNS-1123 subdomain")
+
+
+class Holds:
+    """Which prepared claims hold each device of the driver: what the checkpoint holds at start,
+    then every claim prepared or unprepared since. A device held exclusively by one claim is refused
+    to another, unless both allocations may share it (both carry a ``shareID``: consumable capacity
+    of a device that allows multiple allocations); an admin-access allocation holds nothing and is
+    refused nothing, as upstream's scheduler counts it."""
+
+    def __init__(self, claims: Iterable[PreparedClaim]) -> None:
+        self._lock = threading.Lock()
+        self._claims: dict[str, PreparedClaim] = {}
+        self._holders: dict[str, dict[str, PreparedDevice]] = {}  # device -> claim UID -> its allocation
+        for claim in claims:
+            self._put(claim)
+
+    def take(self, claim: PreparedClaim) -> list[str]:
+        """Hold ``claim``'s devices for it (replacing what it held), or, when another claim holds one
+        of them, nothing: the conflicts, one per device."""
+        with self._lock:
+            conflicts = []
+            for device in claim.devices:
+                others = self._conflicting(claim.uid, device)
+                if others:
+                    more = f" and {len(others) - 1} other(s)" if len(others) > 1 else ""
+                    conflicts.append(f"device {device.device} is prepared for claim {others[0]} "
+                                     f"({others[0].uid}){more}")
+            if not conflicts:
+                self._put(claim)
+            return conflicts
+
+    def _conflicting(self, uid: str, device: PreparedDevice) -> list[PreparedClaim]:
+        holders = self._holders.get(device.device, {})
+        return [self._claims[other] for other, held in holders.items() if other != uid and not _may_share(device, held)]
+
+    def restore(self, uid: str, claim: PreparedClaim | None) -> None:
+        """What ``uid`` holds is ``claim``'s devices again (a prepare that failed after ``take``), or nothing."""
+        with self._lock:
+            if claim is None:
+                self._drop(uid)
+            else:
+                self._put(claim)
+
+    def release(self, uid: str) -> None:
+        with self._lock:
+            self._drop(uid)
+
+    def _put(self, claim: PreparedClaim) -> None:
+        self._drop(claim.uid)
+        self._claims[claim.uid] = claim
+        for device in claim.devices:
+            self._holders.setdefault(device.device, {})[claim.uid] = device
+
+    def _drop(self, uid: str) -> None:
+        claim = self._claims.pop(uid, None)
+        for device in claim.devices if claim is not None else ():
+            holders = self._holders[device.device]
+            holders.pop(uid, None)
+            if not holders:
+                del self._holders[device.device]
+
+
+def _may_share(wanted: PreparedDevice, held: PreparedDevice) -> bool:
+    return wanted.admin or held.admin or (wanted.share_id is not None and held.share_id is not None)
 
 
 class Preparer:
@@ -80,6 +160,7 @@ class Preparer:
         self.driver, self.pool, self.vendor = driver, pool, vendor
         self.read_claim, self.checkpoint, self.specs, self.devices = read_claim, checkpoint, specs, devices
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
+        self.holds = Holds(checkpoint.claims())
 
     def _lock(self, uid: str) -> threading.Lock:
         return self._stripes[zlib.crc32(uid.encode()) % LOCK_STRIPES]
@@ -87,49 +168,82 @@ class Preparer:
     def prepare(self, claim: ClaimRef) -> PreparedClaim:
         """Prepare ``claim`` (once); ClaimError says why it cannot be."""
         _check_uid(claim)
+        _check_names(claim)
         with self._lock(claim.uid):
-            done = self.checkpoint.get(claim.uid)
-            if done is not None and (not done.devices or self.specs.path(claim.uid).exists()):
-                return done
-            prepared = self._prepare(claim)
             try:
-                self.checkpoint.add(prepared)
+                done = self.checkpoint.get(claim.uid)
+                if done is not None and self.specs.present(claim.uid):
+                    return done
             except OSError as exc:
-                self.specs.remove(claim.uid)
-                raise ClaimError(f"{self.driver}: claim {claim}: cannot write its checkpoint "
+                raise ClaimError(f"{self.driver}: claim {claim}: cannot read its checkpoint "
                                  f"{self.checkpoint.path(claim.uid)}: {exc.strerror or exc}") from None
+            if done is None:
+                self.holds.release(claim.uid)  # its record was moved aside: it holds nothing now
+            now = self.devices()
+            prepared = self._prepare(claim, now)
+            conflicts = self.holds.take(prepared)
+            if conflicts:
+                raise ClaimError(f"{self.driver}: claim {claim}: {'; '.join(conflicts)}, and the allocations do not "
+                                 "both allow sharing it")
+            try:
+                self._write(claim, prepared, now)
+            except ClaimError:
+                self.holds.restore(claim.uid, done)
+                raise
             return prepared
 
-    def _prepare(self, claim: ClaimRef) -> PreparedClaim:
+    def _write(self, claim: ClaimRef, prepared: PreparedClaim, now: Devices) -> None:
+        """The claim's CDI spec file, then its checkpoint record; ClaimError (neither written) when one cannot be."""
+        devices = [now.by_name[d.device] for d in prepared.devices]
+        try:
+            self.specs.write(claim.uid, claim_spec(claim.uid, self.vendor, devices, now.config, now.host_root))
+        except (OSError, ValueError) as exc:
+            raise ClaimError(f"{self.driver}: claim {claim}: cannot write its CDI spec "
+                             f"{self.specs.path(claim.uid)}: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            self.checkpoint.add(prepared)
+        except OSError as exc:
+            try:
+                self.specs.remove(claim.uid)
+            except OSError:
+                pass  # the checkpoint's error is the one to tell
+            raise ClaimError(f"{self.driver}: claim {claim}: cannot write its checkpoint "
+                             f"{self.checkpoint.path(claim.uid)}: {exc.strerror or exc}") from None
+
+    def _prepare(self, claim: ClaimRef, now: Devices) -> PreparedClaim:
+        """What preparing ``claim`` answers, from its allocation; ClaimError when it cannot be prepared."""
         results = self._allocated(claim)
-        now = self.devices()
+        if not results:
+            raise ClaimError(f"{self.driver}: claim {claim}: no device of {self.driver} allocated")
         problems: list[str] = []
-        chosen: dict[str, DraDevice] = {}
-        requests: dict[str, list[str]] = {}
+        chosen: dict[str, list[Obj]] = {}
         for result in results:
             name = str(result.get("device", ""))
             pool = str(result.get("pool", ""))
             device = now.by_name.get(name)
+            share_id = result.get("shareID")
             if pool != self.pool:
                 problems.append(f"device {name} is in pool {pool}, not this node's ({self.pool})")
             elif device is None:
                 problems.append(f"device {name} is not on this node")
             elif not now.healthy(device.health_key):
                 problems.append(f"device {name} is unhealthy")
+            elif share_id is not None and not (isinstance(share_id, str) and UID.fullmatch(share_id)):
+                problems.append(f"device {name}: shareID {str(share_id)[:64]!r} is not a UID")
             else:
-                chosen[name] = device
-                requests.setdefault(name, []).append(str(result.get("request", "")))
+                chosen.setdefault(name, []).append(result)
         if problems:
             raise ClaimError(f"{self.driver}: claim {claim}: {'; '.join(problems)}")
-        devices = list(chosen.values())
-        if devices:
-            try:
-                self.specs.write(claim.uid, claim_spec(claim.uid, self.vendor, devices, now.config, now.host_root))
-            except (OSError, ValueError) as exc:
-                raise ClaimError(f"{self.driver}: claim {claim}: cannot write its CDI spec "
-                                 f"{self.specs.path(claim.uid)}: {exc}") from None
-        return PreparedClaim(claim.uid, claim.namespace, claim.name, tuple(
-            PreparedDevice(tuple(requests[d.name]), self.pool, d.name, (cdi_id(claim.uid, d.name),)) for d in devices))
+        return PreparedClaim(claim.uid, claim.namespace, claim.name,
+                             tuple(self._device(claim.uid, name, allocated) for name, allocated in chosen.items()))
+
+    def _device(self, uid: str, name: str, allocated: list[Obj]) -> PreparedDevice:
+        """One device as prepared, from its allocation results in the claim: it may be shared when
+        every one of them carries a shareID, it is admin access when every one is."""
+        share_ids = [r.get("shareID") for r in allocated]
+        return PreparedDevice(tuple(str(r.get("request", "")) for r in allocated), self.pool, name,
+                              (cdi_id(uid, name),), share_ids[0] if None not in share_ids else None,
+                              all(r.get("adminAccess") is True for r in allocated))
 
     def _allocated(self, claim: ClaimRef) -> list[Obj]:
         """This driver's allocation results in the claim; ClaimError when it cannot be read or is not allocated."""
@@ -145,16 +259,20 @@ class Preparer:
         if not allocation:
             raise ClaimError(f"{self.driver}: claim {claim}: not allocated")
         results = (allocation.get("devices") or {}).get("results") or []
-        return [r for r in results if r.get("driver") == self.driver]
+        return [r for r in results if isinstance(r, dict) and r.get("driver") == self.driver]
 
     def unprepare(self, claim: ClaimRef) -> None:
-        """Undo ``prepare`` (nothing to do is fine); ClaimError when a file cannot be removed."""
+        """Undo ``prepare`` (nothing to do is fine); ClaimError when a file cannot be removed. A file
+        of the claim that is not a regular file is not the plugin's: left alone, and logged."""
         _check_uid(claim)
         with self._lock(claim.uid):
-            try:
-                removed = self.specs.remove(claim.uid)
-                self.checkpoint.remove(claim.uid)
-            except OSError as exc:
-                raise ClaimError(f"{self.driver}: claim {claim}: {exc}") from None
-            if removed:
-                log.debug("CDI spec removed", driver=self.driver, claim=str(claim), uid=claim.uid)
+            for what, remove in (("CDI spec", self.specs.remove), ("checkpoint record", self.checkpoint.remove)):
+                try:
+                    remove(claim.uid)
+                except ownfiles.NotOurs as exc:
+                    log.warning(f"the claim's {what} is not a file the plugin wrote; left alone",
+                                reason="not-ours", driver=self.driver, claim=str(claim), uid=claim.uid, error=str(exc))
+                except OSError as exc:
+                    raise ClaimError(f"{self.driver}: claim {claim}: cannot remove its {what}: "
+                                     f"{exc.strerror or exc}") from None
+            self.holds.release(claim.uid)

@@ -6,20 +6,24 @@ Each file is replaced atomically (a dot-file in the same directory, then a renam
 runtimes read only ``*.json``/``*.yaml``), and only when its content changes. A vendor that serves
 nothing any more, or a config without a CDI strategy, has its file removed; no other file in the
 directory is ever touched. Files stay when the plugin stops: a container that restarts resolves its
-CDI devices again.
+CDI devices again. Nothing found in the directory is trusted (``labeller.ownfiles``, as the DRA
+plugin's): the directory itself is never a symlink, a symlink or anything but a regular file at a
+spec's name is left alone (logged, the spec not written) and never followed, and temporary files a
+killed plugin left (``.gpu-labeller-<vendor>.json.*.tmp``) are removed at start.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
+from labeller import ownfiles
 from labeller.config import Config
 from labeller.offer import PhysicalDevice, Resource
-from labeller.outputs import write_atomic
 from labeller.vendor import Vendor
 from labeller.vendor.plugin import CDI_STRATEGIES
 
@@ -27,6 +31,7 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_SPEC_DIR = Path("/var/run/cdi")
 FILE_PREFIX = "gpu-labeller-"
+WRITE_FAILED = "cannot write the CDI spec; containers asking for these devices will not start"
 
 
 def spec_file(directory: Path, vendor: str) -> Path:
@@ -58,23 +63,53 @@ class CdiSpecs:
     def __init__(self, directory: Path, vendors: Sequence[Vendor]):
         self.directory, self._vendors = directory, list(vendors)
         self._written: dict[str, str] = {}
+        self._stale = re.compile("|".join(rf"\.{re.escape(spec_file(directory, v.name).name)}\..+\.tmp"
+                                          for v in self._vendors) or "(?!)")
+        self._swept = False
+        self._told: dict[str, str] = {}  # what / vendor -> the problem last logged (each is logged once)
 
     def update(self, resources: Sequence[Resource], config: Config, host_root: Path) -> None:
         wanted = specs(resources, config, host_root, self._vendors)
-        for vendor in self._vendors:
-            path = spec_file(self.directory, vendor.name)
-            text = wanted.get(vendor.name)
-            try:
-                if text is not None:
-                    if self._written.get(vendor.name) != text or not path.exists():
-                        write_atomic(path, text)
-                        self._written[vendor.name] = text
-                        log.info("CDI spec written", vendor=vendor.name, path=str(path))
-                elif path.is_file() or path.is_symlink():
-                    path.unlink()
-                    self._written.pop(vendor.name, None)
-                    log.info("CDI spec removed: nothing of this vendor is named by CDI now", vendor=vendor.name,
-                             path=str(path))
-            except OSError as exc:
-                log.error("cannot write the CDI spec; containers asking for these devices will not start",
-                          vendor=vendor.name, path=str(path), reason=exc.strerror or str(exc))
+        try:
+            # made only when a spec is to be written: with none, a missing directory holds nothing to remove
+            with ownfiles.own_directory(self.directory, create=bool(wanted)) as fd:
+                self._sweep(fd)
+                for vendor in self._vendors:
+                    self._update(fd, vendor.name, wanted.get(vendor.name))
+            self._told.pop("", None)
+        except FileNotFoundError:
+            if wanted:
+                self._failed("", WRITE_FAILED, "the directory is missing")
+        except OSError as exc:
+            self._failed("", WRITE_FAILED, str(exc.strerror or exc))
+
+    def _sweep(self, fd: int) -> None:
+        """Once: the temporary files a killed plugin left."""
+        if not self._swept:
+            stale = ownfiles.remove_stale(fd, self._stale)
+            self._swept = True
+            if stale:
+                log.info("temporary CDI spec files of a killed plugin removed", path=str(self.directory),
+                         files=sorted(stale))
+
+    def _update(self, fd: int, vendor: str, text: str | None) -> None:
+        path = spec_file(self.directory, vendor)
+        try:
+            if text is not None:
+                if self._written.get(vendor) != text or not ownfiles.is_regular(fd, path.name):
+                    ownfiles.replace(fd, path.name, text.encode())
+                    self._written[vendor] = text
+                    log.info("CDI spec written", vendor=vendor, path=str(path))
+            elif ownfiles.remove(fd, path.name):
+                self._written.pop(vendor, None)
+                log.info("CDI spec removed: nothing of this vendor is named by CDI now", vendor=vendor, path=str(path))
+            self._told.pop(vendor, None)
+        except OSError as exc:
+            self._failed(vendor, WRITE_FAILED if text is not None else "cannot remove the CDI spec",
+                         str(exc.strerror or exc))
+
+    def _failed(self, vendor: str, message: str, reason: str) -> None:
+        """Log the problem, once while it lasts."""
+        if self._told.get(vendor) != reason:
+            self._told[vendor] = reason
+            log.error(message, vendor=vendor or None, path=str(self.directory), reason=reason)

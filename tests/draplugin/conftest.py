@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -87,10 +88,14 @@ class Running:
     def device(self, name: str, driver: str = NVIDIA) -> Obj:
         return next(d for s in self.slices(driver) for d in s["spec"]["devices"] if d["name"] == name)
 
-    def claim(self, name: str, *devices: str, driver: str = NVIDIA, pool: str = NODE,
-              namespace: str = "default") -> Claim:
-        """A ResourceClaim allocated to ``devices`` of ``driver`` (as the scheduler leaves it)."""
-        results = [{"request": "gpu", "driver": driver, "pool": pool, "device": d} for d in devices]
+    def claim(self, name: str, *devices: str, driver: str = NVIDIA, pool: str = NODE, namespace: str = "default",
+              shared: bool = False, admin: bool = False) -> Claim:
+        """A ResourceClaim allocated to ``devices`` of ``driver`` (as the scheduler leaves it); ``shared``:
+        each result with its own ``shareID``, as 1.34's consumable capacity allocates a device that
+        allows multiple allocations; ``admin``: allocated for admin access."""
+        results = [{"request": "gpu", "driver": driver, "pool": pool, "device": d,
+                    **({"shareID": str(uuid.uuid4())} if shared else {}), **({"adminAccess": True} if admin else {})}
+                   for d in devices]
         claim = self.api.create_resource_claim(name, namespace, results=results)
         return Claim(namespace, name, claim["metadata"]["uid"], driver)
 

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from labeller.cli import main
 from labeller.namedconfigs import CONFIG_LABEL
-from tests.builders import AT_ONCE_S, config_map_volume
-from tests.draplugin.conftest import NODE, NVIDIA, Dirs, dra_config
+from tests.builders import AT_ONCE_S, config_map_volume, wait_for
+from tests.draplugin.conftest import NODE, NVIDIA, Dirs, dra_config, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet
 from tests.plugin.profile_files import write_yaml
@@ -43,6 +43,57 @@ def test_without_a_node_name_it_is_one_line_and_exit_2(dirs: Dirs) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "Error: the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME"]
+
+
+BAD_DIRECTORIES = {
+    "a regular file as the checkpoint": ("--plugins-dir", f"{NVIDIA}/claims", "a regular file"),
+    "a symlink as the checkpoint": ("--plugins-dir", f"{NVIDIA}/claims", "a symlink"),
+    "a symlink as the driver's directory": ("--plugins-dir", NVIDIA, "a symlink"),
+    "a symlink as the CDI spec directory": ("--cdi-spec-dir", "", "a symlink"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_DIRECTORIES))
+def test_a_directory_of_the_plugin_that_is_not_one_is_one_line_and_exit_2(api: FakeApiServer, dirs: Dirs,
+                                                                          tmp_path: Path, kind: str) -> None:
+    flag, below, what = BAD_DIRECTORIES[kind]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    base = dirs.plugins if flag == "--plugins-dir" else dirs.cdi
+    path = base / below if below else base
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if what == "a symlink":
+        path.symlink_to(elsewhere)
+    else:
+        path.write_text("")
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    api.create_node(NODE)
+    result = subprocess.run([sys.executable, "-m", "labeller.cli", "dra-plugin", "--simulate", "dgx-h100",
+                             "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--registry-dir", str(dirs.registry),
+                             "--plugins-dir", str(dirs.plugins), "--cdi-spec-dir", str(dirs.cdi)],
+                            capture_output=True, text=True, timeout=60)
+    real = Path(os.path.realpath(path.parent)) / path.name
+    prefix = (f"{flag} {dirs.plugins}: cannot keep the prepared claims of {NVIDIA}: " if flag == "--plugins-dir"
+              else f"{flag} {dirs.cdi}: ")
+    assert (result.returncode, result.stderr.strip().splitlines()) == (
+        2, [f"Error: {prefix}{real} is {what}, not a directory; left alone"])
+    assert list(elsewhere.iterdir()) == [] and api.log.requests == []
+
+
+def test_a_driver_whose_claims_cannot_be_kept_is_not_served_until_they_can(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    """Made bad while the plugin runs (the command line checked it at start): nothing published for
+    that driver, not ready, probed again; served once the path is a directory again."""
+    claims = dirs.plugins / NVIDIA / "claims"
+    claims.parent.mkdir(parents=True)
+    claims.write_text("")
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100", ready=False) as run:
+        probes = run.plugin.probes
+        wait_for(lambda: run.plugin.probes >= probes + 2)
+        assert not run.plugin.ready and run.slices(NVIDIA) == [] and not drakubelet.registered(NVIDIA)
+        claims.unlink()
+        wait_for(lambda: run.plugin.ready)
+        assert len(run.devices()) == 8 and claims.is_dir()
 
 
 def dra_process(api: FakeApiServer, dirs: Dirs, *args: str) -> PluginProcess:

@@ -186,22 +186,30 @@ def test_a_claim_shared_by_pods_is_prepared_once_and_unprepared_after_the_last(
 
 def test_concurrent_prepares_of_different_claims(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
     with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
-        claims = [run.claim(f"claim-{i}", f"gpu-{i % 8}") for i in range(24)]
-        answers: dict[str, Any] = {}
-
-        def prepare(claim: Claim) -> None:
-            answers.update(drakubelet.call_prepare(NVIDIA, [claim]))
-
-        threads = [threading.Thread(target=prepare, args=(c,)) for c in claims]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        claims = [run.claim(f"claim-{i}", f"gpu-{i % 8}", shared=True) for i in range(24)]
+        answers = all_at_once(drakubelet, claims)
         assert {uid: a.error for uid, a in answers.items()} == {c.uid: "" for c in claims}
         assert all(list(answers[c.uid].devices[0].cdi_device_ids) == [f"{KIND}={c.uid}-gpu-{i % 8}"]
                    for i, c in enumerate(claims))
         assert sorted(checkpoint(dirs)) == sorted(c.uid for c in claims)
         assert resolvable(dirs.cdi) == {i for a in answers.values() for d in a.devices for i in d.cdi_device_ids}
+
+
+def all_at_once(drakubelet: FakeDraKubelet, claims: list[Claim]) -> dict[str, Any]:
+    """Each claim prepared in its own call, the calls let go together."""
+    answers: dict[str, Any] = {}
+    start = threading.Barrier(len(claims))
+
+    def prepare(claim: Claim) -> None:
+        start.wait(30)
+        answers.update(drakubelet.call_prepare(NVIDIA, [claim]))
+
+    threads = [threading.Thread(target=prepare, args=(c,)) for c in claims]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
 
 
 def test_only_this_drivers_results_are_prepared(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
@@ -234,13 +242,17 @@ def test_an_unreadable_checkpoint_is_moved_aside_and_the_claim_prepared_again(
 
 
 def test_a_checkpoint_record_is_the_claim_as_answered(tmp_path: Path) -> None:
-    book = Checkpoint(tmp_path, NVIDIA)
-    claim = PreparedClaim("uid-1", "default", "c", (PreparedDevice(("gpu",), NODE, "gpu-0", (f"{KIND}=uid-1-gpu-0",)),))
+    book = Checkpoint(tmp_path, NVIDIA, NODE)
+    claim = PreparedClaim("uid-1", "default", "c", (
+        PreparedDevice(("gpu",), NODE, "gpu-0", (f"{KIND}=uid-1-gpu-0",), "0b7c0e8e-0000-4000-8000-00000000000a"),
+        PreparedDevice(("gpu/admin",), NODE, "gpu-1", (f"{KIND}=uid-1-gpu-1",), None, True)))
     book.add(claim)
-    assert Checkpoint(tmp_path, NVIDIA).get("uid-1") == claim and book.uids() == {"uid-1"}  # what a restart reads
-    assert Checkpoint(tmp_path, AMD).get("uid-1") is None  # another driver's directory
+    assert Checkpoint(tmp_path, NVIDIA, NODE).get("uid-1") == claim  # what a restart reads
+    assert Checkpoint(tmp_path, NVIDIA, NODE).claims() == [claim]
+    assert Checkpoint(tmp_path, AMD, NODE).get("uid-1") is None  # another driver's directory
+    assert (tmp_path / NVIDIA / DIRECTORY / "uid-1.json").stat().st_mode & 0o777 == 0o600
     book.remove("uid-1")
-    assert book.get("uid-1") is None and book.uids() == set()
+    assert book.get("uid-1") is None and book.claims() == []
 
 
 def test_a_uid_that_is_not_one_is_refused(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:

@@ -28,6 +28,11 @@ Four nodes, each a drakubelet and a ``gpu-labeller dra-plugin`` on a simulated p
    publishes it again from generation 1 (/readyz 200 within 2 s of that, one warning saying why); the
    same after the plugin itself wrote 2^63-1 and the slice was deleted; the scheduler then allocates
    from the pool published again.
+6. Hostile files and a second claim for a held device, on dra-h100 (issue 28): a symlink planted at a
+   claim's CDI spec path fails the real kubelet's prepare with one line and its target is untouched,
+   until it is removed (then the kubelet's retry prepares it); a FIFO planted as a claim's checkpoint
+   record is moved aside and the claim prepared; a claim whose status is allocated by hand to the
+   device another pod's claim holds is refused by the plugin, naming that claim.
 
 The control plane runs with ``DRA_STATE`` (default: a folder in the run's temporary folder) and the
 ports of ``DRA_API_PORT``, ``DRA_ETCD_PORT``, ``DRA_ETCD_PEER_PORT``, ``DRA_SCHED_PORT`` and
@@ -482,6 +487,65 @@ def scenario_generation_exhausted(cluster: Cluster, node: Node) -> None:
     check(gone is not None and gone["error"] == "", "and it is unprepared")
 
 
+def claim_object(name: str, cel: str) -> dict[str, Any]:
+    """A ResourceClaim made directly (its UID known before a pod uses it): one gpu.nvidia.com device."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [request("gpu", "gpu.nvidia.com", cel)]}}}
+
+
+def claim_pod(name: str, claim: str) -> dict[str, Any]:
+    """A pod using the ResourceClaim ``claim`` by name."""
+    obj = pod(name, {})
+    obj["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return obj
+
+
+def scenario_hostile_files(cluster: Cluster, node: Node) -> None:
+    print("6. a symlink at a spec path, a FIFO as a checkpoint record, a second claim for a held device", flush=True)
+    h100 = 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'
+    cluster.apply([claim_object("trap-claim", h100), claim_object("fifo-claim", h100)])
+    trap_uid = cluster.json("get", "resourceclaim", "trap-claim")["metadata"]["uid"]
+    fifo_uid = cluster.json("get", "resourceclaim", "fifo-claim")["metadata"]["uid"]
+    victim = node.dir / "victim.txt"
+    victim.write_text("never written by the plugin\n")
+    link = node.dir / "cdi" / f"gpu-labeller-dra_gpu.nvidia.com_{trap_uid}.json"
+    link.symlink_to(victim)
+    fifo = node.dir / "plugins" / "gpu.nvidia.com" / "claims" / f"{fifo_uid}.json"
+    os.mkfifo(fifo)
+    since = node.events.mark()
+    cluster.apply([claim_pod("trap-pod", "trap-claim"), claim_pod("fifo-pod", "fifo-claim")])
+    log = node.dir / "plugin.log"
+    refused = wait(lambda: f"{link} is a symlink, not a regular file; left alone" in log.read_text(), 60)
+    check(refused is not None, "a symlink at the spec path fails the claim's prepare (the kubelet retries it)")
+    check(victim.read_text() == "never written by the plugin\n" and link.is_symlink(), "its target is untouched")
+    link.unlink()
+    event = prepared(node, "trap-pod", since)
+    check(event is not None and event["error"] == "" and event["attempts"] > 1,
+          f"with the link gone, the kubelet's next try prepares it (attempt {(event or {}).get('attempts')})")
+    event = prepared(node, "fifo-pod", since)
+    check(event is not None and event["error"] == "" and fifo.with_name(fifo.name + ".bad").is_fifo(),
+          "a FIFO as the checkpoint record: moved aside, the claim prepared")
+    held = cluster.json("get", "resourceclaim", "trap-claim")["status"]["allocation"]["devices"]["results"][0]
+    cluster.apply([claim_object("rival-claim", h100)])
+    allocation = {"devices": {"results": [dict(held)]}, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [node.name]}]}]}}
+    cluster.kubectl("patch", "resourceclaim", "rival-claim", "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"allocation": allocation}}))
+    since = node.events.mark()
+    cluster.apply([claim_pod("rival-pod", "rival-claim")])
+    event = prepared(node, "rival-pod", since)
+    check(event is not None and f"device {held['device']} is prepared for claim default/trap-claim ({trap_uid})"
+          in event["error"], f"a second claim for {held['device']} is refused: {(event or {}).get('error', '')!r}")
+    since = node.events.mark()
+    for name in ("trap-pod", "fifo-pod", "rival-pod"):
+        cluster.kubectl("delete", "pod", name, "--grace-period=0", "--force", "--wait=true")
+    cluster.kubectl("delete", "resourceclaim", "trap-claim", "fifo-claim", "rival-claim", "--wait=true")
+    check(wait(lambda: not node.spec_files() and not node.checkpoints(), 60) is not None,
+          "unprepared: no spec file and no checkpoint record left (the FIFO stays aside, .bad)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k8s-dra", type=Path, default=ROOT.parent / "shared" / "k8s-dra")
@@ -513,6 +577,7 @@ def main() -> int:
         scenario_mig_amd_mixed(cluster, nodes)
         scenario_faults(cluster, nodes["dra-h100"])
         scenario_generation_exhausted(cluster, nodes["dra-h100"])
+        scenario_hostile_files(cluster, nodes["dra-h100"])
     finally:
         for node in nodes.values():
             node.stop(node.plugin)

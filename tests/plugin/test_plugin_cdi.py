@@ -203,3 +203,21 @@ def test_the_schema_check_can_fail() -> None:
     messages = sorted(e.message for e in validator().iter_errors(broken))
     assert messages == ["'containerEdits' is a required property", "'path' is a required property"]
     assert minimum_version(broken | {"devices": [{"name": "0000:05:00.0", "containerEdits": {}}]}) == (0, 5, 0)
+
+
+def test_a_link_at_a_spec_path_is_left_alone_and_its_target_untouched(sock_dir: Path, kubelet: FakeKubelet,
+                                                                      tmp_path: Path) -> None:
+    """The spec files are written as the DRA plugin's (labeller.ownfiles): never through a link, and
+    temporary files a killed plugin left are removed at start."""
+    spec_dir, target = tmp_path / "cdi", tmp_path / "elsewhere.json"
+    spec_dir.mkdir()
+    target.write_text("a file the plugin must never write\n")
+    (spec_dir / "gpu-labeller-nvidia.json").symlink_to(target)
+    stale, kept = spec_dir / ".gpu-labeller-nvidia.json.k3x9q1.tmp", spec_dir / ".nvidia.yaml.1.tmp"
+    stale.write_text("{half")
+    kept.write_text("nvidia-ctk's")
+    with running_plugin(sock_dir, "dgx-h100", CDI_CRI, cdi_spec_dir=spec_dir):
+        assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") > 0)  # the specs were written before
+        assert target.read_text() == "a file the plugin must never write\n"
+        assert (spec_dir / "gpu-labeller-nvidia.json").is_symlink()
+        assert not stale.exists() and kept.read_text() == "nvidia-ctk's"
