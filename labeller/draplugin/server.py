@@ -75,6 +75,7 @@ class DraService(dra_grpc.DRAPluginServicer):
                 answers[claim.uid] = dra.NodePrepareResourceResponse(error=str(exc))
                 continue
             except Exception as exc:  # a bug fails the claim, not the call: the kubelet retries it
+                self.metrics.prepares.labels(driver=driver, outcome="failed").inc()
                 log.exception("prepare failed", driver=driver, claim=str(claim), uid=claim.uid)
                 answers[claim.uid] = dra.NodePrepareResourceResponse(error=f"{driver}: internal error: {exc}")
                 continue
@@ -133,6 +134,7 @@ class DriverSockets:
                                          grpc_server(f"reg-{driver}", lambda s: add_registration(registration, s)))
         self._dra_retry = SocketRetry(driver=driver, socket=str(self.endpoint))
         self._registration_retry = SocketRetry(driver=driver, socket=str(self.registration.path))
+        self._set_registered(False)  # exported from the start: a kubelet that never registers it is seen
 
     def start(self) -> None:
         # the DRA socket first: the kubelet calls it as soon as it has registered the plugin

@@ -196,6 +196,12 @@ def test_config_create_false_needs_the_name_of_an_existing_config_map() -> None:
     {"dra": {"pluginsDir": "var/lib/kubelet/plugins"}},
     {"dra": {"metricsPort": 70000}},
     {"dra": {"deviceClasses": {"create": True}}},
+    {"monitoring": {"podMonitor": {"interval": "30 seconds"}}},
+    {"monitoring": {"podMonitor": {"enabeld": True}}},
+    {"monitoring": {"prometheusRule": {"runbookBaseUrl": "docs.example.com"}}},
+    {"monitoring": {"prometheusRule": {"disabled": "GpuLabellerLabelsStale"}}},
+    {"monitoring": {"prometheusRule": {"additionalRuleLabels": {"team": 7}}}},
+    {"monitoring": {"dashboard": {"labels": ["grafana_dashboard"]}}},
 ], ids=lambda v: json.dumps(v))
 def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
     chart = helm_python.Chart.load(CHART)

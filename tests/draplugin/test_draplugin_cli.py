@@ -136,6 +136,17 @@ def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, d
 
 
 @pytest.mark.slow
+def test_a_driver_the_kubelet_never_registers_is_exported_as_unregistered(api: FakeApiServer, dirs: Dirs) -> None:
+    """No kubelet watches the registry directory: gpu_labeller_dra_registered is 0 (not absent), so the
+    GpuLabellerDraNotRegistered alert fires."""
+    api.create_node(NODE)
+    with dra_process(api, dirs, "--simulate", "dgx-h100") as plugin:
+        plugin.event("serving")
+        assert 'gpu_labeller_dra_registered{driver="gpu.nvidia.com"} 0.0' in metrics(plugin)
+        assert plugin.stop() == 0
+
+
+@pytest.mark.slow
 def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                              dirs: Dirs) -> None:
     api.create_node(NODE)

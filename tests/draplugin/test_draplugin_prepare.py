@@ -9,7 +9,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from labeller.draplugin.checkpoint import DIRECTORY, Checkpoint, PreparedClaim, PreparedDevice
+from labeller.draplugin.prepare import ClaimRef, Preparer
 from labeller.offer import PhysicalDevice
 from tests.builders import wait_for
 from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, simulated_plugin
@@ -166,6 +169,22 @@ def test_each_bad_claim_fails_alone_naming_its_device(api: FakeApiServer, drakub
         assert list(checkpoint(dirs)) == [good.uid]
         later = run.claim("later", "gpu-7")  # the plugin keeps serving
         assert not drakubelet.call_prepare(NVIDIA, [later])[later.uid].error
+
+
+def test_a_claim_failed_by_a_bug_is_counted_as_failed(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet gets the error, and gpu_labeller_dra_prepares_total{outcome="failed"} counts it: the
+    GpuLabellerDraPrepareFailing alert sees a bug as it sees a bad claim."""
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        claim = run.claim("hits-a-bug", "gpu-0")
+
+        def bug(self: Preparer, ref: ClaimRef) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(Preparer, "prepare", bug)
+        assert drakubelet.call_prepare(NVIDIA, [claim])[claim.uid].error == "gpu.nvidia.com: internal error: a bug"
+        assert run.plugin.metrics.registry.get_sample_value(
+            "gpu_labeller_dra_prepares_total", {"driver": NVIDIA, "outcome": "failed"}) == 1
 
 
 def test_a_claim_shared_by_pods_is_prepared_once_and_unprepared_after_the_last(

@@ -298,3 +298,19 @@ true
 false
 {{- end -}}
 {{- end }}
+
+{{/* Fails the render when the cluster is known not to serve the Prometheus Operator's kind: include with
+     (dict "ctx" $ "kind" "PodMonitor" "value" "monitoring.podMonitor.enabled"). Helm knows what the cluster
+     serves on install and upgrade (discovery lists apps/v1/DaemonSet too); offline (helm template, lint) it
+     does not, and the object is rendered as asked. */}}
+{{- define "gpu-labeller.requireMonitoringApi" -}}
+{{- $discovered := .ctx.Capabilities.APIVersions.Has "apps/v1/DaemonSet" -}}
+{{- if and $discovered (not (.ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind))) -}}
+{{- fail (printf "%s is true but this cluster does not serve monitoring.coreos.com/v1 %s: install the Prometheus Operator's CRDs first (kube-prometheus-stack has them), or set %s to false" .value .kind .value) -}}
+{{- end -}}
+{{- end }}
+
+{{/* Namespace of a monitoring object: its own `namespace` value, else the release's. */}}
+{{- define "gpu-labeller.monitoringNamespace" -}}
+{{- default (include "gpu-labeller.namespace" .ctx) .namespace -}}
+{{- end }}
