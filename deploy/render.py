@@ -10,7 +10,7 @@
 Values files (-f/--values, repeatable) merge in order as Helm merges them. Every render's named
 configs (the chart's ConfigMap) are checked with gpu-labeller's own config validator: a config the
 labeller would refuse is one line on stderr, exit 2, as is a values file that cannot be read or a
-value the chart refuses.
+value the chart refuses (a value its schema refuses is named with its path and why, one line each).
 
 gpu-labeller.yaml is the chart with its default values, plus createNamespace=true so that
 `kubectl apply -f` works without Helm, and two example named configs (EXAMPLE_CONFIGS: whole GPUs
@@ -175,6 +175,23 @@ def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+SCHEMA_PREAMBLE = "values don't meet the specifications of the schema(s)"
+
+
+def helm_problem(message: str) -> str:
+    """Helm's error, whole: a schema error as "values do not match the chart's schema" and each
+    problem with its path and cause (``at '/labeller': additional properties 'enabeld' not allowed``),
+    one line when there is one, else one line per problem after it; any other error on one line."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if lines and lines[0].startswith(SCHEMA_PREAMBLE):
+        problems = [line.removeprefix("- ") for line in lines[1:] if line.startswith("- ")]
+        head = f"values do not match the chart's schema ({CHART.name}/values.schema.json)"
+        if len(problems) == 1:
+            return f"{head}: {problems[0]}"
+        return f"{head}, {len(problems)} problems:" + "".join(f"\n  {problem}" for problem in problems)
+    return "; ".join(lines)
+
+
 def read_values(paths: list[str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for path in paths:
@@ -217,7 +234,7 @@ def render_values(paths: list[str], check: bool, kube_version: str | None = None
         try:
             rendered = for_cluster(values, kube_version) if kube_version else render_chart(values)
         except helm_python.errors.HelmError as exc:
-            raise BadValues(str(exc).strip().splitlines()[0]) from None
+            raise BadValues(helm_problem(str(exc))) from None
         configs = checked_configs(text for path, text in rendered.items() if not path.endswith("/" + NOTES))
     except BadValues as exc:
         where = "" if str(exc).startswith(tuple(paths)) else f"{', '.join(paths)}: "

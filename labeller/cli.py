@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from labeller.commands import dryrun
-from labeller.commands.options import BadInput
+from labeller.commands.options import BadInput, from_environment
 from labeller.errors import ClusterError, InputError
 from labeller.log import LEVELS, configure
 
@@ -47,13 +47,26 @@ def _as_click_error(exc: InputError | ClusterError) -> click.ClickException:
     return BadInput(str(exc)) if isinstance(exc, InputError) else click.ClickException(str(exc))
 
 
+def _visible_suggestions(exc: click.NoSuchOption) -> click.NoSuchOption:
+    """click's "No such option" with "did you mean" drawn from the options --help shows: never one of
+    the hidden upstream flags (``--fromat`` suggests ``--format``, not AMD's ``--firmware``)."""
+    if not exc.possibilities or exc.ctx is None:
+        return exc
+    visible = [name for param in exc.ctx.command.get_params(exc.ctx)
+               if isinstance(param, click.Option) and not param.hidden
+               for name in (*param.opts, *param.secondary_opts)]
+    return click.NoSuchOption(exc.option_name, possibilities=visible, ctx=exc.ctx)
+
+
 # A link to gpu-labeller by one of these names runs that command: kubectl finds plugins by name on PATH.
 KUBECTL_PLUGINS = {"kubectl-inspect-gpushare": ("inspect", "kubectl inspect gpushare")}
 
 
 class LazyGroup(click.Group):
     """The root command: loads the commands that need the cluster or grpc on first use, and is the
-    one place where the domain's InputError becomes click's one line (``Error: ...``, exit code 2)."""
+    one place where the domain's InputError becomes click's one line (``Error: ...``, exit code 2), a
+    bad value from an environment variable a line naming it, and "did you mean" offers only options
+    --help shows."""
 
     def main(self, args: Any = None, prog_name: str | None = None, *rest: Any, **extra: Any) -> Any:
         plugin = KUBECTL_PLUGINS.get(os.path.basename(sys.argv[0]))
@@ -75,6 +88,16 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except (InputError, ClusterError) as exc:
             raise _as_click_error(exc) from None
+        except click.NoSuchOption as exc:
+            raise _visible_suggestions(exc) from None
+        except click.BadParameter as exc:
+            raise from_environment(exc) or exc from None
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as exc:  # the root's own options (GPU_LABELLER_LOG_LEVEL)
+            raise from_environment(exc) or exc from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])

@@ -1,5 +1,6 @@
-"""The flags and environment variables of the tools gpu-labeller replaces: NVIDIA's GPU Feature
-Discovery (GFD), NVIDIA's device plugin and AMD's k8s-node-labeller, and what each means here.
+"""The flags and environment variables of the tools gpu-labeller replaces, and what each means here:
+NVIDIA's GPU Feature Discovery (GFD) and device plugin, AMD's k8s-node-labeller and device plugin,
+gpushare's device plugin, scheduler extender and kubectl plugin, NVIDIA's and AMD's DRA drivers.
 
 A flag either sets a config key (``key``: a flag or its env var beats the config file, as upstream),
 or is gpu-labeller's own option under another name (``alias_of``), or asks for something
@@ -12,27 +13,52 @@ Also here: the config keys of NVIDIA's format that are read and not honoured, an
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Tool = Literal["gfd", "plugin", "amd"]
-TOOL_NAMES: dict[Tool, str] = {"gfd": "GFD", "plugin": "NVIDIA's device plugin", "amd": "AMD's k8s-node-labeller"}
-# A value kind: bool, str, a list of strings, a Go duration ("10s", "1m30s"), or one of some strings.
-Kind = Literal["bool", "str", "list", "duration"] | tuple[str, ...]
+Tool = Literal["gfd", "plugin", "amd", "amd-plugin", "glog", "gpushare", "gpushare-extender", "gpushare-inspect",
+               "dra", "nvidia-dra", "klog"]
+TOOL_NAMES: dict[Tool, str] = {
+    "gfd": "GFD", "plugin": "NVIDIA's device plugin", "amd": "AMD's k8s-node-labeller",
+    "amd-plugin": "AMD's device plugin", "glog": "glog, in AMD's and gpushare's device plugins",
+    "gpushare": "gpushare's device plugin", "gpushare-extender": "gpushare's scheduler extender",
+    "gpushare-inspect": "kubectl-inspect-gpushare", "dra": "NVIDIA's and AMD's DRA drivers",
+    "nvidia-dra": "NVIDIA's DRA driver", "klog": "klog, in NVIDIA's and AMD's DRA drivers",
+}
+# A value kind: bool (--flag, --flag=false), switch (a Go bool given alone, before arguments: -d NODE),
+# str, int, a list of strings, a Go duration ("10s", "1m30s"), or one of some strings.
+Kind = Literal["bool", "switch", "str", "int", "list", "duration"] | tuple[str, ...]
 Overrides = tuple[tuple[str, Any], ...]  # (dotted config key, value), applied over the config file
+Neutral = Callable[[Any], bool]  # a value asks for what gpu-labeller does anyway
+
+
+def anything(value: Any) -> bool:
+    """Every value is neutral: the flag is context (the pod's namespace), not a request."""
+    return True
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, int) and value > 0
+
+
+def glog_info(value: Any) -> bool:
+    """glog's -stderrthreshold asking for INFO and up on stderr, as gpu-labeller logs by default."""
+    return str(value).strip().upper() in ("INFO", "0")
 
 
 @dataclass(frozen=True)
 class UpstreamFlag:
     tool: Tool
-    names: tuple[str, ...]  # as upstream spells them, first the main one: ("--output-file", "-o")
+    names: tuple[str, ...]  # as upstream spells them, first the main one: ("--output-file", "-o"); () env only
     env: tuple[str, ...] = ()
     kind: Kind = "bool"
     key: str | None = None  # the config key it sets: "flags.migStrategy"
     alias_of: str | None = None  # or: gpu-labeller's own option it is another name of
     commands: tuple[str, ...] = ("run",)  # the gpu-labeller commands that take it
-    neutral: Any = None  # a flag not honoured, given this value, asks for what gpu-labeller does: no warning
+    # a flag not honoured, given this value (or a value this predicate holds for), asks for what
+    # gpu-labeller does: no warning
+    neutral: Any = None
     note: str = ""  # the difference, for the warning and docs/migrating.md
 
     @property
@@ -42,15 +68,24 @@ class UpstreamFlag:
     @property
     def dest(self) -> str:
         """The Python name of its option: ``upstream_<tool>_<main name>``."""
-        return f"upstream_{self.tool}_" + self.names[0].lstrip("-").replace("-", "_")
+        main = self.names[0] if self.names else self.env[0].lower()
+        return (f"upstream_{self.tool}_" + main.lstrip("-")).replace("-", "_")
+
+    @property
+    def shown(self) -> str:
+        """How a warning names it: its main flag, or its env var."""
+        return self.names[0] if self.names else self.env[0]
+
+    def is_neutral(self, value: Any) -> bool:
+        return bool(self.neutral(value)) if callable(self.neutral) else value == self.neutral
 
     def warning(self, value: Any) -> str | None:
         """The one line a value of a flag gpu-labeller does not honour gets; None when honoured or neutral."""
-        if self.honoured or value is None or value == self.neutral:
+        if self.honoured or value is None or self.is_neutral(value):
             return None
         shown = (str(value).lower() if isinstance(value, bool)
                  else ",".join(value) if isinstance(value, tuple) else value)
-        return f"{self.names[0]}={shown} ({TOOL_NAMES[self.tool]}) is not honoured by gpu-labeller: {self.note}"
+        return f"{self.shown}={shown} ({TOOL_NAMES[self.tool]}) is not honoured by gpu-labeller: {self.note}"
 
 
 def _amd_kind(kind: str) -> UpstreamFlag:
@@ -59,9 +94,23 @@ def _amd_kind(kind: str) -> UpstreamFlag:
                              "amdBeta turn whole families off")
 
 
+def _go(tool: Tool, name: str, commands: tuple[str, ...], kind: Kind = "bool", neutral: Any = None,
+        note: str = "", key: str | None = None, env: tuple[str, ...] = ()) -> UpstreamFlag:
+    """A flag of Go's flag package: -name, also --name (-name=value, -name value)."""
+    return UpstreamFlag(tool, (f"-{name}", f"--{name}"), env, kind, key=key, commands=commands, neutral=neutral,
+                        note=note)
+
+
 _RUN_AND_LABELS = ("run", "labels")
+_PLUGIN = ("device-plugin",)
+_DRA = ("dra-plugin",)
 _NOT_DISCOVERY = "gpu-labeller finds NVIDIA GPUs through NVML and the PCI scan (as 'auto')"
 _NO_CONTAINER_ROOT = "gpu-labeller reads the driver's files under --host-root and flags.nvidiaDriverRoot"
+_LOGS = "gpu-labeller logs to stderr; the root options --log-level and --log-format set what and how"
+_VERBOSITY = "give the root option --log-level debug (gpu-labeller --log-level debug <command>)"
+_NO_KUBELET_QUERY = "the plugin reads the pods bound to its node from the API server, not the kubelet"
+_HEALTH_HTTP = "gpu-labeller serves /healthz, /readyz and /metrics over HTTP on --metrics-bind:--metrics-port"
+_NOT_RATE_LIMITED = "the client is not rate limited (a few requests a minute)"
 
 UPSTREAM_FLAGS: tuple[UpstreamFlag, ...] = (
     # --- GFD (cmd/gpu-feature-discovery/main.go): gpu-labeller run
@@ -86,54 +135,144 @@ UPSTREAM_FLAGS: tuple[UpstreamFlag, ...] = (
     UpstreamFlag("gfd", ("--driver-root-ctr-path", "--container-driver-root"),
                  ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"), "str", neutral="/driver-root",
                  note=_NO_CONTAINER_ROOT),
+    UpstreamFlag("gfd", ("--pod-name",), ("POD_NAME",), "str",
+                 note="the NodeFeature object gets no owner reference: cleanup removes it"),
+    UpstreamFlag("gfd", ("--kube-api-qps",), ("KUBE_API_QPS",), "str", note=_NOT_RATE_LIMITED),
+    UpstreamFlag("gfd", ("--kube-api-burst",), ("KUBE_API_BURST",), "int", note=_NOT_RATE_LIMITED),
     # --- NVIDIA's device plugin (cmd/nvidia-device-plugin/main.go): gpu-labeller device-plugin
     UpstreamFlag("plugin", ("--mig-strategy",), ("MIG_STRATEGY",), ("none", "single", "mixed"),
                  key="flags.migStrategy", commands=("device-plugin", "resources")),
     UpstreamFlag("plugin", ("--fail-on-init-error",), ("FAIL_ON_INIT_ERROR",), key="flags.failOnInitError",
-                 commands=("device-plugin",),
+                 commands=_PLUGIN,
                  note="the default is false here (true in NVIDIA's plugin): the plugin waits for the driver"),
     UpstreamFlag("plugin", ("--driver-root", "--nvidia-driver-root"), ("NVIDIA_DRIVER_ROOT",), "str",
-                 key="flags.nvidiaDriverRoot", commands=("device-plugin",)),
+                 key="flags.nvidiaDriverRoot", commands=_PLUGIN),
     UpstreamFlag("plugin", ("--dev-root", "--nvidia-dev-root"), ("NVIDIA_DEV_ROOT",), "str",
-                 key="flags.nvidiaDevRoot", commands=("device-plugin",)),
+                 key="flags.nvidiaDevRoot", commands=_PLUGIN),
     UpstreamFlag("plugin", ("--pass-device-specs",), ("PASS_DEVICE_SPECS",), key="flags.plugin.passDeviceSpecs",
-                 commands=("device-plugin",)),
+                 commands=_PLUGIN),
     UpstreamFlag("plugin", ("--device-list-strategy",), ("DEVICE_LIST_STRATEGY",), "list",
-                 key="flags.plugin.deviceListStrategy", commands=("device-plugin",)),
+                 key="flags.plugin.deviceListStrategy", commands=_PLUGIN),
     UpstreamFlag("plugin", ("--device-id-strategy",), ("DEVICE_ID_STRATEGY",), ("uuid", "index"),
-                 key="flags.plugin.deviceIDStrategy", commands=("device-plugin",)),
+                 key="flags.plugin.deviceIDStrategy", commands=_PLUGIN),
     UpstreamFlag("plugin", ("--cdi-annotation-prefix",), ("CDI_ANNOTATION_PREFIX",), "str",
-                 key="flags.plugin.cdiAnnotationPrefix", commands=("device-plugin",)),
+                 key="flags.plugin.cdiAnnotationPrefix", commands=_PLUGIN),
     UpstreamFlag("plugin", ("--nvidia-cdi-hook-path", "--nvidia-ctk-path"), ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-                 "str", key="flags.plugin.nvidiaCTKPath", commands=("device-plugin",)),
-    UpstreamFlag("plugin", ("--mps-root",), ("MPS_ROOT",), "str", key="flags.mpsRoot", commands=("device-plugin",)),
-    UpstreamFlag("plugin", ("--config-file",), ("CONFIG_FILE",), "str", alias_of="--config",
-                 commands=("device-plugin",)),
-    UpstreamFlag("plugin", ("--gdrcopy-enabled",), ("GDRCOPY_ENABLED",), commands=("device-plugin",), neutral=False,
+                 "str", key="flags.plugin.nvidiaCTKPath", commands=_PLUGIN),
+    UpstreamFlag("plugin", ("--mps-root",), ("MPS_ROOT",), "str", key="flags.mpsRoot", commands=_PLUGIN),
+    UpstreamFlag("plugin", ("--shared-devices-allocation-policy",), ("SHARED_DEVICES_ALLOCATION_POLICY",),
+                 ("distributed", "packed"), key="flags.plugin.sharedDevicesAllocationPolicy", commands=_PLUGIN),
+    UpstreamFlag("plugin", ("--kubelet-socket",), ("KUBELET_SOCKET",), "str", alias_of="--kubelet-socket",
+                 commands=_PLUGIN),
+    UpstreamFlag("plugin", ("--config-file",), ("CONFIG_FILE",), "str", alias_of="--config", commands=_PLUGIN),
+    UpstreamFlag("plugin", ("--gdrcopy-enabled",), ("GDRCOPY_ENABLED",), commands=_PLUGIN, neutral=False,
                  note="containers get no GDRCopy device nodes"),
-    UpstreamFlag("plugin", ("--gds-enabled",), ("GDS_ENABLED",), commands=("device-plugin",), neutral=False,
+    UpstreamFlag("plugin", ("--gds-enabled",), ("GDS_ENABLED",), commands=_PLUGIN, neutral=False,
                  note="containers get no NVIDIA_GDS=enabled"),
-    UpstreamFlag("plugin", ("--mofed-enabled",), ("MOFED_ENABLED",), commands=("device-plugin",), neutral=False,
+    UpstreamFlag("plugin", ("--mofed-enabled",), ("MOFED_ENABLED",), commands=_PLUGIN, neutral=False,
                  note="containers get no NVIDIA_MOFED=enabled"),
     UpstreamFlag("plugin", ("--driver-root-ctr-path", "--container-driver-root"),
-                 ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"), "str", commands=("device-plugin",),
+                 ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"), "str", commands=_PLUGIN,
                  neutral="/driver-root", note=_NO_CONTAINER_ROOT),
     UpstreamFlag("plugin", ("--device-discovery-strategy",), ("DEVICE_DISCOVERY_STRATEGY",), ("auto", "nvml", "tegra"),
-                 commands=("device-plugin",), neutral="auto", note=_NOT_DISCOVERY),
-    UpstreamFlag("plugin", ("--resource-name-prefix",), ("RESOURCE_NAME_PREFIX",), "str", commands=("device-plugin",),
+                 commands=_PLUGIN, neutral="auto", note=_NOT_DISCOVERY),
+    UpstreamFlag("plugin", ("--resource-name-prefix",), ("RESOURCE_NAME_PREFIX",), "str", commands=_PLUGIN,
                  neutral="nvidia.com", note="resources are named nvidia.com/...; rename them with the sharing config"),
-    UpstreamFlag("plugin", ("--imex-channel-ids",), ("IMEX_CHANNEL_IDS",), "list", commands=("device-plugin",),
+    UpstreamFlag("plugin", ("--imex-channel-ids",), ("IMEX_CHANNEL_IDS",), "list", commands=_PLUGIN,
                  neutral=(), note="containers get no IMEX channels"),
-    UpstreamFlag("plugin", ("--imex-required",), ("IMEX_REQUIRED",), commands=("device-plugin",), neutral=False,
+    UpstreamFlag("plugin", ("--imex-required",), ("IMEX_REQUIRED",), commands=_PLUGIN, neutral=False,
                  note="containers get no IMEX channels"),
-    UpstreamFlag("plugin", ("--cdi-feature-flags",), ("CDI_FEATURE_FLAGS",), "list", commands=("device-plugin",),
+    UpstreamFlag("plugin", ("--cdi-feature-flags",), ("CDI_FEATURE_FLAGS",), "list", commands=_PLUGIN,
                  neutral=(), note="the CDI specs are written with no feature flags"),
+    UpstreamFlag("plugin", ("--cdi-disable-hooks",), ("CDI_DISABLE_HOOKS",), "list", commands=_PLUGIN,
+                 neutral=(), note="the CDI specs carry one hook, nvidia-ctk's update-ldcache, when the host has "
+                                  "flags.plugin.nvidiaCTKPath"),
     # --- AMD's k8s-node-labeller (cmd/k8s-node-labeller/main.go, Go flags: -vram): gpu-labeller run
     UpstreamFlag("amd", ("-firmware", "--firmware"), key="labeller.labels.firmware", commands=_RUN_AND_LABELS),
     *(_amd_kind(kind) for kind in ("family", "driver-version", "driver-src-version", "device-id", "product-name",
                                    "vram", "simd-count", "cu-count", "compute-memory-partition",
                                    "compute-partitioning-supported", "memory-partitioning-supported")),
     UpstreamFlag("amd", (), ("DS_NODE_NAME",), "str", alias_of="--node-name"),
+    # --- AMD's device plugin (cmd/k8s-device-plugin/main.go, Go flags): gpu-labeller device-plugin
+    _go("amd-plugin", "resource_naming_strategy", (*_PLUGIN, "resources"), ("single", "mixed"),
+        key="labeller.amd.resourceNamingStrategy"),
+    _go("amd-plugin", "pulse", _PLUGIN, "int", neutral=positive,
+        note="gpu-labeller always checks device health (AMD's 0 turns its checks off); DP_DISABLE_HEALTHCHECKS=all "
+             "turns every check off"),
+    # --- glog's flags (github.com/golang/glog), which AMD's and gpushare's device plugins parse
+    _go("glog", "logtostderr", _PLUGIN, neutral=True, note=_LOGS),
+    _go("glog", "alsologtostderr", _PLUGIN, neutral=True, note=_LOGS),
+    _go("glog", "stderrthreshold", _PLUGIN, "str", neutral=glog_info, note=_LOGS),
+    UpstreamFlag("glog", ("-v", "--v"), kind="int", commands=_PLUGIN, neutral=0, note=_VERBOSITY),
+    _go("glog", "vmodule", _PLUGIN, "str", note=_LOGS),
+    _go("glog", "log_dir", _PLUGIN, "str", neutral="", note=_LOGS),
+    _go("glog", "log_link", _PLUGIN, "str", neutral="", note=_LOGS),
+    _go("glog", "logbuflevel", _PLUGIN, "int", note=_LOGS),
+    _go("glog", "log_backtrace_at", _PLUGIN, "str", neutral="", note=_LOGS),
+    # --- gpushare's device plugin (cmd/nvidia/main.go, Go flags): gpu-labeller device-plugin
+    _go("gpushare", "memory-unit", _PLUGIN, ("GiB", "MiB"),
+        note="gpu-labeller shares GPUs by memory when the config says sharing.memory (unit: GiB or MiB; the chart's "
+             "devicePlugin.memorySharing)"),
+    _go("gpushare", "mps", _PLUGIN, neutral=False, note="MPS is the config's sharing.mps"),
+    _go("gpushare", "health-check", _PLUGIN, neutral=True, note="gpu-labeller always checks device health"),
+    _go("gpushare", "query-kubelet", _PLUGIN, neutral=False, note=_NO_KUBELET_QUERY),
+    _go("gpushare", "kubelet-address", _PLUGIN, "str", neutral="0.0.0.0", note=_NO_KUBELET_QUERY),
+    _go("gpushare", "kubelet-port", _PLUGIN, "int", neutral=10250, note=_NO_KUBELET_QUERY),
+    _go("gpushare", "client-cert", _PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
+    _go("gpushare", "client-key", _PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
+    _go("gpushare", "token", _PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
+    _go("gpushare", "timeout", _PLUGIN, "int", neutral=10, note=_NO_KUBELET_QUERY),
+    # --- gpushare's scheduler extender (cmd/main.go, env only): gpu-labeller scheduler-extender
+    UpstreamFlag("gpushare-extender", (), ("PORT",), "int", alias_of="--port", commands=("scheduler-extender",)),
+    UpstreamFlag("gpushare-extender", (), ("LOG_LEVEL",), "str", commands=("scheduler-extender",), note=_VERBOSITY),
+    UpstreamFlag("gpushare-extender", (), ("THREADNESS",), "str", commands=("scheduler-extender",),
+                 note="the extender's caches are fed by watches, with no worker count to set"),
+    # --- kubectl-inspect-gpushare (cmd/inspect/main.go): gpu-labeller inspect
+    UpstreamFlag("gpushare-inspect", ("-d",), kind="switch", commands=("inspect",), neutral=True,
+                 note="inspect always lists each GPU's pods"),
+    # --- NVIDIA's and AMD's DRA drivers (cmd/gpu-kubelet-plugin, cmd/gpu-kubeletplugin): gpu-labeller dra-plugin
+    UpstreamFlag("dra", ("--cdi-root",), ("CDI_ROOT",), "str", alias_of="--cdi-spec-dir", commands=_DRA),
+    UpstreamFlag("dra", ("--kubelet-registrar-directory-path",), ("KUBELET_REGISTRAR_DIRECTORY_PATH",), "str",
+                 alias_of="--registry-dir", commands=_DRA),
+    UpstreamFlag("dra", ("--kubelet-plugins-directory-path",), ("KUBELET_PLUGINS_DIRECTORY_PATH",), "str",
+                 alias_of="--plugins-dir", commands=_DRA),
+    UpstreamFlag("dra", ("--healthcheck-port",), ("HEALTHCHECK_PORT",), "int", commands=_DRA, neutral=-1,
+                 note=_HEALTH_HTTP),
+    UpstreamFlag("dra", ("--kube-api-qps",), ("KUBE_API_QPS",), "str", commands=_DRA, note=_NOT_RATE_LIMITED),
+    UpstreamFlag("dra", ("--kube-api-burst",), ("KUBE_API_BURST",), "int", commands=_DRA, note=_NOT_RATE_LIMITED),
+    UpstreamFlag("dra", ("--feature-gates",), ("FEATURE_GATES",), "str", commands=_DRA, neutral="",
+                 note="gpu-labeller has no feature gates: what it serves follows the config"),
+    UpstreamFlag("nvidia-dra", ("--nvidia-driver-root", "--host_driver-root"),
+                 ("NVIDIA_DRIVER_ROOT", "HOST_DRIVER_ROOT"), "str", key="flags.nvidiaDriverRoot", commands=_DRA),
+    UpstreamFlag("nvidia-dra", ("--nvidia-cdi-hook-path",), ("NVIDIA_CDI_HOOK_PATH",), "str",
+                 key="flags.plugin.nvidiaCTKPath", commands=_DRA),
+    UpstreamFlag("nvidia-dra", ("--container-driver-root",), ("DRIVER_ROOT_CTR_PATH",), "str", commands=_DRA,
+                 neutral="/driver-root", note=_NO_CONTAINER_ROOT),
+    UpstreamFlag("nvidia-dra", ("--namespace",), ("NAMESPACE",), "str", commands=_DRA, neutral=anything,
+                 note="the DRA plugin creates no namespaced objects"),
+    UpstreamFlag("nvidia-dra", ("--image-name",), ("IMAGE_NAME",), "str", commands=_DRA,
+                 note="the DRA plugin starts no other pods (NVIDIA's uses its image for ComputeDomain daemons)"),
+    UpstreamFlag("nvidia-dra", ("--additional-xids-to-ignore",), ("ADDITIONAL_XIDS_TO_IGNORE",), "str",
+                 commands=_DRA, neutral="",
+                 note="give the XIDs to ignore in DP_DISABLE_HEALTHCHECKS (a comma list), as for the device plugin"),
+    UpstreamFlag("nvidia-dra", ("--http-endpoint",), ("HTTP_ENDPOINT",), "str", commands=_DRA, neutral="",
+                 note=_HEALTH_HTTP),
+    UpstreamFlag("nvidia-dra", ("--metrics-path",), ("METRICS_PATH",), "str", commands=_DRA, neutral="/metrics",
+                 note=_HEALTH_HTTP),
+    # --- klog's flags (k8s.io/component-base/logs), which both DRA drivers take, each with an env var
+    UpstreamFlag("klog", ("-v", "--v"), ("V",), "int", commands=_DRA, neutral=0, note=_VERBOSITY),
+    UpstreamFlag("klog", ("--vmodule",), ("VMODULE",), "str", commands=_DRA, neutral="", note=_LOGS),
+    UpstreamFlag("klog", ("--logging-format",), ("LOGGING_FORMAT",), "str", commands=_DRA, note=_LOGS),
+    UpstreamFlag("klog", ("--log-flush-frequency",), ("LOG_FLUSH_FREQUENCY",), "str", commands=_DRA,
+                 note="every log line is written at once"),
+    UpstreamFlag("klog", ("--log-text-split-stream",), ("LOG_TEXT_SPLIT_STREAM",), commands=_DRA, neutral=False,
+                 note=_LOGS),
+    UpstreamFlag("klog", ("--log-text-info-buffer-size",), ("LOG_TEXT_INFO_BUFFER_SIZE",), "str", commands=_DRA,
+                 neutral="0", note="every log line is written at once"),
+    UpstreamFlag("klog", ("--log-json-split-stream",), ("LOG_JSON_SPLIT_STREAM",), commands=_DRA, neutral=False,
+                 note=_LOGS),
+    UpstreamFlag("klog", ("--log-json-info-buffer-size",), ("LOG_JSON_INFO_BUFFER_SIZE",), "str", commands=_DRA,
+                 neutral="0", note="every log line is written at once"),
 )
 
 

@@ -165,15 +165,20 @@ def _status_error(status: int, data: bytes, verb: str, resource: str) -> KubeErr
     return KubeError(status, reason, message)
 
 
-def load_configuration(kubeconfig: str | None) -> kubernetes.client.Configuration:
-    """Credentials from ``kubeconfig``, else the pod's service account.
+def load_configuration(kubeconfig: str | Mapping[str, Any] | None, where: str = "") -> kubernetes.client.Configuration:
+    """Credentials from ``kubeconfig`` (a kubeconfig file, or a kubeconfig already read and merged from
+    the files ``where`` names: labeller.cluster.connect), else the pod's service account.
 
     Any problem is a KubeError whose message is one line: a malformed kubeconfig makes the client
     raise anything from ConfigException to TypeError or UnicodeDecodeError."""
     configuration = kubernetes.client.Configuration()
     loader: Any = kubernetes.config  # the loaders carry no annotations
+    where = where or (kubeconfig if isinstance(kubeconfig, str) else "")
     try:
-        if kubeconfig:
+        if isinstance(kubeconfig, Mapping):
+            loader.load_kube_config_from_dict(dict(kubeconfig), client_configuration=configuration,
+                                              persist_config=False)
+        elif kubeconfig:
             # KUBECONFIG may list several files; when none exists the client only says "No configuration found".
             if not any(os.path.exists(os.path.expanduser(path)) for path in kubeconfig.split(os.pathsep) if path):
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), kubeconfig)
@@ -182,7 +187,7 @@ def load_configuration(kubeconfig: str | None) -> kubernetes.client.Configuratio
             loader.load_incluster_config(client_configuration=configuration)
     except Exception as exc:  # noqa: BLE001 - see the docstring
         problem = _config_problem(exc)
-        raise KubeError(0, "ConfigError", f"{kubeconfig}: {problem}" if kubeconfig else problem) from None
+        raise KubeError(0, "ConfigError", f"{where}: {problem}" if where else problem) from None
     # One quick retry of a connect error (a stale pooled connection); the daemon owns real retries.
     configuration.retries = urllib3.Retry(total=1, connect=1, read=0, redirect=0, status=0, other=0)
     return configuration
@@ -210,9 +215,9 @@ class Kube:
     than the generated ``CoreV1Api``, whose pydantic-validated methods cost about 20 MiB of memory.
     """
 
-    def __init__(self, kubeconfig: str | None = None, observer: Observer | None = None,
-                 pool_size: int = 4, request_timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
-        configuration = load_configuration(kubeconfig)
+    def __init__(self, kubeconfig: str | Mapping[str, Any] | None = None, observer: Observer | None = None,
+                 pool_size: int = 4, request_timeout: tuple[float, float] = REQUEST_TIMEOUT, where: str = "") -> None:
+        configuration = load_configuration(kubeconfig, where)
         configuration.connection_pool_maxsize = pool_size
         self._client: Any = kubernetes.client.ApiClient(configuration)
         self.server = str(configuration.host)

@@ -7,7 +7,6 @@ fails (no profiles directory, no cluster, no credentials) completes nothing, nev
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import click
@@ -69,13 +68,13 @@ def _simulated_keys(ctx: click.Context) -> list[str]:
 
 
 def complete_node_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    """Node names of the cluster ``--kubeconfig`` (or KUBECONFIG) reaches; nothing when none answers."""
+    """Node names of the cluster the command's credentials reach (``--kubeconfig``, else KUBECONFIG, else
+    ~/.kube/config, else the pod's service account, as the command finds them); nothing when none answers."""
     _quiet()
     try:
-        from labeller.cluster.kube import Kube
+        from labeller.cluster.connect import connect
 
-        kubeconfig = ctx.params.get("kubeconfig") or os.environ.get("KUBECONFIG")
-        kube = Kube(kubeconfig, request_timeout=(1.0, 2.0))
+        kube = connect(ctx.params.get("kubeconfig"), request_timeout=(1.0, 2.0))
         try:
             names = sorted(kube.list_node_names())
         finally:

@@ -263,17 +263,20 @@ def _dra_vendors(text: str, host: Host) -> tuple[str, ...]:
 def resourceslices(node_options: NodeOptions, dra_vendors: str | None, fmt: str) -> None:
     """Print the ResourceSlices the DRA plugin would publish for this node: one pool per DRA driver the
     config serves (labeller.dra.vendors), devices named and described as the vendors' DRA drivers do
-    (dry run: serves nothing, touches no cluster)."""
+    (dry run: serves nothing, touches no cluster). Under a config that serves no vendor through DRA,
+    what every vendor present would publish (as --dra-vendors all), saying so on stderr."""
     node = node_options.node_name or socket.gethostname()
     with open_host(node_options, node_options.chosen()) as host:
-        if dra_vendors is not None:
-            host.config = dataclasses.replace(host.config, dra_vendors=_dra_vendors(dra_vendors, host))
+        preview = dra_vendors is None and not host.config.dra_vendors
+        if dra_vendors is not None or preview:
+            host.config = dataclasses.replace(host.config, dra_vendors=_dra_vendors(dra_vendors or "all", host))
         inventory = probe_host(host)
         devices = host.dra_devices(inventory, offer_of(host, inventory, node_options))
     say_if_no_gpu(inventory, node_options)
-    if not host.config.dra_vendors:
-        log.warning("DRA serves no vendor under this config: no slices (set labeller.dra.vendors, or preview with "
-                    "--dra-vendors all)", reason="dra-off")
+    if preview and devices:
+        log.warning("this config serves no vendor through DRA (labeller.dra.vendors is empty), so the DRA plugin "
+                    "would publish nothing; shown: what every vendor present would publish (--dra-vendors all)",
+                    reason="dra-off", drivers=sorted(devices))
     slices = resource_slices(node, devices)
     if fmt == "json":
         emit(json.dumps({"apiVersion": "v1", "kind": "List", "items": slices}, indent=2) + "\n")

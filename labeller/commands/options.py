@@ -1,18 +1,22 @@
-"""Command-line plumbing every command shares: the one-line bad-input error and the node options
+"""Command-line plumbing every command shares: the one-line bad-input error, the node options
 (--host-root, --simulate, --config, --config-dir, --config-name; --config-label, --node-name,
---kubeconfig), which reach the command as one ``NodeOptions``."""
+--kubeconfig), which reach the command as one ``NodeOptions``, and how an option's value is named in
+an error: its flag, or the environment variable it was read from (``MIG_STRATEGY=bogus``)."""
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from labeller.commands.completion import complete_profiles
+from labeller.errors import InputError
 from labeller.host import NodeOptions
 from labeller.namedconfigs import CONFIG_LABEL
 
@@ -25,12 +29,60 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
-def parent_must_exist(directory: Path, flag: str) -> None:
+def parent_must_exist(directory: Path, param_name: str) -> None:
     """BadInput naming ``directory``'s parent when it is missing: a socket directory is created when it
-    is not there (the kubelet may not have made it yet), but a whole missing tree is a wrong path."""
+    is not there (the kubelet may not have made it yet), but a whole missing tree is a wrong path. The
+    option is named as it was given (``--socket-dir /x`` or ``DP_SOCKET_DIR=/x``)."""
     if not directory.parent.is_dir():
-        raise BadInput(f"{flag} {directory}: directory {directory.parent} does not exist")
+        raise BadInput(f"{given_as(param_name, directory)}: directory {directory.parent} does not exist")
 
+
+# --- an option's value in an error: its flag, or the environment variable it came from -----------
+
+def environment_variable(ctx: click.Context, param: click.Parameter) -> str | None:
+    """The environment variable ``param`` was read from in ``ctx`` (as click looks: its envvar names in
+    order, then the automatic GPU_LABELLER_<COMMAND>_<NAME>); None when it was not read from one."""
+    if param.name is None or ctx.get_parameter_source(param.name) is not ParameterSource.ENVIRONMENT:
+        return None
+    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+    if isinstance(param, click.Option) and param.allow_from_autoenv and ctx.auto_envvar_prefix:
+        names.append(f"{ctx.auto_envvar_prefix}_{param.name.upper()}")
+    return next((name for name in names if os.environ.get(name)), None)
+
+
+def from_environment(exc: click.BadParameter) -> BadInput | None:
+    """A bad value read from an environment variable, as one line naming the variable and its value
+    (``MIG_STRATEGY=bogus (for --mig-strategy): ...``) instead of click's usage error about the
+    option the user never typed; None when the value did not come from the environment."""
+    if exc.ctx is None or exc.param is None or (name := environment_variable(exc.ctx, exc.param)) is None:
+        return None
+    flag = exc.param.opts[0] if exc.param.opts else exc.param.name
+    return BadInput(f"{name}={os.environ.get(name, '')} (for {flag}): {exc.message}")
+
+
+def given_as(param_name: str, value: object) -> str:
+    """How the running command was given ``value`` of its option ``param_name``, for an error about
+    it: ``--socket-dir /x``, or ``DP_SOCKET_DIR=/x`` when it was read from that environment variable."""
+    ctx = click.get_current_context()
+    param = next(p for p in ctx.command.params if p.name == param_name)
+    variable = environment_variable(ctx, param)
+    return f"{variable}={value}" if variable else f"{param.opts[0] if param.opts else param_name} {value}"
+
+
+def _named_from_environment(exc: InputError, given: dict[str, Any]) -> InputError:
+    """``exc`` with a leading ``<value>: `` of a node option read from the environment shown as
+    ``<VARIABLE>=<value>: `` (a profile, config file or config directory that cannot be used)."""
+    ctx = click.get_current_context(silent=True)
+    message = str(exc)
+    for param in ctx.command.params if ctx is not None else ():
+        value = given.get(param.name or "")
+        if value is not None and message.startswith(f"{value}: ") and ctx is not None \
+                and (name := environment_variable(ctx, param)) is not None:
+            return InputError(f"{name}={message}")
+    return exc
+
+
+# --- the node options ----------------------------------------------------------------------------
 
 NODE_OPTIONS = frozenset(f.name for f in fields(NodeOptions))
 
@@ -43,7 +95,10 @@ def _as_node_options(func: F) -> F:
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
         given = {name: kwargs.pop(name) for name in NODE_OPTIONS & kwargs.keys()}
-        return func(*args, node_options=NodeOptions(**given), **kwargs)
+        try:
+            return func(*args, node_options=NodeOptions(**given), **kwargs)
+        except InputError as exc:
+            raise _named_from_environment(exc, given) from None
 
     command.__gathers_node_options__ = True  # type: ignore[attr-defined]
     return command  # type: ignore[return-value]
@@ -91,13 +146,22 @@ def config_label_option(func: F) -> F:
              "label); '' follows none. [env: GPU_LABELLER_CONFIG_LABEL]")(func)
 
 
+KUBECONFIG_HELP = ("Kubeconfig file. Default, as kubectl: the files KUBECONFIG lists (':'-separated, merged), "
+                   "else ~/.kube/config, else the pod's service account.")
+
+
+def kubeconfig_option(func: F) -> F:
+    """``--kubeconfig FILE``: every command that talks to the cluster takes it, and finds its credentials
+    by the one rule of labeller.cluster.connect (KUBECONFIG is read there, not by click)."""
+    return click.option("--kubeconfig", type=click.Path(dir_okay=False), metavar="FILE",
+                        help=KUBECONFIG_HELP)(func)
+
+
 def own_node_options(func: F) -> F:
     """``--config-label``, ``--node-name`` and ``--kubeconfig``, for the processes that follow their
     Node's config label without writing labels (``device-plugin``, ``mps-control-daemon``)."""
     func = _as_node_options(func)
-    func = click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
-                        help="Kubeconfig file to read the own Node's labels; default: the pod's service account. "
-                             "[env: KUBECONFIG]")(func)
+    func = kubeconfig_option(func)
     func = click.option("--node-name", envvar="NODE_NAME",
                         help="This Node's name, to follow --config-label. [env: NODE_NAME]")(func)
     return config_label_option(func)

@@ -19,8 +19,16 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _SECONDS_PER_UNIT[match.group(2) or "s"]
 
 
+def format_duration(seconds: float) -> str:
+    """How help and errors show a duration, as the time options take it: ``500ms``, ``10s``, ``1.5s``."""
+    if 0 < seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    return f"{seconds:g}s"
+
+
 class Duration(click.ParamType[float]):
-    """A time option: ``60``, ``60s``, ``500ms``, ``2m``; the value is in seconds, at least ``minimum``."""
+    """A time option: ``60``, ``60s``, ``500ms``, ``2m``; the value is in seconds, at least ``minimum``.
+    Give its default as a duration (``default="60s"``), so that --help shows one."""
 
     name = "duration"
 
@@ -36,5 +44,5 @@ class Duration(click.ParamType[float]):
             except ValueError as exc:
                 self.fail(str(exc), param, ctx)
         if seconds < self.minimum:
-            self.fail(f"{value!r} is shorter than the minimum of {self.minimum:g}s", param, ctx)
+            self.fail(f"{value!r} is shorter than the minimum of {format_duration(self.minimum)}", param, ctx)
         return seconds

@@ -1,6 +1,6 @@
 """Commands for the people who write nodeSelectors: ``explain`` (where each label comes from),
 ``match`` (which nodes a selector or an affinity would land on) and ``nodes`` (the fleet at a
-glance). Loaded only when invoked; only ``nodes`` and ``match --kubeconfig`` load the Kubernetes
+glance). Loaded only when invoked; only ``nodes`` and ``match --cluster`` load the Kubernetes
 client (through labeller.cluster.kube), and only then."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from labeller.explain import AttributeExplanation, Explanation, explain_attribut
 from labeller.explain import explain as explain_keys
 from labeller.log import at_least
 from labeller.host import NodeOptions, open_host
-from labeller.commands.options import BadInput, discovery_options
+from labeller.commands.options import KUBECONFIG_HELP, BadInput, discovery_options, kubeconfig_option
 from labeller.selectors import (Selector, SelectorError, Term, hint, load_selector, near_miss, nothing_matches,
                                 parse_selector)
 
@@ -165,25 +165,29 @@ def match_report(selector: Selector, targets: Sequence[Target], verbose: bool, w
               help="Evaluate against every profile file in this directory.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Label the profiles with this config instead of their own.")
-@click.option("--kubeconfig", metavar="FILE",
-              help="Evaluate against the Nodes of the cluster this kubeconfig reaches instead of profiles (one list "
-                   "call). KUBECONFIG is not read here: without this option, profiles are the targets.")
+@click.option("--cluster", is_flag=True,
+              help="Evaluate against the Nodes of the cluster (one list call) instead of profiles, with the "
+                   "credentials every command finds: --kubeconfig, else KUBECONFIG, else ~/.kube/config, else the "
+                   "pod's service account.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), metavar="FILE",
+              help=f"With --cluster (which it implies): {KUBECONFIG_HELP}")
 @click.option("--verbose", "-v", is_flag=True, help="Also say why each other target does not match.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: {targets, matched, total, terms, results: [{name, match, term, near, reasons}], hints}, "
                    "every target included.")
 def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str, ...], profiles_dir: Path | None,
-          config_path: Path | None, kubeconfig: str | None, verbose: bool, fmt: str) -> None:
+          config_path: Path | None, cluster: bool, kubeconfig: str | None, verbose: bool, fmt: str) -> None:
     """Which nodes a label selector (k=v, k!=v, k in (a,b), k notin (a,b), k, !k) or a node affinity
     file would land on: built-in profiles, given profiles, or a live cluster's Nodes. Near misses
     name the requirement that failed and the closest existing value. Exit 0 when something
     matches, 1 when nothing does, 2 on bad input."""
     selector = selector_of(selector_text, affinity)
-    if kubeconfig is not None and (profiles or profiles_dir is not None):
-        raise BadInput("give --kubeconfig (live nodes) or --simulate/--profiles-dir (profiles), not both")
+    cluster = cluster or kubeconfig is not None
+    if cluster and (profiles or profiles_dir is not None):
+        raise BadInput("give --cluster or --kubeconfig (live nodes) or --simulate/--profiles-dir (profiles), not both")
     if profiles and profiles_dir is not None:
         raise BadInput("give --simulate PROFILE or --profiles-dir DIR, not both")
-    if kubeconfig is not None:
+    if cluster:
         targets, what = node_targets(kubeconfig), "nodes"
     else:
         targets, what = profile_targets(profiles, profiles_dir, config_path), "profiles"
@@ -201,8 +205,7 @@ def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str,
 # --- nodes -----------------------------------------------------------------------------------------
 
 @click.command()
-@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
-              help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
+@kubeconfig_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.argument("names", nargs=-1, metavar="[NODE ...]", shell_complete=complete_node_names)
 def nodes(kubeconfig: str | None, fmt: str, names: tuple[str, ...]) -> None:

@@ -1,17 +1,20 @@
-"""The flags and env vars of GFD, NVIDIA's device plugin and AMD's labeller on gpu-labeller's commands
-(the table: labeller.upstream). They are hidden from --help (one line at its end points to
-docs/migrating.md); a given one sets its config key over the config file, or is a warning naming it."""
+"""The flags and env vars of the tools gpu-labeller replaces on gpu-labeller's commands (the table:
+labeller.upstream). They are hidden from --help (one line at its end points to docs/migrating.md) and
+never offered by "did you mean"; a given one sets its config key over the config file, or is one
+warning naming it."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 import structlog
 
+from labeller.commands.params import format_duration
 from labeller.config import MIN_SLEEP_INTERVAL_S
 from labeller.host import NodeOptions
 from labeller.upstream import UpstreamFlag, flags_for, go_duration, overrides_and_warnings
@@ -19,8 +22,9 @@ from labeller.upstream import UpstreamFlag, flags_for, go_duration, overrides_an
 F = TypeVar("F", bound=Callable[..., Any])
 log = structlog.get_logger("gpu_labeller.upstream")
 
-EPILOG = ("Also takes the flags and env vars of NVIDIA's GPU Feature Discovery, NVIDIA's device plugin and "
-          "AMD's k8s-node-labeller that mean something here: see docs/migrating.md.")
+EPILOG = ("Also takes the flags and env vars of the tools it replaces (NVIDIA's GPU Feature Discovery and device "
+          "plugin, AMD's k8s-node-labeller and device plugin, gpushare, NVIDIA's and AMD's DRA drivers): see "
+          "docs/migrating.md.")
 
 
 class GoDuration(click.ParamType[str]):
@@ -34,8 +38,24 @@ class GoDuration(click.ParamType[str]):
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
         if seconds < MIN_SLEEP_INTERVAL_S:
-            self.fail(f"{value!r} is shorter than 10ms", param, ctx)
+            self.fail(f"{value!r} is shorter than {format_duration(MIN_SLEEP_INTERVAL_S)}", param, ctx)
         return str(value)
+
+
+class GoInt(click.ParamType[int]):
+    """An integer of Go's flag package. A one-letter Go flag with its value attached (``-v=5``) reaches
+    click as ``-v`` and ``=5`` (click's short options take the rest of the word): the ``=`` is dropped."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip().removeprefix("=")
+        try:
+            return int(text, 0)
+        except ValueError:
+            self.fail(f"{value!r} is not an integer", param, ctx)
 
 
 def _option(flag: UpstreamFlag) -> Callable[[F], F]:
@@ -43,6 +63,10 @@ def _option(flag: UpstreamFlag) -> Callable[[F], F]:
     extra: dict[str, Any]
     if kind == "bool":  # as Go's and urfave's: --flag alone, or --flag=false
         extra = {"type": click.BOOL, "is_flag": False, "flag_value": "true"}
+    elif kind == "switch":  # a Go bool before positional arguments (-d NODE): alone only
+        extra = {"is_flag": True, "flag_value": True, "default": None}
+    elif kind == "int":
+        extra = {"type": GoInt()}
     elif kind == "list":  # repeated, or comma-separated (as upstream's env vars)
         extra = {"multiple": True}
     elif kind == "duration":
@@ -51,7 +75,8 @@ def _option(flag: UpstreamFlag) -> Callable[[F], F]:
         extra = {"type": click.Choice(kind)}
     else:
         extra = {}
-    return click.option(*flag.names, flag.dest, envvar=list(flag.env), default=None, hidden=True, **extra)
+    extra.setdefault("default", None)
+    return click.option(*flag.names, flag.dest, envvar=list(flag.env), hidden=True, **extra)
 
 
 def _value(flag: UpstreamFlag, value: Any) -> Any:
@@ -62,23 +87,34 @@ def _value(flag: UpstreamFlag, value: Any) -> Any:
     return value
 
 
+def _from_environment(flag: UpstreamFlag) -> str | None:
+    """An upstream env var with no flag (gpushare's LOG_LEVEL): its first non-empty value, as click reads one."""
+    return next((value for name in flag.env if (value := os.environ.get(name))), None)
+
+
 def upstream_options(command: str) -> Callable[[F], F]:
     """The upstream flags ``command`` takes; place it below the node options (the command gets their
-    config keys in ``node_options.overrides``; each one not honoured is logged once as a warning)."""
+    config keys in ``node_options.overrides``; each one not honoured is logged once as a warning). A
+    command without node options takes only flags that set no config key."""
     flags = flags_for(command)
+    declared = [flag for flag in flags if flag.names]
 
     def decorate(func: F) -> F:
         @functools.wraps(func)
-        def with_overrides(*args: Any, node_options: NodeOptions, **kwargs: Any) -> Any:
-            given = {flag: _value(flag, kwargs.pop(flag.dest)) for flag in flags}
+        def with_overrides(*args: Any, **kwargs: Any) -> Any:
+            given = {flag: _value(flag, kwargs.pop(flag.dest) if flag.names else _from_environment(flag))
+                     for flag in flags}
             overrides, warnings = overrides_and_warnings(given)
             for line in warnings:
                 log.warning(line, reason="not-honoured")
-            node_options = dataclasses.replace(node_options, overrides=node_options.overrides + overrides)
-            return func(*args, node_options=node_options, **kwargs)
+            if overrides:
+                node_options: NodeOptions = kwargs["node_options"]
+                kwargs["node_options"] = dataclasses.replace(node_options,
+                                                             overrides=node_options.overrides + overrides)
+            return func(*args, **kwargs)
 
         command_func: Any = with_overrides
-        for flag in reversed(flags):
+        for flag in reversed(declared):
             command_func = _option(flag)(command_func)
         return command_func  # type: ignore[no-any-return]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.process.follow import ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.daemon.service import Daemon, Options
 from labeller.host import Host, NodeOptions, open_host
-from labeller.commands.options import BadInput, config_label_option, discovery_options, endpoint_options
+from labeller.commands.options import (BadInput, config_label_option, discovery_options, endpoint_options,
+                                      kubeconfig_option)
 from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
 from labeller.config import GfdFlags
@@ -73,9 +75,9 @@ def probe_labels(host: Host) -> ProbeResult:
 
 @click.command(epilog=EPILOG)
 @click.option("--node-name", envvar=["NODE_NAME", "DS_NODE_NAME"], shell_complete=complete_node_names,
-              help="This Node's name (downward API); required. [env: NODE_NAME, or AMD's DS_NODE_NAME]")
-@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
-              help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
+              help="This Node's name (downward API); required, but for a features file (--output features-file, "
+                   "GFD's -o), which needs none. [env: NODE_NAME, or AMD's DS_NODE_NAME]")
+@kubeconfig_option
 @discovery_options
 @config_label_option
 @click.option("--interval", type=Duration(minimum=0.01), show_default="flags.gfd.sleepInterval, else 60s",
@@ -85,7 +87,8 @@ def probe_labels(host: Host) -> ProbeResult:
 @click.option("--once", is_flag=True,
               help="Reconcile once and exit: 0 on success, 1 on failure (also: flags.gfd.oneshot).")
 @click.option("--dry-run", is_flag=True, help="Log the change that would be applied; write nothing.")
-@click.option("--output", type=click.Choice(OUTPUTS), default="node", show_default=True,
+@click.option("--output", type=click.Choice(OUTPUTS),
+              show_default="node; features-file when GFD's -o/--output-file (flags.gfd.outputFile) is given",
               help="node: server-side apply to the Node; features-file: NFD features.d file; "
                    "nodefeature: NFD NodeFeature object.")
 @click.option("--features-file", type=click.Path(path_type=Path, dir_okay=False),
@@ -100,30 +103,42 @@ def probe_labels(host: Host) -> ProbeResult:
                    "(not with --once).")
 @upstream_options("run")
 def run(node_options: NodeOptions, interval: float | None, metrics_port: int, metrics_bind: str, once: bool,
-        dry_run: bool, output: str, features_file: Path | None, namespace: str, events: bool,
+        dry_run: bool, output: str | None, features_file: Path | None, namespace: str, events: bool,
         start_jitter: float) -> None:
     """Keep this node's labels true on the cluster."""
-    node_name, kubeconfig = node_options.node_name, node_options.kubeconfig
-    if not node_name:
-        raise BadInput("no node name: give --node-name NAME or set NODE_NAME (a DaemonSet sets it from spec.nodeName)")
-    structlog.contextvars.bind_contextvars(node=node_name)
+    node_name = node_options.node_name
     chooser = node_options.named_configs()
     label = followed_label(chooser, node_options.config_label)
+    if not node_name and (label is not None or events or output not in (None, "features-file")):
+        raise BadInput(NO_NODE_NAME)
     metrics = Metrics()
-    kube = None
-    if output != "features-file" or events or label:  # NFD's features.d file is written with no credentials at all
-        alternative = "use --output features-file without --events" + (" and with --config-label ''" if label else "")
-        kube = connect(kubeconfig, alternative=alternative + ", which needs none", observer=metrics.observe_request)
+    alternative = "use --output features-file without --events" + (" and with --config-label ''" if label else "")
+
+    def client() -> Kube:
+        return connect(node_options.kubeconfig, alternative=alternative + ", which needs none",
+                       observer=metrics.observe_request)
+
+    # The named configs' label and the Events need the API from the start; the output is known once the
+    # config is read (GFD's output file means the features file); NFD's features.d file needs none at all.
+    kube = client() if events or label is not None else None
     follower, selection = None, None
     if chooser is not None:
         writes_events = kube is not None and (events or label is not None) and not dry_run
-        recorder = node_event_recorder(kube, node_name) if kube is not None and writes_events else None
-        follower, selection = follow_configs(chooser, label, kube, node_name,
+        recorder = node_event_recorder(kube, node_name or "") if kube is not None and writes_events else None
+        follower, selection = follow_configs(chooser, label, kube, node_name or "",
                                              ConfigMetrics(metrics.registry, "gpu_labeller"), recorder)
     with open_host(node_options, selection) as host:
+        output = gfd_output(output, host.config.gfd)
+        if not node_name:
+            if output != "features-file":
+                raise BadInput(NO_NODE_NAME)
+            node_name = socket.gethostname()  # as GFD, the features file needs no node name: the logs say this host's
+        structlog.contextvars.bind_contextvars(node=node_name)
         once, interval, features_file = _gfd_settings(host.config.gfd, once, interval, features_file, output)
         if output == "features-file" and (kind := not_a_regular_file(features_file)) is not None:
             raise BadInput(f"--features-file {features_file}: {kind}")
+        if kube is None and output != "features-file":
+            kube = client()
         watched_by_sink = follower is not None and label is not None and output == "node"
         sink = make_sink(output, node_name, kube, features_file=features_file, namespace=namespace,
                          interval_s=interval, follow=not once, events=events,
@@ -143,13 +158,25 @@ def run(node_options: NodeOptions, interval: float | None, metrics_port: int, me
         log.info("stopped", reason="stop")
 
 
+NO_NODE_NAME = "no node name: give --node-name NAME or set NODE_NAME (a DaemonSet sets it from spec.nodeName)"
+
+
+def gfd_output(output: str | None, gfd: GfdFlags) -> str:
+    """Where the labels go: --output; when it is not given, GFD's output file (-o/--output-file,
+    GFD_OUTPUT_FILE or flags.gfd.outputFile) means the features file at that path, as GFD writes it;
+    else the Node."""
+    if output is not None:
+        return output
+    return "features-file" if gfd.output_file else "node"
+
+
 def _gfd_settings(gfd: GfdFlags, once: bool, interval: float | None, features_file: Path | None,
                   output: str) -> tuple[bool, float, Path]:
     """--once, --interval and --features-file, each from GFD's flags.gfd key where not given (read at
     start: a reload does not change them)."""
     if gfd.output_file is not None and features_file is None and output != "features-file":
-        log.warning("flags.gfd.outputFile is the path of --output features-file, and the labels go elsewhere",
-                    reason="not-honoured", output=output, output_file=gfd.output_file)
+        log.warning("flags.gfd.outputFile is the path of --output features-file, and --output sends the labels "
+                    "elsewhere", reason="not-honoured", output=output, output_file=gfd.output_file)
     return (once or gfd.oneshot,
             interval if interval is not None else gfd.sleep_interval_s or 60.0,
             features_file or (Path(gfd.output_file) if gfd.output_file else DEFAULT_FEATURES_FILE))
@@ -170,8 +197,7 @@ NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z
 @click.command()
 @click.option("--node", "nodes", multiple=True, shell_complete=complete_node_names, help="Node to clean (repeatable).")
 @click.option("--all-nodes", is_flag=True, help="Clean every node in the cluster.")
-@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
-              help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
+@kubeconfig_option
 @click.option("--include-foreign", is_flag=True,
               help="Also remove labels under gpu-labeller's prefixes that other managers set (migrating from GFD "
                    "or AMD's labeller). The GPU Operator's keys are never removed.")

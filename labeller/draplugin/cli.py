@@ -11,8 +11,10 @@ import click
 import structlog
 
 from labeller.cluster.connect import connect
-from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options, parent_must_exist
+from labeller.commands.options import (BadInput, discovery_options, endpoint_options, given_as, own_node_options,
+                                       parent_must_exist)
 from labeller.commands.params import Duration
+from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DraPlugin,
                                    DraSettings, probe_inputs)
 from labeller.draplugin.checkpoint import DIRECTORY
@@ -31,22 +33,26 @@ log = structlog.get_logger(__name__)
 INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a second
 
 
-@click.command("dra-plugin")
+@click.command("dra-plugin", epilog=EPILOG)
 @discovery_options
 @own_node_options
-@click.option("--plugins-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_PLUGINS_DIR,
-              show_default=True, envvar="DRA_PLUGINS_DIR",
+@click.option("--plugins-dir", "--kubelet-plugins-directory-path", "plugins_dir",
+              type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_PLUGINS_DIR, show_default=True,
+              envvar=["DRA_PLUGINS_DIR", "KUBELET_PLUGINS_DIRECTORY_PATH"],
               help="The kubelet's plugins directory: each driver's DRA socket and prepared claims go to "
-                   "<dir>/<driver>/. [env: DRA_PLUGINS_DIR]")
-@click.option("--registry-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_REGISTRY_DIR,
-              show_default=True, envvar="DRA_REGISTRY_DIR",
-              help="The kubelet's plugin registration directory (<dir>/<driver>-reg.sock). [env: DRA_REGISTRY_DIR]")
+                   "<dir>/<driver>/; the second name is NVIDIA's and AMD's DRA drivers'. [env: DRA_PLUGINS_DIR, "
+                   "KUBELET_PLUGINS_DIRECTORY_PATH]")
+@click.option("--registry-dir", "--kubelet-registrar-directory-path", "registry_dir",
+              type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_REGISTRY_DIR, show_default=True,
+              envvar=["DRA_REGISTRY_DIR", "KUBELET_REGISTRAR_DIRECTORY_PATH"],
+              help="The kubelet's plugin registration directory (<dir>/<driver>-reg.sock); the second name is "
+                   "NVIDIA's and AMD's DRA drivers'. [env: DRA_REGISTRY_DIR, KUBELET_REGISTRAR_DIRECTORY_PATH]")
 @endpoint_options(8083, ready="every driver registered and its slices written")
-@click.option("--cdi-spec-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_CDI_SPEC_DIR,
-              show_default=True, envvar="CDI_SPEC_DIR",
-              help="Where each prepared claim's CDI spec file goes (gpu-labeller-dra_<driver>_<claim UID>.json). "
-                   "[env: CDI_SPEC_DIR]")
-@click.option("--health-recovery-seconds", type=Duration(), default=60.0, show_default=True,
+@click.option("--cdi-spec-dir", "--cdi-root", "cdi_spec_dir", type=click.Path(path_type=Path, file_okay=False),
+              default=DEFAULT_CDI_SPEC_DIR, show_default=True, envvar=["CDI_SPEC_DIR", "CDI_ROOT"],
+              help="Where each prepared claim's CDI spec file goes (gpu-labeller-dra_<driver>_<claim UID>.json); "
+                   "--cdi-root is NVIDIA's and AMD's DRA drivers' name. [env: CDI_SPEC_DIR, CDI_ROOT]")
+@click.option("--health-recovery-seconds", type=Duration(), default="60s", show_default=True,
               envvar="DP_HEALTH_RECOVERY_SECONDS",
               help="An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is "
                    "published again (0: never). [env: DP_HEALTH_RECOVERY_SECONDS]")
@@ -54,6 +60,7 @@ INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a se
               envvar="DRA_PROBE_INTERVAL",
               help="How often the node is probed for changed hardware (MIG devices, partitions); a changed "
                    "inventory is published at the next probe. [env: DRA_PROBE_INTERVAL]")
+@upstream_options("dra-plugin")
 def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path, metrics_port: int, metrics_bind: str,
                cdi_spec_dir: Path, health_recovery_seconds: float, probe_interval: float) -> None:
     """Publish this node's GPUs as ResourceSlices and prepare their claims (kubelet DRA plugin, v1).
@@ -74,8 +81,8 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     node_name = node_options.node_name
     if not node_name:
         raise BadInput("the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME")
-    parent_must_exist(plugins_dir, "--plugins-dir")
-    parent_must_exist(registry_dir, "--registry-dir")
+    parent_must_exist(plugins_dir, "plugins_dir")
+    parent_must_exist(registry_dir, "registry_dir")
     _own_directories_must_be_directories(plugins_dir, cdi_spec_dir)
     api = connect(node_options.kubeconfig)
     stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
@@ -108,8 +115,8 @@ def _own_directories_must_be_directories(plugins_dir: Path, cdi_spec_dir: Path) 
         if vendor.dra is not None:
             problem = directory_problem(plugins_dir, vendor.dra.driver, DIRECTORY)
             if problem:
-                raise BadInput(f"--plugins-dir {plugins_dir}: cannot keep the prepared claims of {vendor.dra.driver}: "
-                               f"{problem}")
+                raise BadInput(f"{given_as('plugins_dir', plugins_dir)}: cannot keep the prepared claims of "
+                               f"{vendor.dra.driver}: {problem}")
     problem = directory_problem(cdi_spec_dir.parent, cdi_spec_dir.name) if cdi_spec_dir.name else None
     if problem:
-        raise BadInput(f"--cdi-spec-dir {cdi_spec_dir}: {problem}")
+        raise BadInput(f"{given_as('cdi_spec_dir', cdi_spec_dir)}: {problem}")

@@ -6,7 +6,6 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import sys
 import threading
@@ -25,8 +24,9 @@ from labeller.extender.server import Extender
 from labeller.gpushare import RESOURCE_MEM
 from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
-from labeller.commands.options import BadInput
-from labeller.commands.params import Duration
+from labeller.commands.options import BadInput, kubeconfig_option
+from labeller.commands.params import Duration, format_duration
+from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.errors import InputError
 from labeller.runtime import (HealthServer, HttpLimits, defer_signals, raise_open_files_limit, run_until_signalled,
                               server_tls,
@@ -35,7 +35,6 @@ from labeller.runtime import (HealthServer, HttpLimits, defer_signals, raise_ope
 log = structlog.get_logger("gpu_labeller.extender")
 
 DEFAULT_PORT = 39999  # gpushare's
-KUBECTL_CONFIG = os.path.join("~", ".kube", "config")
 POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP handlers' reads
 # Room for the scheduler beside a thousand clients that hold connections open (they are closed at the
 # request timeout); measured at about 60 KiB each, within the chart's 256Mi limit.
@@ -43,9 +42,10 @@ MAX_CONNECTIONS = 1024
 SPARE_FILES = 128  # the listening sockets, the API connections, the log, the certificates
 
 
-@click.command("scheduler-extender")
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
-              help="Port of the extender API (/gpushare-scheduler/...), /healthz, /readyz and /metrics.")
+@click.command("scheduler-extender", epilog=EPILOG)
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True, envvar="PORT",
+              help="Port of the extender API (/gpushare-scheduler/...), /healthz, /readyz and /metrics. [env: PORT, "
+                   "as gpushare's]")
 @click.option("--bind", "bind_address", default=None,
               help="Address to listen on. Default: 0.0.0.0 with TLS, else 127.0.0.1 (unauthenticated: local only).")
 @click.option("--tls-cert-file", type=click.Path(dir_okay=False),
@@ -57,8 +57,7 @@ SPARE_FILES = 128  # the listening sockets, the API connections, the log, the ce
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Also serve /healthz, /readyz and /metrics (only those) over plain HTTP on this port, for probes "
                    "and Prometheus when the extender port demands client certificates.")
-@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
-              help="Kubeconfig file; default: the pod's service account. [env: KUBECONFIG]")
+@kubeconfig_option
 @click.option("--policy", type=click.Choice(POLICIES), default="binpack", show_default=True,
               help="binpack: the fitting GPU with the least free memory; spread: the one with the most.")
 @click.option("--bind-wait", type=Duration(), default="4s", show_default=True,
@@ -71,13 +70,14 @@ SPARE_FILES = 128  # the listening sockets, the API connections, the log, the ce
                    "this extender.")
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=HttpLimits.max_body_bytes, show_default=True,
               help="Largest request body read; a longer one is answered 413.")
-@click.option("--request-timeout", type=Duration(minimum=0.1), default=f"{HttpLimits.request_timeout_s:g}s",
+@click.option("--request-timeout", type=Duration(minimum=0.1), default=format_duration(HttpLimits.request_timeout_s),
               show_default=True, help="Time a client has to send one request (TLS handshake, headers, body); also how "
                                       "long an idle connection stays open.")
 @click.option("--max-connections", type=click.IntRange(1), default=MAX_CONNECTIONS, show_default=True,
               help="Connections served at once (about 60 KiB each); one more is closed as soon as it is accepted.")
 @click.option("--watch-timeout", type=Duration(minimum=1), default="300s", show_default=True,
               help="Length of one watch request (watches are resumed).")
+@upstream_options("scheduler-extender")
 def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str | None, tls_key_file: str | None,
                        client_ca_file: str | None, metrics_port: int | None, kubeconfig: str | None, policy: str,
                        bind_wait: float, assume_timeout: float, scheduler_names: tuple[str, ...], max_body_bytes: int,
@@ -154,16 +154,13 @@ def start(make_kube: Callable[[Metrics], Kube], port: int, bind_address: str = "
     return Running(cache, metrics, binder, feed, http, stop, kube)
 
 
-@click.command()
+@click.command(epilog=EPILOG)
 @click.argument("node", required=False)
-@click.option("--kubeconfig", envvar="KUBECONFIG", type=click.Path(dir_okay=False),
-              help=f"Kubeconfig file; default: {KUBECTL_CONFIG} when it exists, else the pod's service account. "
-                   "[env: KUBECONFIG]")
+@kubeconfig_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@upstream_options("inspect")
 def inspect(node: str | None, kubeconfig: str | None, fmt: str) -> None:
     """Per node and GPU: total, used and free GPU memory (aliyun.com/gpu-mem units) and the pods on it."""
-    if not kubeconfig and os.path.exists(os.path.expanduser(KUBECTL_CONFIG)):
-        kubeconfig = os.path.expanduser(KUBECTL_CONFIG)
     kube = connect(kubeconfig, pool_size=POOL_SIZE)
     cache = ShareCache()
     try:

@@ -14,7 +14,8 @@ import structlog
 
 from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.host import NodeOptions, open_host
-from labeller.commands.options import BadInput, discovery_options, endpoint_options, own_node_options, parent_must_exist
+from labeller.commands.options import (BadInput, discovery_options, endpoint_options, given_as, own_node_options,
+                                      parent_must_exist)
 from labeller.commands.params import Duration
 from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.plugin.app import DevicePlugin, PluginSettings
@@ -52,10 +53,12 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
 @click.option("--socket-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_SOCKET_DIR,
               show_default=True, envvar="DP_SOCKET_DIR",
               help="The kubelet's device-plugins directory. [env: DP_SOCKET_DIR]")
-@click.option("--kubelet-socket", default="kubelet.sock", show_default=True, envvar="DP_KUBELET_SOCKET",
-              help="The kubelet's registration socket, a file name in --socket-dir. [env: DP_KUBELET_SOCKET]")
+@click.option("--kubelet-socket", default="kubelet.sock", show_default=True,
+              envvar=["DP_KUBELET_SOCKET", "KUBELET_SOCKET"],
+              help="The kubelet's registration socket: a file name in --socket-dir, or its path there (as NVIDIA's "
+                   "plugin takes it). [env: DP_KUBELET_SOCKET, NVIDIA's KUBELET_SOCKET]")
 @endpoint_options(8081)
-@click.option("--health-recovery-seconds", type=Duration(), default=60.0, show_default=True,
+@click.option("--health-recovery-seconds", type=Duration(), default="60s", show_default=True,
               envvar="DP_HEALTH_RECOVERY_SECONDS",
               help="An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is "
                    "Healthy again (0: never, as NVIDIA's plugin). [env: DP_HEALTH_RECOVERY_SECONDS]")
@@ -82,9 +85,12 @@ def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: s
     """
     defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
-    if "/" in kubelet_socket:
-        raise click.BadParameter("a file name in --socket-dir, not a path", param_hint="--kubelet-socket")
-    parent_must_exist(socket_dir, "--socket-dir")
+    if "/" in kubelet_socket:  # NVIDIA's form: the whole path, which must be in --socket-dir
+        if Path(kubelet_socket).parent != socket_dir:
+            raise BadInput(f"{given_as('kubelet_socket', kubelet_socket)}: not in --socket-dir {socket_dir} (the "
+                           "kubelet's registration socket is a file name in --socket-dir, or its path there)")
+        kubelet_socket = Path(kubelet_socket).name
+    parent_must_exist(socket_dir, "socket_dir")
     stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
     metrics = PluginMetrics()
     follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_plugin"), stop)

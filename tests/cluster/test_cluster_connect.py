@@ -45,9 +45,10 @@ def test_a_missing_kubeconfig_is_named_with_what_is_wrong(tmp_path: Path) -> Non
 def test_no_credentials_at_all_suggests_a_kubeconfig_and_the_alternative(outside_a_cluster: dict[str, str]) -> None:
     with pytest.raises(NoCredentials) as raised:
         connect(None, alternative="--config-label '' to follow no node label")
-    assert str(raised.value) == ("no Kubernetes credentials: no kubeconfig given and no in-cluster service account "
-                                 "(Service host/port is not set); give --kubeconfig FILE (env KUBECONFIG), "
-                                 "or --config-label '' to follow no node label")
+    assert str(raised.value) == ("no Kubernetes credentials: no kubeconfig (no --kubeconfig, no KUBECONFIG, no "
+                                 "~/.kube/config) and no in-cluster service account (Service host/port is not set); "
+                                 "give --kubeconfig FILE (env KUBECONFIG), or --config-label '' to follow no node "
+                                 "label")
     with pytest.raises(NoCredentials) as plain:
         connect(None)
     assert str(plain.value).endswith("; give --kubeconfig FILE (env KUBECONFIG)")
@@ -97,7 +98,8 @@ def test_device_plugin_following_its_node_label_without_credentials(tmp_path: Pa
                           str(configs), "--node-name", "n1", env=outside_a_cluster)
     assert result.returncode == 2
     line = error_line(result)
-    assert line.startswith("Error: no Kubernetes credentials: no kubeconfig given and no in-cluster service account")
+    assert line.startswith("Error: no Kubernetes credentials: no kubeconfig (no --kubeconfig, no KUBECONFIG, no "
+                           "~/.kube/config) and no in-cluster service account")
     assert line.endswith("or --config-label '' to follow no node label")
 
 
@@ -116,4 +118,4 @@ def test_the_kubectl_plugin_says_why_it_cannot_connect_in_one_line(tmp_path: Pat
     nowhere = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, env=outside_a_cluster,
                              check=False)
     assert nowhere.returncode == 2
-    assert error_line(nowhere).startswith("Error: no Kubernetes credentials: no kubeconfig given")
+    assert error_line(nowhere).startswith("Error: no Kubernetes credentials: no kubeconfig (no --kubeconfig")

@@ -172,10 +172,12 @@ def test_a_template_with_a_format_spec_still_works(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def clean_env() -> Iterator[dict[str, str]]:
-    """The environment of a shell outside any cluster: no node name, no kubeconfig, no service host."""
-    yield {k: v for k, v in os.environ.items()
-           if k not in ("NODE_NAME", "KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
+def clean_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment of a shell outside any cluster: no node name, no kubeconfig (nor ~/.kube/config),
+    no service host."""
+    yield {**{k: v for k, v in os.environ.items()
+              if k not in ("NODE_NAME", "KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")},
+           "HOME": str(tmp_path_factory.mktemp("home"))}
 
 
 def test_run_without_a_node_name_mentions_node_name(clean_env: dict[str, str]) -> None:
@@ -186,7 +188,8 @@ def test_run_without_a_node_name_mentions_node_name(clean_env: dict[str, str]) -
 
 def test_run_without_credentials_suggests_a_kubeconfig_or_the_features_file(clean_env: dict[str, str]) -> None:
     line = refused("run", "--node-name", "n1", "--simulate", "dgx-h100", env=clean_env)
-    assert line.startswith("Error: no Kubernetes credentials: no kubeconfig given and no in-cluster service account")
+    assert line.startswith("Error: no Kubernetes credentials: no kubeconfig (no --kubeconfig, no KUBECONFIG, no "
+                           "~/.kube/config) and no in-cluster service account")
     assert line.endswith("give --kubeconfig FILE (env KUBECONFIG), or use --output features-file without --events, "
                          "which needs none")
     cleanup = refused("cleanup", "--all-nodes", env=clean_env)
@@ -203,9 +206,9 @@ current-context: x
 
 @pytest.mark.parametrize(("content", "problem"), [
     (BINARY, "not a kubeconfig: not UTF-8 text"),
-    (b"clusters: [unclosed\n", "not a kubeconfig: not valid YAML at line 2"),
-    (b"- 1\n- 2\n", "malformed kubeconfig (TypeError: list indices must be integers or slices, not str)"),
-    (b"", "Invalid kube-config."),
+    (b"clusters: [unclosed\n", "not valid YAML at line 2"),
+    (b"- 1\n- 2\n", "not a kubeconfig: a list, not a mapping"),
+    (b"", "not a kubeconfig: the file is empty"),
     ((KUBECONFIG_OK % "!!!notbase64").encode(), "malformed kubeconfig (Error: Invalid base64-encoded string"),
 ], ids=["binary", "yaml", "list", "empty", "base64"])
 def test_a_malformed_kubeconfig_for_run_and_cleanup(tmp_path: Path, content: bytes, problem: str,

@@ -217,11 +217,16 @@ def run(*args: str, env: dict[str, str] | None = None) -> Any:
     return CliRunner().invoke(main, ["--log-level", "warning", *args], env=env)
 
 
-def test_resourceslices_prints_nothing_while_dra_serves_no_vendor_and_says_why() -> None:
-    result = run("resourceslices", "--simulate", "dgx-h100")
-    assert result.exit_code == 0
-    assert result.stdout == ""
-    assert "DRA serves no vendor under this config" in result.stderr
+def test_resourceslices_under_a_config_without_dra_previews_every_vendor_present_and_says_so() -> None:
+    result = run("resourceslices", "--simulate", "mixed-l40s-mi210", env={"NODE_NAME": "n7"})
+    assert result.exit_code == 0, result.output
+    documents = list(yaml.safe_load_all(result.stdout))
+    assert sorted(d["spec"]["driver"] for d in documents) == sorted([AMD, "gpu.nvidia.com"])
+    assert documents == list(yaml.safe_load_all(run("resourceslices", "--simulate", "mixed-l40s-mi210",
+                                                    "--dra-vendors", "all", env={"NODE_NAME": "n7"}).stdout))
+    [line] = result.stderr.splitlines()
+    assert "this config serves no vendor through DRA (labeller.dra.vendors is empty)" in line
+    assert "what every vendor present would publish (--dra-vendors all)" in line
 
 
 def test_resourceslices_prints_the_served_vendors_slices_as_documents_kubectl_takes(tmp_path: Any) -> None:

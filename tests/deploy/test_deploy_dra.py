@@ -323,6 +323,16 @@ def run(*args: str) -> str:
     return result.stdout
 
 
+NO_DRA = "serves no vendor through DRA"  # resourceslices then previews every vendor, and says so on stderr
+
+
+def publishes_nothing(*args: str) -> bool:
+    """Whether the DRA plugin publishes nothing on this node: resourceslices says so (and shows a preview)."""
+    result = CliRunner().invoke(main, ["resourceslices", *args])
+    assert result.exit_code == 0, result.output
+    return NO_DRA in result.stderr
+
+
 def test_one_value_moves_every_node_without_the_label_from_the_device_plugin_to_dra(tmp_path: Path) -> None:
     """The rendered ConfigMap, mounted as the components mount it: the device plugin withholds the GPUs,
     the DRA plugin publishes them, the labels say so; a node labelled for another config keeps them."""
@@ -333,12 +343,12 @@ def test_one_value_moves_every_node_without_the_label_from_the_device_plugin_to_
     resources = run("resources", *node)
     assert "served through DRA" in resources and "nvidia.com/gpu" in resources and "amd.com/gpu" in resources
     slices = json.loads(run("resourceslices", *node, "--node-name", "gpu-node-1", "--format", "json"))["items"]
-    assert sorted(s["spec"]["driver"] for s in slices) == sorted(DRIVERS)
+    assert sorted(s["spec"]["driver"] for s in slices) == sorted(DRIVERS) and not publishes_nothing(*node)
     labels = run("labels", *node)
     assert "nvidia.com/gpu.dra=true" in labels and "amd.com/gpu.dra=true" in labels
     pinned = [*node, "--config-name", "time-sliced-4"]  # what a node labelled time-sliced-4 gets
     assert "served through DRA" not in run("resources", *pinned)
-    assert json.loads(run("resourceslices", *pinned, "--format", "json"))["items"] == []
+    assert publishes_nothing(*pinned)
 
 
 def doc_values() -> dict[str, Any]:
@@ -357,9 +367,9 @@ def test_the_docs_node_by_node_example_moves_only_a_labelled_node(tmp_path: Path
     for name, text in one(objects, "ConfigMap", "gpu-labeller-config")["data"].items():
         (tmp_path / name).write_text(text)
     node = ["--simulate", "mixed-l40s-mi210", "--config-dir", str(tmp_path), "--format", "json"]
-    unlabelled = json.loads(run("resourceslices", *node))["items"]
     labelled = json.loads(run("resourceslices", *node, "--config-name", "dra"))["items"]  # labelled ...config=dra
-    assert unlabelled == [] and sorted(s["spec"]["driver"] for s in labelled) == sorted(DRIVERS)
+    assert publishes_nothing(*node) and not publishes_nothing(*node, "--config-name", "dra")
+    assert sorted(s["spec"]["driver"] for s in labelled) == sorted(DRIVERS)
     assert "served through DRA" in run("resources", "--simulate", "mixed-l40s-mi210", "--config-dir", str(tmp_path),
                                        "--config-name", "dra")
 

@@ -209,6 +209,26 @@ def test_a_values_file_the_chart_refuses_is_one_line(tmp_path: Path, capsys: pyt
     assert line.startswith(f"Error: {values}: ") and "dra.vendors: the chart does not write" in line
 
 
+def test_a_value_the_charts_schema_refuses_is_named_with_its_path_and_cause(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Helm's schema error is several lines whose first says only that something is wrong: the whole of
+    it, one line per problem, with no traceback."""
+    typo = write_values(tmp_path / "typo.yaml", {"labeller": {"enabeld": True}})
+    assert load_render_script().main(["--check", "-f", typo]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        f"Error: {typo}: values do not match the chart's schema (gpu-labeller/values.schema.json): "
+        "at '/labeller': additional properties 'enabeld' not allowed"]
+    two = write_values(tmp_path / "two.yaml", {"labeller": {"enabeld": True}, "devicePlugin": {"enabled": "yes"}})
+    assert load_render_script().main(["-f", two]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"Error: {two}: values do not match the chart's schema (gpu-labeller/values.schema.json), " \
+                       "2 problems:"
+    assert sorted(lines[1:]) == ["  at '/devicePlugin/enabled': got string, want boolean",
+                                 "  at '/labeller': additional properties 'enabeld' not allowed"]
+
+
 def test_a_values_file_renders_for_the_cluster_version_given(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Without --kube-version as `helm template` (no cluster known: the default `auto` installs no policy);

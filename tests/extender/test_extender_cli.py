@@ -67,7 +67,7 @@ def test_inspect_of_an_unknown_node_is_one_line_and_exit_2(api: FakeApiServer, k
 def test_inspect_without_credentials_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = gpu_labeller("inspect", env={**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""})
     assert result.returncode == 2
-    assert error_line(result).startswith("Error: no Kubernetes credentials: no kubeconfig given")
+    assert error_line(result).startswith("Error: no Kubernetes credentials: no kubeconfig (no --kubeconfig")
     missing = gpu_labeller("inspect", "--kubeconfig", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "nope" in error_line(missing)
 
