@@ -10,6 +10,7 @@ import io
 import os
 import random
 import select
+import selectors
 import signal
 import socket
 import ssl
@@ -344,7 +345,9 @@ def _handler(ready: Callable[[], bool], healthy: Callable[[], bool], registry: C
 
 class _Server(ThreadingHTTPServer):
     """A thread per connection, at most ``max_connections`` at once: one more is closed as soon as it
-    is accepted. Out of file descriptors, the accept loop pauses instead of spinning."""
+    is accepted. Out of file descriptors, the accept loop pauses instead of spinning. Idle, it sleeps
+    until a connection comes or ``shutdown`` writes to its wake-up pipe (the standard loop wakes every
+    half second to see whether it should stop)."""
 
     daemon_threads = True
     request_queue_size = 128  # a scheduler's burst of extender calls must not be refused
@@ -354,7 +357,42 @@ class _Server(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._refused_since_log = 0
         self._accept_failing = False
-        super().__init__(address, handler)
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            super().__init__(address, handler)
+        except BaseException:
+            self._close_pipe()
+            raise
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:  # the interval is not used: see the class
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self, selectors.EVENT_READ)
+                selector.register(self._wake_r, selectors.EVENT_READ)
+                while not self._stopping:
+                    ready = {key.fileobj for key, _ in selector.select()}
+                    if self in ready and not self._stopping:
+                        self.handle_request()  # a connection is waiting: it does not block
+                    self.service_actions()
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        os.write(self._wake_w, b"\0")
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
     def get_request(self) -> tuple[Any, Any]:
         try:
@@ -408,6 +446,6 @@ def start_http_server(port: int, bind: str = "0.0.0.0", ready: Callable[[], bool
         server = _Server((bind, port), _handler(ready, healthy, registry, app, limits, tls), limits.max_connections)
     except OSError as exc:
         raise PortUnavailable(f"{flag} {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
-    thread = threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, name=f"http-{server.server_address[1]}", daemon=True)
     thread.start()
     return HealthServer(server, thread)
