@@ -30,7 +30,7 @@ from labeller.gpushare import RESOURCE_COUNT
 from labeller.offer import Resource
 from labeller.plugin.allocate import Allocator, ResourceAllocator
 from labeller.plugin.cdi import CdiSpecs
-from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
+from labeller.process.health import HEALTHY, POLL_SECONDS, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.server import DevicePluginService, ResourceSocket
@@ -49,7 +49,7 @@ class PluginSettings:
     socket_dir: Path
     kubelet_socket: str = "kubelet.sock"
     recovery_seconds: float = 60.0
-    health_poll_seconds: float = 0.25
+    health_poll_seconds: float = POLL_SECONDS
     tick_seconds: float = 0.1
     kubelet_missing_log_seconds: float = 60.0
     # the health switches NVIDIA's plugin reads (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
