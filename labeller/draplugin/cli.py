@@ -30,8 +30,6 @@ from vendors import VENDORS
 
 log = structlog.get_logger(__name__)
 
-INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a second
-
 
 @click.command("dra-plugin", epilog=EPILOG)
 @discovery_options
@@ -56,10 +54,11 @@ INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a se
               envvar="DP_HEALTH_RECOVERY_SECONDS",
               help="An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is "
                    "published again (0: never). [env: DP_HEALTH_RECOVERY_SECONDS]")
-@click.option("--probe-interval", type=Duration(minimum=0.1), default="1s", show_default=True,
+@click.option("--probe-interval", type=Duration(minimum=0.1), default="300s", show_default=True,
               envvar="DRA_PROBE_INTERVAL",
-              help="How often the node is probed for changed hardware (MIG devices, partitions); a changed "
-                   "inventory is published at the next probe. [env: DRA_PROBE_INTERVAL]")
+              help="How often the node is probed in full, besides the changes it watches (within a second: "
+                   "NVML's MIG reconfiguration events, KFD's topology generation, the profile file): a safety "
+                   "net for a change no one reports. [env: DRA_PROBE_INTERVAL]")
 @upstream_options("dra-plugin")
 def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path, metrics_port: int, metrics_bind: str,
                cdi_spec_dir: Path, health_recovery_seconds: float, probe_interval: float) -> None:
@@ -94,8 +93,9 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
         if follower is not None:
             follower.apply(host)
         plugin = DraPlugin(host, settings, api, metrics)
-        loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval, inputs_poll_s=INPUTS_POLL_S),
-                           config=ConfigSource(host, node_options.config_path, follower), inputs=probe_inputs(host))
+        loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval),
+                           config=ConfigSource(host, node_options.config_path, follower),
+                           inputs=probe_inputs(host, plugin.board), inputs_polled=plugin.inputs_polled)
         endpoints = Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: plugin.ready)
         try:
             code = serve(loop, endpoints, "metrics server listening", node=node_name)

@@ -109,17 +109,22 @@ class Running:
 def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host: Host, *,
                    config_path: Path | None = None, recovery_seconds: float = 0.3,
                    health_env: dict[str, str] | None = None, probe_interval: float = math.inf,
-                   ready: bool = True) -> Iterator[Running]:
+                   ready: bool = True, inputs_poll_s: float = 0.05, tick_seconds: float = 0.05,
+                   health_poll_seconds: float = 0.05) -> Iterator[Running]:
     """The plugin as ``gpu-labeller dra-plugin`` runs it: its Service on the process loop, on a thread.
-    With ``ready``, returns once it is registered and its slices are written."""
+    With ``ready``, returns once it is registered and its slices are written. ``inputs_poll_s``,
+    ``tick_seconds``, ``health_poll_seconds``: how often what cannot be watched is looked at (short,
+    so that tests of other things need not wait; a test of a watch makes them hours)."""
     if NODE not in {n["metadata"]["name"] for n in api.store.list_nodes()[0]}:
         api.create_node(NODE)
     kube = Kube(str(api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")))
     settings = DraSettings(NODE, dirs.plugins, dirs.registry, dirs.cdi, recovery_seconds=recovery_seconds,
-                           health_poll_seconds=0.05, tick_seconds=0.05, health_env=health_env or {})
+                           health_poll_seconds=health_poll_seconds, tick_seconds=tick_seconds,
+                           health_env=health_env or {})
     plugin = DraPlugin(host, settings, kube)
-    loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval, inputs_poll_s=0.05), retry=Backoff(0.05, 0.2),
-                       config=ConfigSource(host, config_path), inputs=probe_inputs(host))
+    loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval, inputs_poll_s=inputs_poll_s),
+                       retry=Backoff(0.05, 0.2), config=ConfigSource(host, config_path),
+                       inputs=probe_inputs(host, plugin.board), inputs_polled=plugin.inputs_polled)
     exit_code: list[int] = []
     thread = threading.Thread(target=lambda: exit_code.append(loop.run()), daemon=True)
     thread.start()
