@@ -35,7 +35,7 @@ log = structlog.get_logger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-POLL_SECONDS = 0.5  # a KFD node that goes is seen well within a second
+POLL_SECONDS = 1.0  # what cannot be watched (a KFD node that goes) is seen within a second
 EVENT_WAIT_MS = 5000  # NVIDIA's plugin waits as long; a stopping monitor does not wait for it (see stop)
 
 

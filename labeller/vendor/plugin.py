@@ -76,7 +76,7 @@ class HealthReporter(Protocol):
 
 
 class Checker(Protocol):
-    """A vendor's health check of the devices it was given. ``poll`` runs every half second while
+    """A vendor's health check of the devices it was given. ``poll`` runs every second while
     ``polling`` and must be cheap: a checker whose driver events tell it what went wrong only needs
     to ask the devices while one is unhealthy (to see it recover). ``wait_for_event`` (when ``watches_events``)
     blocks for the next driver event, for a few seconds at most; the thread that waits is the one
