@@ -381,7 +381,8 @@ class _Server(ThreadingHTTPServer):
 
     def shutdown(self) -> None:
         self._stopping = True
-        os.write(self._wake_w, b"\0")
+        if self._wake_w >= 0:  # else closed already (a second close): the loop has ended
+            os.write(self._wake_w, b"\0")
         self._stopped.wait()
 
     def server_close(self) -> None:

@@ -32,3 +32,4 @@ def test_an_idle_server_sleeps_and_still_answers_and_stops() -> None:
         server.close()
     thread.join(10)
     assert not thread.is_alive()
+    server.close()  # a second close (a restarted server's owner closing all it started) is no error
