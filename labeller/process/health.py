@@ -36,6 +36,7 @@ log = structlog.get_logger(__name__)
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 POLL_SECONDS = 1.0  # what cannot be watched (a KFD node that goes) is seen within a second
+RECOVERY_POLL_SECONDS = 0.25  # while a device is Unhealthy: it is seen answering again soon after its quiet period
 EVENT_WAIT_MS = 5000  # NVIDIA's plugin waits as long; a stopping monitor does not wait for it (see stop)
 
 
@@ -151,7 +152,8 @@ Stamps = Mapping[str, Callable[[], object]]  # vendor -> its hardware stamp, rea
 
 class HealthMonitor:
     """Runs the checkers: one thread polling those with something to poll, and the ``stamps``,
-    every ``poll_seconds`` (else sleeping until ``nudge``), and one per checker that waits for
+    every ``poll_seconds`` (every ``RECOVERY_POLL_SECONDS`` while ``recovering()``; with nothing to
+    poll, sleeping until ``nudge``), and one per checker that waits for
     driver events, ``event_wait_ms`` at a time. A stamp that differs from ``seen`` (what the last
     poll read, kept by the caller across monitors), or read for the first time, is reported to
     ``changed``: the caller compares it with what it read when it last probed.
@@ -162,9 +164,11 @@ class HealthMonitor:
 
     def __init__(self, checkers: Iterable[Checker], poll_seconds: float = POLL_SECONDS,
                  event_wait_ms: int = EVENT_WAIT_MS, stamps: Stamps | None = None,
-                 seen: dict[str, object] | None = None, changed: Callable[[str], None] = lambda reason: None):
+                 seen: dict[str, object] | None = None, changed: Callable[[str], None] = lambda reason: None,
+                 recovering: Callable[[], bool] = lambda: False):
         self._checkers = list(checkers)
         self._poll_seconds = poll_seconds
+        self._recovering = recovering  # a device is Unhealthy: poll every RECOVERY_POLL_SECONDS
         self._event_wait_ms = event_wait_ms
         self._stamps, self._seen, self._changed = dict(stamps or {}), seen if seen is not None else {}, changed
         self._stop = threading.Event()
@@ -198,7 +202,8 @@ class HealthMonitor:
     def _poll_loop(self) -> None:
         while True:
             if self._busy():
-                self._nudged.wait(self._poll_seconds)
+                recovering = self._recovering()
+                self._nudged.wait(min(self._poll_seconds, RECOVERY_POLL_SECONDS) if recovering else self._poll_seconds)
             else:
                 self._nudged.wait()
             self._nudged.clear()
@@ -278,7 +283,8 @@ class HealthChecks:
                   if self.stamps and v.name in served and v.discovery.changes is not None}
         self._monitor = HealthMonitor(self._checkers(list(watched[0]), host_root, handles, vendors),
                                       poll_seconds=self.poll_seconds, stamps=stamps, seen=self._seen,
-                                      changed=self.board.look_again)
+                                      changed=self.board.look_again,
+                                      recovering=lambda: bool(self.board.unhealthy_keys()))
         self._monitor.start()
         self._watched = watched
 

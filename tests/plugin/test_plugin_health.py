@@ -221,3 +221,18 @@ def test_hardware_stamps_are_polled_and_a_moved_one_is_said() -> None:
         assert said == ["amd: hardware stamp changed"] * 2
     finally:
         monitor.stop()
+
+
+def test_while_a_device_is_unhealthy_the_monitor_polls_often() -> None:
+    """Idle, once a second (an hour here); a device Unhealthy is seen answering again soon after
+    its quiet period, not up to a poll later."""
+    unhealthy = [False]
+    checker = Checker(polling=True)
+    monitor = HealthMonitor([checker], poll_seconds=3600, recovering=lambda: unhealthy[0])
+    monitor.start()
+    try:
+        unhealthy[0] = True
+        monitor.nudge()  # what a health change does
+        wait_for(lambda: checker.polls >= 3)
+    finally:
+        monitor.stop()
