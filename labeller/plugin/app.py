@@ -49,7 +49,7 @@ class PluginSettings:
     socket_dir: Path
     kubelet_socket: str = "kubelet.sock"
     recovery_seconds: float = 60.0
-    health_poll_seconds: float = POLL_SECONDS
+    health_poll_seconds: float = POLL_SECONDS / 2  # a KFD node that goes is seen by the kubelet well within 1 s
     tick_seconds: float = 0.1
     kubelet_missing_log_seconds: float = 60.0
     # the health switches NVIDIA's plugin reads (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
