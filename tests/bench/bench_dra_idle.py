@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench.bench_dra import wait  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 from tests.fakes.drakubelet import FakeDraKubelet  # noqa: E402
 
@@ -77,14 +78,6 @@ def sample(pid: int) -> Sample:
         wakeups[f"{task.name} {name}"] = switches
     return Sample((int(fields[11]) + int(fields[12])) / CLK_TCK, ran_ns / 1e9, status_kib(pid, "VmRSS") / 1024,
                   status_kib(pid, "VmHWM") / 1024, status_kib(pid, "Threads"), wakeups)
-
-
-def wait(predicate: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise SystemExit("timed out waiting for the plugin to publish and register")
-        time.sleep(0.02)
 
 
 def measure(tree: Path, python: str, node: str, seconds: float, settle: float) -> tuple[Sample, Sample, float]:
