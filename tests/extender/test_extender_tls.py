@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from labeller.runtime import server_tls
+from labeller.process.httpserver import server_tls
 from tests.builders import PATIENCE_S, wait_for
 from tests.core.cli import error_line, gpu_labeller
 from tests.extender.certs import Certs, make_certs
