@@ -7,9 +7,10 @@ a request costs a socket, never a thread, and threads are bounded by the request
 
 Bounds: a handshake must finish within ``handshake_timeout_s``; an idle connection (handshake done,
 or between keep-alive requests) is closed after ``idle_timeout_s``; at most ``max_connections`` are
-open. When all are taken, the connection idle the longest (handshaking, or waiting for a request)
-is closed to make room for the new one, and only when none is idle (every one has a request in
-flight) is the new one closed. Clients that never authenticate cannot keep out one that does."""
+open. When all are taken, an idle one is closed to make room for the new one: the one longest in
+its handshake (whoever it is, it has shown no certificate yet), else the one longest without a
+request; only when none is idle (every one has a request in flight) is the new one closed. Clients
+that never authenticate cannot keep out one that does, nor push its idle keep-alive connections out."""
 
 from __future__ import annotations
 
@@ -37,13 +38,18 @@ _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 @dataclass(eq=False)
 class Connection:
-    """One client's connection: its socket (a TLS one once the handshake is done), its address, when
-    it last fell idle, and what the selector read of its next request (the worker reads the rest)."""
+    """One client's connection: its socket (a TLS one from the client's first bytes on), its address,
+    when it last fell idle, and what the selector read of its next request (the worker reads the rest).
+    The selector watches it by its file descriptor, which stays when the socket is wrapped in TLS."""
 
     sock: socket.socket
     address: tuple[str, int]
     since: float
     first_bytes: bytes = b""
+
+    @property
+    def fd(self) -> int:
+        return self.sock.fileno()
 
 
 class _Idle:
@@ -234,26 +240,19 @@ class ConnectionServer:
         self.open += 1
         sock.setblocking(False)
         connection = Connection(sock, address, time.monotonic())
+        self._selector.register(connection.fd, selectors.EVENT_READ, connection)
         if self._tls is None:
-            self._selector.register(sock, selectors.EVENT_READ, connection)
             self._wait_for_request(connection)
-            return
-        try:
-            connection.sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        except (OSError, ValueError):  # reset already
-            sock.close()
-            self.open -= 1
-            return
-        self._handshaking.add(connection)
-        self._selector.register(connection.sock, selectors.EVENT_READ, connection)
-        self._handshake(connection)
+        else:
+            self._handshaking.add(connection)  # wrapped in TLS once its first bytes come (see _handshake)
 
     def _make_room(self) -> bool:
-        """Close the connection idle the longest for a new one; False when every one has a request in flight."""
-        idle = [c for c in (self._handshaking.oldest(), self._waiting.oldest()) if c is not None]
-        if not idle:
+        """Close an idle connection for a new one: the one longest in its TLS handshake (nobody yet), else
+        the one longest without a request; False when every one has a request in flight."""
+        idle = self._handshaking.oldest() or self._waiting.oldest()
+        if idle is None:
             return False
-        self._close(min(idle, key=lambda connection: connection.since))
+        self._close(idle)
         self._made_room += 1
         if self._made_room in (1, 100) or self._made_room % 1000 == 0:
             log.warning("all connections taken; closing the longest idle for each new one", reason="connection-limit",
@@ -272,15 +271,13 @@ class ConnectionServer:
     # --- idle connections: the handshake, then the wait for a request ------------------------------
 
     def _handshake(self, connection: Connection) -> None:
-        sock = connection.sock
-        assert isinstance(sock, ssl.SSLSocket)
         try:
-            sock.do_handshake()
+            self._tls_socket(connection).do_handshake()
         except ssl.SSLWantReadError:
-            self._selector.modify(sock, selectors.EVENT_READ, connection)
+            self._watch(connection, selectors.EVENT_READ)
             return
         except ssl.SSLWantWriteError:
-            self._selector.modify(sock, selectors.EVENT_WRITE, connection)
+            self._watch(connection, selectors.EVENT_WRITE)
             return
         except (OSError, ValueError) as exc:
             log.info("TLS handshake refused", reason="tls-refused", client=connection.address[0],
@@ -288,8 +285,20 @@ class ConnectionServer:
             self._close(connection)
             return
         self._handshaking.discard(connection)
-        self._selector.modify(sock, selectors.EVENT_READ, connection)
+        self._watch(connection, selectors.EVENT_READ)
         self._wait_for_request(connection)
+
+    def _tls_socket(self, connection: Connection) -> ssl.SSLSocket:
+        """The connection's TLS socket, made when the client's first bytes come: a connection that sends
+        nothing costs a socket, not OpenSSL's buffers too (about 40 KiB each)."""
+        if not isinstance(connection.sock, ssl.SSLSocket):
+            assert self._tls is not None
+            connection.sock = self._tls.wrap_socket(connection.sock, server_side=True, do_handshake_on_connect=False)
+        return connection.sock
+
+    def _watch(self, connection: Connection, events: int) -> None:
+        if self._selector.get_key(connection.fd).events != events:
+            self._selector.modify(connection.fd, events, connection)
 
     def _wait_for_request(self, connection: Connection) -> None:
         """Idle from now on; what arrived already (with the handshake, or as it was given back) is read now."""
@@ -308,7 +317,7 @@ class ConnectionServer:
             self._close(connection)
             return
         self._waiting.discard(connection)
-        self._selector.unregister(connection.sock)
+        self._selector.unregister(connection.fd)
         connection.first_bytes = data
         connection.sock.setblocking(True)  # the worker bounds each read and write itself
         self._workers.submit(functools.partial(self._work, connection))
@@ -327,7 +336,7 @@ class ConnectionServer:
         self._handshaking.discard(connection)
         self._waiting.discard(connection)
         with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(connection.sock)
+            self._selector.unregister(connection.fd)
         connection.sock.close()
         self.open -= 1
 
@@ -363,7 +372,7 @@ class ConnectionServer:
                 continue
             connection.first_bytes = b""
             connection.sock.setblocking(False)
-            self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+            self._selector.register(connection.fd, selectors.EVENT_READ, connection)
             self._wait_for_request(connection)
 
     def _close_all(self) -> None:

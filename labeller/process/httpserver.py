@@ -143,8 +143,8 @@ def _handler(ready: Callable[[], bool], healthy: Callable[[], bool], registry: C
 
         def __init__(self, connection: Connection) -> None:
             # BaseRequestHandler.__init__ without the socketserver it would keep: there is none here
-            self.first_bytes, self.request, self.client_address = connection.first_bytes, connection.sock, \
-                connection.address
+            self.first_bytes = connection.first_bytes
+            self.request, self.client_address = connection.sock, connection.address
             self.setup()
             try:
                 self.handle()

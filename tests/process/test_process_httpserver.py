@@ -98,15 +98,28 @@ def test_idle_connections_in_every_slot_do_not_keep_a_client_with_a_certificate_
     assert all(still_open(sock) for sock in idle[1:])
     assert server.connections.open == 4
 
-    # Between requests the scheduler's connection is idle too: once the longer idle ones are gone, it
-    # is closed for a newcomer, and the scheduler's next request opens a new connection.
+    # Between requests the scheduler's connection is idle too, but connections still in their handshake
+    # (newcomers among them) are closed first: they have not shown a certificate.
+    kept = scheduler.sock
     wait_for(lambda: server.connections.idle == 4)
     newer = [idle_connection(connections, server.port) for _ in range(4)]
-    assert all(closed_by_server(sock) for sock in (*idle[1:], scheduler.sock))
-    assert all(still_open(sock) for sock in newer)
-    scheduler.close()
-    assert get(scheduler) == (200, b"ok\n")
+    assert all(closed_by_server(sock) for sock in (*idle[1:], newer[0]))
+    assert get(scheduler) == (200, b"ok\n") and scheduler.sock is kept
     assert all(still_open(sock) for sock in newer[1:])
+
+
+def test_an_idle_keep_alive_connection_makes_room_once_it_has_waited_longest(
+        servers: list[HealthServer], connections: ExitStack) -> None:
+    server = start_http_server(0, "127.0.0.1", limits=HttpLimits(max_connections=2, request_timeout_s=LONG_S))
+    servers.append(server)
+    keep_alive = http.client.HTTPConnection("127.0.0.1", server.port, timeout=PATIENCE_S)
+    assert get(keep_alive) == (200, b"ok\n")
+    wait_for(lambda: server.connections.idle == 1)  # answered: it waits for its next request
+    first = idle_connection(connections, server.port)  # the free slot
+    wait_for(lambda: server.connections.open == 2)
+    second = idle_connection(connections, server.port)
+    assert closed_by_server(keep_alive.sock)
+    assert still_open(first) and still_open(second)
 
 
 @pytest.mark.slow  # waits out a deadline of 1.5 s
