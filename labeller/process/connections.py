@@ -25,7 +25,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -46,10 +46,10 @@ class Connection:
     address: tuple[str, int]
     since: float
     first_bytes: bytes = b""
+    fd: int = field(init=False)
 
-    @property
-    def fd(self) -> int:
-        return self.sock.fileno()
+    def __post_init__(self) -> None:
+        self.fd = self.sock.fileno()
 
 
 class _Idle:
@@ -186,17 +186,25 @@ class ConnectionServer:
         try:
             while not self._stopping:
                 for key, _ in self._selector.select(self._timeout()):
-                    if key.fileobj is self._listener:
-                        self._accept()
-                    elif key.fileobj is self._wake_r:
-                        self._take_back()
-                    elif key.data in self._handshaking:  # still registered: not closed in this turn
-                        self._handshake(key.data)
-                    elif key.data in self._waiting:
-                        self._read_first(key.data)
+                    self._on_event(key)
                 self._expire(time.monotonic())
         finally:
             self._close_all()
+
+    def _on_event(self, key: selectors.SelectorKey) -> None:
+        try:
+            if key.fileobj is self._listener:
+                self._accept()
+            elif key.fileobj is self._wake_r:
+                self._take_back()
+            elif key.data in self._handshaking:  # still idle: not closed nor handed over in this turn
+                self._handshake(key.data)
+            elif key.data in self._waiting:
+                self._read_first(key.data)
+        except Exception:  # a bug must not stop the server: that connection is closed, the others served
+            log.exception("connection handling failed", reason="connection-failed")
+            if isinstance(key.data, Connection) and (key.data in self._handshaking or key.data in self._waiting):
+                self._close(key.data)
 
     def shutdown(self) -> None:
         """Stop ``serve_forever`` (from another thread); every connection is closed as its request ends."""

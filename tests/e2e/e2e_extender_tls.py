@@ -13,16 +13,17 @@ collect e2e_*.py): run it by hand.
 3. Pods asking aliyun.com/gpu-mem are bound by the real scheduler through the extender.
 4. Clients without the scheduler's certificate are refused on every path: no certificate, another CA's,
    plain HTTP.
-5. A quiet burst of pods, then, while 1,000 slow clients stay connected (one byte of a TLS hello per 10 s
-   each, reconnecting as soon as the server closes it) and a client sends a 100 MB body, another: the
-   scheduler keeps placing pods and every filter and bind is answered within the scheduler's httpTimeout
-   (a probe on a fresh mutual-TLS connection twice a second, the extender's duration histogram, the
-   scheduler's log); the body is refused (413) unread, the slow clients are closed at the TLS handshake
-   deadline (--tls-handshake-timeout), the extender's CPU and memory stay low.
-6. Issue 28's attacker: 1,100 idle TCP connections (no TLS hello at all; more than --max-connections),
-   each opened again as soon as the server closes it. 20 filter calls on fresh mutual-TLS connections
-   are all answered within httpTimeout, the scheduler keeps placing pods, and the extender's threads and
-   RSS stay bounded (sampled every 0.2 s). Before, 8 of 20 such calls failed, at 1,009 threads.
+5. A quiet burst of pods, then issue 28's attacker: 1,100 idle TCP connections (no TLS hello at all;
+   more than --max-connections), each opened again as soon as the server closes it. 20 filter calls on
+   fresh mutual-TLS connections are all answered within the scheduler's httpTimeout, the scheduler keeps
+   placing pods, and the extender's threads and RSS stay bounded (sampled every 0.2 s). Before, 5 to 8
+   of 20 such calls failed, at about 1,000 threads.
+6. While 1,000 slow clients stay connected (one byte of a TLS hello per 10 s each, reconnecting as soon
+   as the server closes it) and a client sends a 100 MB body, another burst: the scheduler keeps placing
+   pods and every filter and bind is answered within httpTimeout (a probe on a fresh mutual-TLS
+   connection twice a second, the extender's duration histogram, the scheduler's log); the body is
+   refused (413) unread, the slow clients are closed at the TLS handshake deadline
+   (--tls-handshake-timeout), the extender's CPU and memory stay low.
 """
 
 from __future__ import annotations
@@ -429,7 +430,7 @@ def main() -> int:
         check(all(refused(url + path, stranger) for path in paths), "a client with another CA's certificate is refused")
         check(refused(f"http://127.0.0.1:{args.port}/gpushare-scheduler/inspect", None), "plain HTTP is refused")
 
-        # 5. Slow clients and a big body while the scheduler keeps placing pods (a quiet burst first, to compare).
+        # A quiet burst first, to compare.
         def burst(prefix: str, count: int) -> tuple[dict[str, float], dict[str, float]]:
             names = [f"{prefix}-{i:02}" for i in range(count)]
             started = {}
@@ -453,16 +454,36 @@ def main() -> int:
         scheduler = ssl.create_default_context(cafile=str(client_dir / "ca.crt"))
         scheduler.load_cert_chain(str(client_dir / "tls.crt"), str(client_dir / "tls.key"))
         metrics_url = f"http://127.0.0.1:{args.port + 1}/metrics"
-        calls_before = {verb: duration_buckets(metrics_url, verb).get("+Inf", 0.0) for verb in ("filter", "bind")}
         figure(f"extender RSS before the attacks: {rss_mib(extender.pid):.0f} MiB, "
                f"{proc_status(extender.pid, 'Threads')} threads")
+
+        # 5. Issue 28's attacker: idle TCP connections, more than the extender's slots, opened again when closed.
+        probe_body = json.dumps({"Pod": pod_body("probe", 4), "NodeNames": list(NODES)}).encode()
+        idle_started, idle_times = burst("idle", 4)  # the last 16 units free
+        idle_attack(args.port, args.idle, args.idle_probes, extender.pid, (url, scheduler, server_name, probe_body),
+                    http_timeout_s, lambda: all_bound(idle_started, idle_times))
+        took = wait(lambda: all_bound(idle_started, idle_times), 120)
+        check(took is not None, f"with {args.idle} idle connections, the scheduler keeps placing: "
+                                f"{len(idle_times)}/{len(idle_started)} pods bound")
+        if idle_times:
+            figure(f"created -> bound during the idle attack: {ms(list(idle_times.values()))}")
+        scheduler_lines = scheduler_log.read_bytes()[log_offset:].decode(errors="replace").splitlines()
+        extender_errors = [line for line in scheduler_lines if "gpushare-scheduler" in line or "xtender" in line
+                           or "Client.Timeout" in line or "deadline exceeded" in line]
+        check(not extender_errors, f"the scheduler logged no extender error or timeout during the idle attack "
+                                   f"({len(scheduler_lines)} log lines read): {extender_errors[:3]}")
+        figure(f"extender RSS after the idle attack: {rss_mib(extender.pid):.0f} MiB, "
+               f"{proc_status(extender.pid, 'Threads')} threads")
+
+        # 6. Slow clients and a big body while the scheduler keeps placing pods.
+        log_offset = scheduler_log.stat().st_size
+        calls_before = {verb: duration_buckets(metrics_url, verb).get("+Inf", 0.0) for verb in ("filter", "bind")}
         attack = SlowClients(args.port, args.slow, SLOW_INTERVAL_S)
         cpu_before, wall_before = cpu_seconds(extender.pid), time.monotonic()
         attack.start()
         took = wait(lambda: attack.connected >= args.slow, 120)
         check(took is not None, f"{attack.connected} slow clients connected at once after {took or 0:.1f} s "
                                 f"(one byte per {SLOW_INTERVAL_S:g} s each, reconnecting when closed)")
-        probe_body = json.dumps({"Pod": pod_body("probe", 4), "NodeNames": list(NODES)}).encode()
         probes: list[float] = []
         probe_errors: list[str] = []
         probing = threading.Event()
@@ -521,21 +542,6 @@ def main() -> int:
         figure(f"extender RSS after the attack: {rss_mib(extender.pid):.0f} MiB, "
                f"{proc_status(extender.pid, 'Threads')} threads")
 
-        # 6. Issue 28's attacker: idle TCP connections, more than the extender's slots, opened again when closed.
-        log_offset = scheduler_log.stat().st_size
-        idle_started, idle_times = burst("idle", 4)  # the last 16 units free
-        idle_attack(args.port, args.idle, args.idle_probes, extender.pid, (url, scheduler, server_name, probe_body),
-                    http_timeout_s, lambda: all_bound(idle_started, idle_times))
-        took = wait(lambda: all_bound(idle_started, idle_times), 120)
-        check(took is not None, f"with {args.idle} idle connections, the scheduler keeps placing: "
-                                f"{len(idle_times)}/{len(idle_started)} pods bound")
-        if idle_times:
-            figure(f"created -> bound during the idle attack: {ms(list(idle_times.values()))}")
-        scheduler_lines = scheduler_log.read_bytes()[log_offset:].decode(errors="replace").splitlines()
-        extender_errors = [line for line in scheduler_lines if "gpushare-scheduler" in line or "xtender" in line
-                           or "Client.Timeout" in line or "deadline exceeded" in line]
-        check(not extender_errors, f"the scheduler logged no extender error or timeout during the idle attack "
-                                   f"({len(scheduler_lines)} log lines read): {extender_errors[:3]}")
         used: dict[tuple[str, int], int] = {}
         for pod in admin.list_pods(field_selector="metadata.namespace=default")[0]:
             gpu = gpushare.assigned_gpu(pod)

@@ -17,6 +17,7 @@ import pytest
 from labeller.process.httpserver import Answer, HealthServer, HttpLimits, server_tls, start_http_server
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.certs import Certs, make_certs
+from tests.extender.test_extender_requests import closed_by_server  # waits (the socket's timeout) for the close
 
 LONG_S = 300.0  # deadlines a test must not wait out: far past PATIENCE_S
 
@@ -52,14 +53,6 @@ def idle_connection(stack: ExitStack, port: int, first: bytes = b"") -> socket.s
     if first:
         sock.sendall(first)
     return sock
-
-
-def closed_by_server(sock: socket.socket) -> bool:
-    """Waits (up to the socket's timeout) for the server to close it; True when it did."""
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
 
 
 def still_open(sock: socket.socket) -> bool:
