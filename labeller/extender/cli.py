@@ -37,8 +37,8 @@ log = structlog.get_logger("gpu_labeller.extender")
 DEFAULT_PORT = 39999  # gpushare's
 KUBECTL_CONFIG = os.path.join("~", ".kube", "config")
 POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP handlers' reads
-# Connections open at once: a socket each (an idle one holds no thread); when all are taken, the one
-# idle the longest is closed for a new one, so clients that never authenticate cannot keep the scheduler out.
+# Connections open at once: a socket each (one without a request holds no thread); when all are taken, an
+# idle one is closed for a new one, so clients that never authenticate cannot keep the scheduler out.
 MAX_CONNECTIONS = 1024
 SPARE_FILES = 128  # the listening sockets, the API connections, the log, the certificates
 
@@ -78,8 +78,9 @@ SPARE_FILES = 128  # the listening sockets, the API connections, the log, the ce
               default=f"{HttpLimits.tls_handshake_timeout_s:g}s", show_default=True,
               help="Time a client has to finish the TLS handshake; a connection that has not is closed.")
 @click.option("--max-connections", type=click.IntRange(1), default=MAX_CONNECTIONS, show_default=True,
-              help="Connections open at once. When all are taken, the one idle the longest (handshaking, or without a "
-                   "request) is closed for a new one; when every one has a request in flight, the new one is closed.")
+              help="Connections open at once. When all are taken, an idle one is closed for a new one: the one longest "
+                   "in its TLS handshake, else the one longest without a request; when every one has a request in "
+                   "flight, the new one is closed.")
 @click.option("--watch-timeout", type=Duration(minimum=1), default="300s", show_default=True,
               help="Length of one watch request (watches are resumed).")
 def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str | None, tls_key_file: str | None,
