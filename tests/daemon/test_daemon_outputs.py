@@ -14,7 +14,7 @@ import structlog.testing
 from labeller.outputs import render
 from labeller.daemon.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
 from labeller.cluster.kube import Kube, NotFound
-from labeller.runtime import start_http_server
+from labeller.process.httpserver import start_http_server
 from tests.builders import PATIENCE_S, wait_for
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer

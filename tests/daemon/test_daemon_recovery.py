@@ -13,7 +13,7 @@ import pytest
 import structlog.testing
 
 from labeller.inventory import ProbeError
-from labeller.runtime import start_http_server
+from labeller.process.httpserver import start_http_server
 from labeller.daemon.reconcile import FightGuard
 from labeller.runtime import Backoff
 from tests.builders import AT_ONCE_S, PATIENCE_S, wait_for

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from labeller.extender.server import PREFIX
-from labeller.runtime import server_tls
+from labeller.process.httpserver import server_tls
 from tests.builders import PATIENCE_S, wait_for
 from tests.deploy import one, render
 from tests.extender.conftest import Start, mem_pod, share_node
