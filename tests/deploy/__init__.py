@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -149,8 +150,20 @@ def _render_script() -> ModuleType:
 
 def load_render_script() -> ModuleType:
     """deploy/render.py, imported from its path (deploy/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("gpu_labeller_deploy_render", ROOT / "deploy" / "render.py")
+    return _load_script("gpu_labeller_deploy_render", ROOT / "deploy" / "render.py")
+
+
+def load_lock_script() -> ModuleType:
+    """deploy/image/lock.py (the image's lock files), imported from its path."""
+    return _load_script("gpu_labeller_deploy_image_lock", ROOT / "deploy" / "image" / "lock.py")
+
+
+def _load_script(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
