@@ -237,6 +237,8 @@ _AMD_SPEC: dict[str, Spec] = {
 _DRA_SPEC: dict[str, Spec] = {
     "vendors": IGNORED,  # list; checked in _dra_vendors
 }
+# The keys of one entry of sharing.*.resources (checked in _shared_entry).
+SHARED_ENTRY_KEYS = ("devices", "name", "rename", "replicas")
 _TOP_SPEC: dict[str, Spec] = {
     "version": ("v1",),
     "flags": _FLAGS_SPEC,
@@ -338,9 +340,9 @@ def _rename(value: Any, name: str, path: str, names: ResourceNames) -> str:
 def _shared_entry(entry: Any, where: str, rename_by_default: bool, names: ResourceNames) -> SharedResource:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: must be a mapping with name and replicas")
-    unknown = set(entry) - {"name", "replicas", "rename", "devices"}
+    unknown = set(entry) - set(SHARED_ENTRY_KEYS)
     if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (known here: devices, name, rename, replicas)")
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (known here: {', '.join(SHARED_ENTRY_KEYS)})")
     name = entry.get("name")
     if not isinstance(name, str):
         raise ConfigError(f"{where}.name: required string")
@@ -571,3 +573,170 @@ def load_config(path: Path | None, names: ResourceNames, overrides: Overrides = 
         return parse_document(raw, names, overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+# --- for people: every key, its kind, default and effect -----------------------------------------
+# docs/reference/config.md is generated from config_keys() (docs/gen/reference.py); the schema above says
+# which keys exist and what values they take, this table what they do. A key of the schema without a line
+# here, or a line for no key, fails tests/core/test_core_config_keys.py, which also checks each default
+# against what parse_config makes of a file without the key.
+
+@dataclass(frozen=True)
+class _KeyDoc:
+    default: str  # as written in a file ("" when there is none: required, or unset)
+    doc: str
+    kind: str = ""  # for a key the schema does not type (IGNORED): what it takes
+
+
+_ANY_SHARING = "sharing.{timeSlicing,mps}"
+_OWN = "labeller"  # gpu-labeller's section (spelt so, its keys are not taken for module names by the import checks)
+_KEY_DOCS: dict[str, _KeyDoc] = {
+    "version": _KeyDoc("", "required: a file (or a profile's `config` section) without it is refused"),
+    "flags": _KeyDoc("", "NVIDIA's device-plugin and GFD flags"),
+    "flags.migStrategy": _KeyDoc("none", "MIG labels and MIG resources: `single` describes MIG devices under the "
+                                "`nvidia.com/gpu.*` labels, `mixed` advertises and labels each profile apart"),
+    "flags.failOnInitError": _KeyDoc("false", "device plugin: when the driver is not ready at start, exit with 1 (a "
+                                    "crash loop, as NVIDIA's plugin) instead of probing again until it is"),
+    "flags.nvidiaDriverRoot": _KeyDoc("/", "where CDI specs find the driver's libraries and binaries on the host"),
+    "flags.nvidiaDevRoot": _KeyDoc("", "host-path prefix of the device nodes passed with `passDeviceSpecs` and "
+                                  "written in CDI specs; unset: `flags.nvidiaDriverRoot`"),
+    "flags.mpsRoot": _KeyDoc("/run/nvidia/mps", "host directory (absolute) of the MPS daemons' pipes, logs, shm and "
+                            "readiness file"),
+    "flags.gdrcopyEnabled": _KeyDoc("false", "NVIDIA's plugin: GDRCopy device nodes in the containers"),
+    "flags.gdsEnabled": _KeyDoc("false", "NVIDIA's plugin: GPUDirect Storage (`NVIDIA_GDS=enabled`)"),
+    "flags.mofedEnabled": _KeyDoc("false", "NVIDIA's plugin: MOFED in the containers (`NVIDIA_MOFED=enabled`)"),
+    "flags.useNodeFeatureAPI": _KeyDoc("false", "GFD: write an NFD NodeFeature object instead of the features file"),
+    "flags.deviceDiscoveryStrategy": _KeyDoc("auto", "NVIDIA's plugin: how the GPUs are found"),
+    "flags.plugin": _KeyDoc("", "NVIDIA's device-plugin flags"),
+    "flags.plugin.passDeviceSpecs": _KeyDoc("false", "pass the `/dev/nvidia*` device nodes (with `envvar` and "
+                                           "`volume-mounts`)"),
+    "flags.plugin.deviceListStrategy": _KeyDoc("envvar", "how Allocate names the devices to the container runtime",
+                                              kind="one or a list of `envvar`, `volume-mounts`, `cdi-annotations`, "
+                                                   "`cdi-cri`"),
+    "flags.plugin.deviceIDStrategy": _KeyDoc("uuid", "device IDs and `NVIDIA_VISIBLE_DEVICES` values"),
+    "flags.plugin.cdiAnnotationPrefix": _KeyDoc("cdi.k8s.io/", "prefix of the CDI annotation key"),
+    "flags.plugin.nvidiaCTKPath": _KeyDoc("/usr/bin/nvidia-ctk", "CDI specs add its `update-ldcache` hook when the "
+                                         "host has it"),
+    "flags.plugin.containerDriverRoot": _KeyDoc("", "NVIDIA's plugin: where the driver's files are in its "
+                                                                  "container"),
+    "flags.plugin.sharedDevicesAllocationPolicy": _KeyDoc("distributed", "preferred allocation of replicas: spread "
+                                                         "over the devices, or packed onto the fewest"),
+    "flags.gfd": _KeyDoc("", "GFD's flags, as `run` honours them (read at start; SIGHUP does not change them)"),
+    "flags.gfd.oneshot": _KeyDoc("false", "`run`: as `--once` (the flag wins)"),
+    "flags.gfd.noTimestamp": _KeyDoc("", "`true` always drops `nvidia.com/gfd.timestamp`; an explicit `false` "
+                                    "(GFD's default) writes it unless `labeller.labels.timestamp` is set"),
+    "flags.gfd.sleepInterval": _KeyDoc("60s", "`run`: as `--interval` (the flag wins)",
+                                      kind="a Go duration (`10s`, `1m30s`; a bare number is nanoseconds, as in GFD), "
+                                           "at least 10ms"),
+    "flags.gfd.outputFile": _KeyDoc("", "`run`: the path of `--output features-file`, as `--features-file` (the flag "
+                                   "wins); unset: `/etc/kubernetes/node-feature-discovery/features.d/gpu-labeller`"),
+    "flags.gfd.machineTypeFile": _KeyDoc(DEFAULT_MACHINE_TYPE_FILE, "where `nvidia.com/gpu.machine` is read, under "
+                                        "`--host-root`"),
+    "resources": _KeyDoc("", "NVIDIA's plugin: resource names of its own", kind="mapping"),
+    "sharing": _KeyDoc("", "how the devices are shared: one of `timeSlicing`, `mps`, `memory`, or none"),
+    "sharing.timeSlicing": _KeyDoc("", "share each device of the listed resources as `replicas` time-sliced "
+                                  "replicas"),
+    "sharing.mps": _KeyDoc("", "share by NVIDIA MPS: `nvidia.com/gpu` (and its renames) only, replicas <= "
+                          f"{MPS_MAX_CLIENTS}; not beside `timeSlicing`, not with `migStrategy: mixed`"),
+    f"{_ANY_SHARING}.renameByDefault": _KeyDoc("false", "register the replicas as `<name>.shared` and drop `-SHARED` "
+                                              "from `gpu.product`"),
+    f"{_ANY_SHARING}.failRequestsGreaterThanOne": _KeyDoc("false", "reject a container request for more than one "
+                                                         "replica; `true` under `mps` unless set, as NVIDIA's"),
+    f"{_ANY_SHARING}.resources": _KeyDoc("", f"required: the resources to share, at most {MAX_SHARED_RESOURCES}",
+                                        kind="list of mappings"),
+    f"{_ANY_SHARING}.resources[].name": _KeyDoc("", "required: `nvidia.com/gpu`, `nvidia.com/mig-<profile>`, "
+                                               "`amd.com/gpu`; a bare name means `nvidia.com/<name>`", kind="string"),
+    f"{_ANY_SHARING}.resources[].replicas": _KeyDoc("", f"required: replicas of each device, 2 to {MAX_REPLICAS} "
+                                                   f"({MPS_MAX_CLIENTS} under `mps`)", kind="integer"),
+    f"{_ANY_SHARING}.resources[].devices": _KeyDoc("all", "which devices are replicated: a count takes the first N "
+                                                  "by index; the rest stay whole under the plain name. Needs `rename` "
+                                                  "or `renameByDefault`",
+                                                  kind="`all`, a positive count, or a list of GPU indices (`0`), MIG "
+                                                       "indices (`0:1`), GPU-/MIG- UUIDs, AMD PCI addresses"),
+    f"{_ANY_SHARING}.resources[].rename": _KeyDoc("", "the name the replicas are registered under (a bare name takes "
+                                                 "the resource's domain); never a name the plugin advertises itself; "
+                                                 "unset: `<name>.shared` with `renameByDefault`, else the name",
+                                                 kind="string"),
+    "sharing.memory": _KeyDoc("", "share whole NVIDIA GPUs by memory, as gpushare: `aliyun.com/gpu-mem` (one device "
+                             "per unit of each GPU's memory) and `aliyun.com/gpu-count` instead of `nvidia.com/gpu`; "
+                             "alone, and not with `migStrategy` `single` or `mixed`"),
+    "sharing.memory.unit": _KeyDoc("GiB", "the memory one `aliyun.com/gpu-mem` device stands for"),
+    "imex": _KeyDoc("", "NVIDIA's plugin: IMEX channels in the containers", kind="mapping"),
+    _OWN: _KeyDoc("", "gpu-labeller's own settings"),
+    f"{_OWN}.labels": _KeyDoc("", "the label groups"),
+    f"{_OWN}.labels.nvidia": _KeyDoc("true", "NVIDIA's labels, GFD's keys (`nvidia.com/gpu.*`, `cuda.*`, `mig.*`, "
+                                     "...) and `nvidia.com/gpu.present`"),
+    f"{_OWN}.labels.amd": _KeyDoc("true", "AMD's new-style labels (`amd.com/gpu.*`)"),
+    f"{_OWN}.labels.amdBeta": _KeyDoc("true", "AMD's beta-style labels (`beta.amd.com/gpu.*`)"),
+    f"{_OWN}.labels.firmware": _KeyDoc("false", "AMD's firmware labels (`beta.amd.com/gpu.firmware.*`), read from "
+                                       "debugfs"),
+    f"{_OWN}.labels.machine": _KeyDoc("true", "`nvidia.com/gpu.machine`"),
+    f"{_OWN}.labels.timestamp": _KeyDoc("false", "`nvidia.com/gfd.timestamp` (off: a changing value would make every "
+                                        "restart a write)"),
+    f"{_OWN}.amd": _KeyDoc("", "AMD's device-plugin settings"),
+    f"{_OWN}.amd.resourceNamingStrategy": _KeyDoc("single", "AMD's plugin's `-resource_naming_strategy`: `mixed` "
+                                                  "advertises partitions as `amd.com/<compute>_<memory>`"),
+    f"{_OWN}.dra": _KeyDoc("", "Dynamic Resource Allocation"),
+    f"{_OWN}.dra.vendors": _KeyDoc("[]", "the vendors whose GPUs this node serves through DRA (the DRA plugin's "
+                                   "ResourceSlices) instead of the device plugin's extended resources",
+                                   kind="list of vendors with a DRA driver (`nvidia`, `amd`)"),
+}
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One key of the config file, for people: ``path`` dotted (``{a,b}`` where two blocks take the same
+    keys, ``[]`` for each entry of a list), ``kind`` what it takes, ``allowed`` its values when they are a fixed
+    set, ``default`` as written in a file ("" when none), ``not_honoured`` why gpu-labeller reads it and does
+    not act on it ("" when it does)."""
+
+    path: str
+    kind: str
+    allowed: tuple[str, ...]
+    default: str
+    doc: str
+    not_honoured: str = ""
+
+
+def _kind(spec: Spec) -> str:
+    if isinstance(spec, dict):
+        return "mapping"
+    if isinstance(spec, tuple):
+        return "one of " + ", ".join(f"`{value}`" for value in spec)
+    return {bool: "bool", int: "integer", str: "string"}.get(spec, "")
+
+
+_LIST_ENTRIES = {f"{_ANY_SHARING}.resources": SHARED_ENTRY_KEYS}  # lists of mappings the schema leaves to code
+
+
+def _schema_paths(spec: dict[str, Spec], prefix: str) -> list[tuple[str, Spec]]:
+    """The dotted paths of ``spec`` in its order, each block before its keys; sibling blocks that take the same
+    keys (one spec) have them listed once, under ``{a,b}``, after the last of them."""
+    out: list[tuple[str, Spec]] = []
+    for key, sub in spec.items():
+        path = f"{prefix}{key}"
+        out.append((path, sub))
+        out += [(f"{path}[].{name}", IGNORED) for name in _LIST_ENTRIES.get(path, ())]
+        twins = [k for k, s in spec.items() if s is sub]
+        if isinstance(sub, dict) and key == twins[-1]:
+            block = f"{prefix}{{{','.join(twins)}}}" if len(twins) > 1 else path
+            out += _schema_paths(sub, f"{block}.")
+    return out
+
+
+def config_keys() -> list[ConfigKey]:
+    """Every key a config file may hold, in file order: the generator of docs/reference/config.md reads this
+    (and only this), so that a new schema can stand behind it."""
+    from labeller.upstream import NOTHING, UNHONOURED_KEYS
+
+    keys = []
+    for path, spec in _schema_paths(_TOP_SPEC, ""):
+        doc = _KEY_DOCS[path]
+        unhonoured = UNHONOURED_KEYS.get(path)
+        why = ""
+        if unhonoured is not None:
+            neutral, reason = unhonoured
+            why = reason if neutral is NOTHING else f"any value but `{str(neutral).lower()}`: {reason}"
+        keys.append(ConfigKey(path, doc.kind or _kind(spec), spec if isinstance(spec, tuple) else (), doc.default,
+                              doc.doc, why))
+    return keys

@@ -235,29 +235,47 @@ def _vram_missing(inventory: Inventory) -> str:
             "`gpu-labeller probe` shows vram_bytes: null)")
 
 
+_KIND_MEANINGS = {
+    "vram": "the memory of one GPU (partition), whole GiB as `<n>G`",
+    "simd-count": "the SIMD units of one GPU (partition)",
+    "cu-count": "the compute units of one GPU (partition)",
+    "device-id": "the PCI device id, lower-case hex",
+    "family": "libdrm's family code (`AI`, `NV`, ...)",
+    "product-name": "the product name (the board's FRU, else amdgpu.ids), with AMD's replacements",
+}
+
+
 def _counted_docs(kind: str) -> tuple[KeyDoc, ...]:
     one = "all GPUs (KFD nodes for vram, simd-count, cu-count) agree on one value"
     several = "the GPUs (KFD nodes for vram, simd-count, cu-count) have several values: one key per value"
     each = "the GPUs (KFD nodes for vram, simd-count, cu-count) have the value: one key per value, counting them"
     missing = _vram_missing if kind == "vram" else None
+    value = _KIND_MEANINGS[kind]
+    count = f"how many GPUs (partitions for vram, simd-count, cu-count) have that {kind}"
     return (
-        KeyDoc(f"{NEW}{kind}", _AMD, one, "amd", missing=missing),
-        KeyDoc(f"{NEW}{kind}.<value>", _AMD, several, "amd", missing=missing),
-        KeyDoc(f"{BETA}{kind}", _AMD, one, "amdBeta", missing=missing),
-        KeyDoc(f"{BETA}{kind}.<value>", _AMD, each, "amdBeta", missing=missing),
+        KeyDoc(f"{NEW}{kind}", _AMD, one, "amd", missing=missing, meaning=value),
+        KeyDoc(f"{NEW}{kind}.<value>", _AMD, several, "amd", missing=missing, meaning=count),
+        KeyDoc(f"{BETA}{kind}", _AMD, one, "amdBeta", missing=missing, meaning=value),
+        KeyDoc(f"{BETA}{kind}.<value>", _AMD, each, "amdBeta", missing=missing, meaning=count),
     )
 
 
+_SUPPORTED = "`true` when the driver offers {} partitioning (the first GPU in PCI order)"
 KEY_DOCS: tuple[KeyDoc, ...] = (
     *(doc for kind in _COUNTED for doc in _counted_docs(kind)),
-    KeyDoc(f"{NEW}driver-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
-    KeyDoc(f"{NEW}driver-src-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
+    KeyDoc(f"{NEW}driver-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd",
+           meaning="the amdgpu module's version (empty with the kernel's own amdgpu)"),
+    KeyDoc(f"{NEW}driver-src-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd",
+           meaning="the amdgpu module's source version (empty with the kernel's own amdgpu)"),
     KeyDoc(f"{NEW}compute-memory-partition", _AMD,
-           "every GPU reports compute and memory partition modes, and they agree", "amd"),
-    KeyDoc(f"{NEW}compute-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
-    KeyDoc(f"{NEW}memory-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
+           "every GPU reports compute and memory partition modes, and they agree", "amd",
+           meaning="the partition modes, `<compute>_<memory>` (`cpx_nps4`)"),
+    KeyDoc(f"{NEW}compute-partitioning-supported", _AMD, "an AMD GPU is described", "amd",
+           meaning=_SUPPORTED.format("compute")),
+    KeyDoc(f"{NEW}memory-partitioning-supported", _AMD, "an AMD GPU is described", "amd",
+           meaning=_SUPPORTED.format("memory")),
     KeyDoc(f"{BETA}firmware.<block>.feat.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",
-           "firmware"),
+           "firmware", meaning="how many GPUs run that feature version of the firmware block (decimal)"),
     KeyDoc(f"{BETA}firmware.<block>.fw.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",
-           "firmware"),
+           "firmware", meaning="how many GPUs run that version of the firmware block (decimal)"),
 )
