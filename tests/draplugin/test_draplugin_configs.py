@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.builders import wait_for
-from tests.draplugin.conftest import AMD, NVIDIA, Dirs, Running, ToolLogs, simulated_plugin
+from tests.draplugin.conftest import AMD, NVIDIA, Dirs, ToolLogs, simulated_plugin
 from tests.draplugin.test_draplugin_prepare import checkpoint, spec_file
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet
@@ -154,7 +154,8 @@ REFUSALS: dict[str, tuple[Any, str]] = {
                                   "Sharing: unknown field (known: apiVersion, kind, sharing)"),
     "a bad interval": (time_slicing("VeryLong"),
                        'sharing.timeSlicingConfig.interval: "VeryLong" is not one of Default, Short, Medium, Long'),
-    "an unknown strategy": (gpu_config(strategy="Exclusive"), 'sharing.strategy: "Exclusive" is not TimeSlicing or MPS'),
+    "an unknown strategy": (gpu_config(strategy="Exclusive"),
+                            'sharing.strategy: "Exclusive" is not TimeSlicing or MPS'),
     "TimeSlicing with an MPS config": (
         gpu_config(strategy="TimeSlicing", mpsConfig={"defaultActiveThreadPercentage": 50}),
         'sharing.mpsConfig: {"defaultActiveThreadPercentage": 50}: an MPS config with the TimeSlicing strategy'),
@@ -163,8 +164,9 @@ REFUSALS: dict[str, tuple[Any, str]] = {
         'sharing.timeSlicingConfig: {"interval": "Long"}: a time-slicing config with the MPS strategy'),
     "thread percentage 0": (mps(defaultActiveThreadPercentage=0),
                             "sharing.mpsConfig.defaultActiveThreadPercentage: 0 is not a whole number from 1 to 100"),
-    "thread percentage 101": (mps(defaultActiveThreadPercentage=101),
-                              "sharing.mpsConfig.defaultActiveThreadPercentage: 101 is not a whole number from 1 to 100"),
+    "thread percentage 101": (
+        mps(defaultActiveThreadPercentage=101),
+        "sharing.mpsConfig.defaultActiveThreadPercentage: 101 is not a whole number from 1 to 100"),
     "thread percentage as a string": (
         mps(defaultActiveThreadPercentage="50"),
         'sharing.mpsConfig.defaultActiveThreadPercentage: "50" is not a whole number from 1 to 100'),
