@@ -84,6 +84,11 @@ class DriverConfigs:
                 self._handler = api.handler(self.settings)
             return self._handler
 
+    def forget(self, claim_uid: str) -> None:
+        """See ``ConfigHandler.forget``; nothing for a vendor without configs."""
+        if self._load is not None:
+            self.handler.forget(claim_uid)
+
     def read_applied(self, record: Mapping[str, Any], claim_uid: str) -> Applied:
         """A checkpoint record's applied config; ValueError when it is not one."""
         try:

@@ -13,12 +13,14 @@ wrong fails that claim alone, with a message naming the device or the config's e
 
 A claim already in the checkpoint is answered from it without reading the API (the kubelet calls
 again after a restart, and for every pod that shares the claim): it is prepared once. Unpreparing
-undoes what its configs applied (the last claim time-slicing a GPU sets it back to Default, its
-MPS daemons stop), then removes the spec file and the checkpoint entry; what cannot be undone fails
-the unprepare, files kept, for the kubelet to try again. A claim unknown to the checkpoint is fine (already
-unprepared, or prepared by a process that died before writing it: its spec file, named by the UID,
-is removed all the same). Only regular files are removed: a symlink or anything else at a claim's
-file name is left alone and logged. The kubelet unprepares a shared claim after its last pod on the node.
+undoes what its configs applied (the last claim time-slicing a GPU sets it back to Default, its MPS
+daemons stop; with no record, whatever the vendor still finds of the claim, such as an MPS daemon a
+killed plugin started and never recorded), then removes the spec file and the checkpoint entry;
+what cannot be undone fails the unprepare, files kept, for the kubelet to try again. A claim
+unknown to the checkpoint is fine (already unprepared, or prepared by a process that died before
+writing it: its spec file, named by the UID, is removed all the same). Only regular files are
+removed: a symlink or anything else at a claim's file name is left alone and logged. The kubelet
+unprepares a shared claim after its last pod on the node.
 
 Calls for different claims run concurrently; calls for the same claim one at a time.
 """
@@ -177,7 +179,11 @@ class Preparer:
         self.holds = Holds(prepared)
         for claim in prepared:
             for applied in claim.configs:  # what a previous process applied: known again, its daemons found
-                configs.handler.recover(claim.uid, applied.applied)
+                try:
+                    configs.handler.recover(claim.uid, applied.applied)
+                except Exception:  # a bug here must not keep the driver from serving its other claims
+                    log.exception("what a prepared claim's config applied could not be recovered",
+                                  reason="config-not-recovered", driver=driver, uid=claim.uid)
 
     def _lock(self, uid: str) -> threading.Lock:
         return self._stripes[zlib.crc32(uid.encode()) % LOCK_STRIPES]
@@ -333,6 +339,11 @@ class Preparer:
             prepared = self.holds.claim(claim.uid)
             if prepared is not None:
                 self._undo(claim, prepared.configs, quiet=False)
+            else:
+                try:
+                    self.configs.forget(claim.uid)
+                except ConfigRefused as exc:
+                    raise ClaimError(f"{self.driver}: claim {claim}: cannot undo its configs: {exc}") from None
             for what, remove in (("CDI spec", self.specs.remove), ("checkpoint record", self.checkpoint.remove)):
                 try:
                     remove(claim.uid)

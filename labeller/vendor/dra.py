@@ -85,6 +85,11 @@ class ConfigHandler(Protocol):
         """After a restart: know again what a prepared claim applied, and find (or restart) what runs for it."""
         ...
 
+    def forget(self, claim_uid: str) -> None:
+        """A claim unprepared with no record of what it applied (a plugin killed between applying a
+        config and recording it): undo what can still be found of it; ConfigRefused as ``undo``."""
+        ...
+
 
 @dataclass(frozen=True)
 class ConfigSettings:

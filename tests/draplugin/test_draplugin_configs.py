@@ -423,6 +423,25 @@ def test_a_restarted_plugin_finds_its_mps_daemon_or_starts_it_again_and_unprepar
         assert {f"{kept}: QUIT", f"{killed}: QUIT"} <= set(tool_logs.mps()) and daemons(dirs) == []
 
 
+def test_an_mps_daemon_a_killed_plugin_never_recorded_is_stopped_at_unprepare(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tool_logs: ToolLogs) -> None:
+    """Killed after starting the daemon, before writing the checkpoint: the kubelet, which never got
+    an answer, unprepares the claim (its pod deleted); the daemon's note says what to undo."""
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+        claim = run.claim("orphan", "gpu-6", config=[opaque(mps(defaultActiveThreadPercentage=40))])
+        prepared_ok(drakubelet, claim)
+        gpu = run.uuid("gpu-6")
+    (dirs.plugins / NVIDIA / "claims" / f"{claim.uid}.json").unlink()
+    spec_file(dirs, claim).unlink()
+    (daemon,) = daemons(dirs)
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100"):
+        assert tool_logs.mps().count(f"{daemon}: START CUDA_VISIBLE_DEVICES={gpu}") == 1  # not recovered: unknown
+        unprepared_ok(drakubelet, claim)
+        assert tool_logs.mps()[-2:] == [f"{daemon}: CMD: quit", f"{daemon}: QUIT"]
+        assert tool_logs.smi()[-1] == f"{gpu} DEFAULT" and daemons(dirs) == []
+        unprepared_ok(drakubelet, claim)  # again: nothing left to do
+
+
 def alive(dirs: Dirs, daemon: str) -> bool:
     pid_file = dirs.mps / daemon / "pipe" / "nvidia-cuda-mps-control.pid"
     try:

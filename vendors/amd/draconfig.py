@@ -42,6 +42,9 @@ class AmdConfigs:
     def recover(self, claim_uid: str, applied: Applied) -> None:
         return None
 
+    def forget(self, claim_uid: str) -> None:
+        return None
+
 
 def read_applied(record: Mapping[str, Any], claim_uid: str) -> Applied:
     if dict(record) != {"kind": GPU_CONFIG}:

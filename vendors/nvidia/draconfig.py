@@ -14,7 +14,9 @@
 - ``MPS`` (``mpsConfig``: ``defaultActiveThreadPercentage`` 1-100, ``defaultPinnedDeviceMemoryLimit``,
   ``defaultPerDevicePinnedMemoryLimit`` by device UUID or index among the config's devices, in UUID
   order): one control daemon per config of a claim, ``<mps root>/<claim UID>-<5 hex digits of its
-  devices' UUIDs' SHA-256>/{pipe,log}`` (NVIDIA's daemon ID), started with ``CUDA_VISIBLE_DEVICES``
+  devices' UUIDs' SHA-256>/{pipe,log}`` (NVIDIA's daemon ID; ``claim.json`` there says what it is
+  before it starts, so that a daemon a killed plugin never recorded is still stopped as it should
+  be when its claim is unprepared), started with ``CUDA_VISIBLE_DEVICES``
   set to the devices, its whole GPUs in EXCLUSIVE_PROCESS compute mode, told the limits (in whole
   MiB, per device UUID) and the percentage; the claim's containers get ``CUDA_MPS_PIPE_DIRECTORY`` and
   the pipe directory and ``<mps root>/shm`` (the MPS server's ``/dev/shm``) mounted. A limit above a
@@ -27,7 +29,9 @@ Unsupported kinds of the API (``VfioDeviceConfig``, the ComputeDomain kinds) are
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
 import re
 import shutil
 import threading
@@ -37,7 +41,7 @@ from typing import Any
 
 import structlog
 
-from labeller import quantity
+from labeller import ownfiles, quantity
 from labeller.resourceslices import DraDevice
 from labeller.vendor.dra import (Applied, ConfigApi, ConfigRefused, ConfigSettings, DeviceConfig, fields, shown,
                                  type_meta)
@@ -60,6 +64,8 @@ UNSUPPORTED = {
 TIME_SLICING, MPS = "TimeSlicing", "MPS"
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}  # NVIDIA's TimeSliceInterval.Int()
 MPS_FIELDS = ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit")
+CLAIM_FILE = "claim.json"  # in a daemon's directory: what it was started for (its checkpoint entry)
+CLAIM_FILE_LIMIT = 16 * 1024
 CONTAINER_PIPE = "/tmp/nvidia-mps"  # where a claim's containers see the daemon's pipe directory (NVIDIA's)
 MOUNT_OPTIONS = ["rw", "nosuid", "nodev", "bind"]
 _DAEMON = re.compile(r"[0-9A-Za-z][-0-9A-Za-z]{0,127}-[0-9a-f]{5}")
@@ -231,17 +237,20 @@ class NvidiaConfigs:
         whole = sorted(_uuid(d) for d in devices if fits(DeviceConfig(GPU_CONFIG), d) is None)
         visible = whole + sorted(_uuid(d) for d in devices if _uuid(d) not in whole)
         limits = _pinned(sharing, visible, {_uuid(d): _memory(d) for d in devices})
-        record = {"kind": config.kind, "strategy": MPS, "daemon": daemon_id(claim_uid, visible), "devices": visible,
-                  "gpus": whole, "defaultActiveThreadPercentage": sharing.get("defaultActiveThreadPercentage"),
-                  "pinnedMemoryLimitsMiB": limits}
+        record: dict[str, Any] = {
+            "kind": config.kind, "strategy": MPS, "daemon": daemon_id(claim_uid, visible), "devices": visible,
+            "gpus": whole, "defaultActiveThreadPercentage": sharing.get("defaultActiveThreadPercentage"),
+            "pinnedMemoryLimitsMiB": limits}
         with self._lock:
             self._take(claim_uid, visible, MPS)
         daemon = Daemon(_plan(record), self.root, self.tools)
         try:
             Path(mps.shm_dir(self.root)).mkdir(mode=0o755, parents=True, exist_ok=True)
+            with ownfiles.directory(Path(self.root), record["daemon"]) as fd:
+                ownfiles.replace(fd, CLAIM_FILE, json.dumps(record).encode(), 0o600)
             started = daemon.repair()
         except OSError as exc:
-            started, daemon.problem = False, f"{mps.shm_dir(self.root)}: {exc.strerror or exc}"
+            started, daemon.problem = False, f"{exc.filename or self.root}: {exc.strerror or exc}"
         if not started:
             problem = daemon.problem
             self._stop(claim_uid, record)
@@ -282,6 +291,32 @@ class NvidiaConfigs:
             return
         if problem:
             raise ConfigRefused(problem)
+
+    def forget(self, claim_uid: str) -> None:
+        """Stop the MPS daemons of the claim that its directories' ``claim.json`` name (a plugin killed
+        after starting one and before recording it); one without a readable note is told to quit and
+        its directory removed, its GPUs' compute mode left as it is (logged)."""
+        try:
+            names = [n for n in os.listdir(self.root) if _DAEMON.fullmatch(n) and n.startswith(claim_uid + "-")]
+        except OSError:
+            return  # no root: no daemon ever ran
+        for name in names:
+            try:
+                with ownfiles.directory(Path(self.root), name, create=False) as fd:
+                    data = ownfiles.read(fd, CLAIM_FILE, CLAIM_FILE_LIMIT)
+                record = read_applied(json.loads(data or b"null"), claim_uid).record
+                if record.get("daemon") != name:
+                    raise ValueError(f"{CLAIM_FILE} names daemon {shown(record.get('daemon'))}")
+            except (OSError, ValueError, AttributeError) as exc:
+                log.warning("an MPS daemon of a claim with no record, and no note of its GPUs: told to quit, its "
+                            "GPUs' compute mode left as it is", claim_uid=claim_uid, daemon=name, reason=str(exc))
+                record = {"daemon": name, "devices": [], "gpus": [], "pinnedMemoryLimitsMiB": {}}
+            else:
+                log.warning("an MPS daemon of a claim with no record (a plugin killed while preparing it); "
+                            "stopping it", claim_uid=claim_uid, daemon=name)
+            problem = self._stop(claim_uid, record)
+            if problem:
+                raise ConfigRefused(problem)
 
     def recover(self, claim_uid: str, applied: Applied) -> None:
         record = applied.record
