@@ -156,6 +156,8 @@ class Daemon:
         return ok
 
     def _running(self) -> bool:
+        if not os.path.isdir(mps.pipe_dir(self.root, self.plan.name)):
+            return False  # never started here: no need to ask
         try:
             self._command("get_default_active_thread_percentage")
             return True
