@@ -33,6 +33,7 @@ import structlog
 from labeller.config import ConfigError
 from labeller.draplugin.cdi import ClaimSpecs
 from labeller.draplugin.checkpoint import Checkpoint
+from labeller.draplugin.configs import DriverConfigs
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
 from labeller.draplugin.publisher import SliceApi, SlicePublisher
@@ -42,12 +43,14 @@ from labeller.inventory import Inventory, ProbeError
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.resourceslices import DraDevice, healthy
 from labeller.vendor import Vendor
+from labeller.vendor.dra import ConfigSettings
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
+DEFAULT_MPS_ROOT = Path("/run/gpu-labeller/mps")
 
 Obj = dict[str, Any]
 
@@ -69,6 +72,8 @@ class DraSettings:
     tick_seconds: float = 0.1
     # the health switches the device plugin reads too (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
     health_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    # what claims' opaque configs need: the MPS daemons' root, NVIDIA's tools
+    configs: ConfigSettings = field(default_factory=lambda: ConfigSettings(DEFAULT_MPS_ROOT))
 
 
 @dataclass
@@ -212,7 +217,8 @@ class DraPlugin:
 
     def _start_driver(self, driver: str, snapshot: Devices) -> _Driver:
         vendor = self._vendor(driver)
-        checkpoint = Checkpoint(self.settings.plugins_dir, driver, self.settings.node_name)
+        configs = DriverConfigs(driver, vendor.dra.configs if vendor.dra is not None else None, self.settings.configs)
+        checkpoint = Checkpoint(self.settings.plugins_dir, driver, self.settings.node_name, configs.read_applied)
         specs = ClaimSpecs(self.settings.cdi_spec_dir, driver)
         entry: _Driver | None = None
 
@@ -221,7 +227,7 @@ class DraPlugin:
             return entry.snapshot
 
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
-                            current)
+                            current, configs)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
         entry = _Driver(sockets, snapshot)

@@ -6,7 +6,9 @@ from the spec the device plugin writes for the same devices (``PluginParts.cdi_s
 device nodes (``/dev/nvidia<minor>``, a MIG device's capability nodes, the control nodes) and driver
 files, AMD's ``/dev/kfd`` plus the device's or partition's render node (and card). The environment
 is what the device plugin's Allocate gives these devices under the ``envvar`` list strategy, so an
-NVIDIA container is told its devices in ``NVIDIA_VISIBLE_DEVICES``.
+NVIDIA container is told its devices in ``NVIDIA_VISIBLE_DEVICES``. What an opaque config applied
+adds its own edits to the devices it applied to (an MPS daemon's ``CUDA_MPS_PIPE_DIRECTORY`` and its
+pipe and ``/dev/shm`` mounts), as NVIDIA's driver adds them to its claim's devices.
 
 Files are written atomically (a dot-file, then a rename: runtimes read only ``*.json``; no fsync,
 as the checkpoint's, see there) and removed when the claim is unprepared; no other file in the
@@ -21,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,9 @@ def _environment(vendor: Vendor, devices: Sequence[DraDevice], config: Config, h
 
 
 def claim_spec(claim_uid: str, vendor: Vendor, devices: Sequence[DraDevice], config: Config,
-               host_root: Path) -> dict[str, Any]:
-    """The claim's CDI spec, built from the vendor's spec for these devices. ValueError when the
+               host_root: Path, extra: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
+    """The claim's CDI spec, built from the vendor's spec for these devices, each device's edits
+    followed by ``extra``'s for it (by device name: what configs applied). ValueError when the
     vendor writes none for one of them."""
     vendor_spec = vendor.devices.plugin_parts().cdi_spec([d.physical for d in devices], config, host_root)
     edits = {d["name"]: d["containerEdits"] for d in (vendor_spec or {}).get("devices", [])}
@@ -75,10 +78,20 @@ def claim_spec(claim_uid: str, vendor: Vendor, devices: Sequence[DraDevice], con
     return {
         "cdiVersion": vendor_spec["cdiVersion"],
         "kind": KIND,
-        "devices": [{"name": cdi_name(claim_uid, d.name), "containerEdits": edits[d.physical.visible_id]}
+        "devices": [{"name": cdi_name(claim_uid, d.name),
+                     "containerEdits": _merged(edits[d.physical.visible_id], (extra or {}).get(d.name, ()))}
                     for d in devices],
         "containerEdits": common,
     }
+
+
+def _merged(edits: Mapping[str, Any], more: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``edits`` with each of ``more``'s lists (env, mounts, deviceNodes, hooks) appended."""
+    out = dict(edits)
+    for added in more:
+        for key, values in added.items():
+            out[key] = [*out.get(key, []), *values]
+    return out
 
 
 class ClaimSpecs:

@@ -21,13 +21,21 @@ Anything else (a FIFO, a directory, a link, a huge file, bad JSON, a foreign CDI
 with a warning, and the claim is prepared again from the API. Temporary files a killed plugin left
 (``.<uid>.json.*.tmp``) are removed at start.
 
-Record format, version 2 (version 1, without ``shareID`` and ``adminAccess``, is still read: its
-devices are exclusive)::
+Record format, version 3 (version 2, without ``configs``, and version 1, without ``shareID`` and
+``adminAccess`` either, are still read: nothing was applied, and a version 1 claim's devices are
+exclusive)::
 
-    {"version": 2, "driver": "gpu.nvidia.com", "uid": "<claim UID>", "namespace": "ns", "name": "claim",
+    {"version": 3, "driver": "gpu.nvidia.com", "uid": "<claim UID>", "namespace": "ns", "name": "claim",
      "devices": [{"requests": ["gpu"], "pool": "<node>", "device": "gpu-0",
                   "cdiDeviceIDs": ["k8s.gpu-labeller.io/gpu=<claim UID>-gpu-0"],
-                  "shareID": null, "adminAccess": false}]}
+                  "shareID": null, "adminAccess": false}],
+     "configs": [{"devices": ["gpu-0"], "applied": {"kind": "GpuConfig", "strategy": "TimeSlicing",
+                                                    "interval": "Long", "gpus": ["GPU-..."]}}]}
+
+``configs`` says what each opaque config applied to which of the claim's devices, as the vendor's
+``ConfigHandler.apply`` recorded it (and ``ConfigApi.read_applied`` reads it back, or the record is
+not the plugin's): unprepare undoes it, and a restarted plugin recovers it (an MPS daemon found or
+started again).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from __future__ import annotations
 import errno
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +54,13 @@ import structlog
 from labeller import ownfiles
 from labeller.draplugin.cdi import cdi_id
 from labeller.labels import is_dns_label, is_dns_subdomain
+from labeller.vendor.dra import Applied
 
 log = structlog.get_logger(__name__)
 
 DIRECTORY = "claims"
-VERSION = 2
-READABLE = (1, 2)
+VERSION = 3
+READABLE = (1, 2, 3)
 RECORD_LIMIT = 64 * 1024  # bytes; a claim of 32 devices (the API's most) is under 8 KiB
 UID = re.compile(r"[0-9A-Za-z][-0-9A-Za-z]{0,127}")
 _RECORD = re.compile(rf"({UID.pattern})\.json")
@@ -73,11 +82,24 @@ class PreparedDevice:
 
 
 @dataclass(frozen=True)
+class AppliedConfig:
+    """What one opaque config applied to some devices of the claim (by name)."""
+
+    devices: tuple[str, ...]
+    applied: Applied
+
+
+# (a record's applied config, the claim's UID) -> it, read back by the vendor; ValueError when it is not one
+ReadApplied = Callable[[Mapping[str, Any], str], Applied]
+
+
+@dataclass(frozen=True)
 class PreparedClaim:
     uid: str
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
+    configs: tuple[AppliedConfig, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -87,7 +109,8 @@ class PreparedClaim:
                 "name": self.name,
                 "devices": [{"requests": list(d.requests), "pool": d.pool, "device": d.device,
                              "cdiDeviceIDs": list(d.cdi_ids), "shareID": d.share_id, "adminAccess": d.admin}
-                            for d in self.devices]}
+                            for d in self.devices],
+                "configs": [{"devices": list(c.devices), "applied": dict(c.applied.record)} for c in self.configs]}
 
 
 class BadRecord(ValueError):
@@ -101,7 +124,7 @@ def _field(doc: dict[str, Any], key: str, kind: type, where: str = "") -> Any:
     return value
 
 
-def parse(data: bytes, uid: str, driver: str, pool: str) -> PreparedClaim:
+def parse(data: bytes, uid: str, driver: str, pool: str, read_applied: ReadApplied | None = None) -> PreparedClaim:
     """The claim a record holds; BadRecord unless it is exactly what this plugin writes for ``uid``."""
     try:
         doc = json.loads(data)
@@ -122,7 +145,27 @@ def parse(data: bytes, uid: str, driver: str, pool: str) -> PreparedClaim:
     devices = [_device(entry, uid, pool, doc["version"], f"devices[{i}].") for i, entry in enumerate(entries)]
     if len({d.device for d in devices}) != len(devices):
         raise BadRecord("a device listed twice")
-    return PreparedClaim(uid, namespace, name, tuple(devices))
+    configs = _configs(doc, uid, {d.device for d in devices}, read_applied) if doc["version"] >= 3 else ()
+    return PreparedClaim(uid, namespace, name, tuple(devices), configs)
+
+
+def _configs(doc: dict[str, Any], uid: str, names: set[str], read: ReadApplied | None) -> tuple[AppliedConfig, ...]:
+    out = []
+    for i, entry in enumerate(_field(doc, "configs", list)):
+        where = f"configs[{i}]."
+        if not isinstance(entry, dict) or set(entry) != {"devices", "applied"}:
+            raise BadRecord(f"{where[:-1]} is not a JSON object of devices and applied")
+        devices = _field(entry, "devices", list, where)
+        if not devices or not all(isinstance(d, str) and d in names for d in devices):
+            raise BadRecord(f"{where}devices {json.dumps(devices)[:120]} are not the claim's")
+        applied = _field(entry, "applied", dict, where)
+        if read is None:
+            raise BadRecord(f"{where}applied: the driver applies no config")
+        try:
+            out.append(AppliedConfig(tuple(devices), read(applied, uid)))
+        except ValueError as exc:
+            raise BadRecord(f"{where}applied: {str(exc)[:200]}") from None
+    return tuple(out)
 
 
 def _device(entry: Any, uid: str, pool: str, version: int, where: str) -> PreparedDevice:
@@ -153,8 +196,8 @@ class Checkpoint:
     one claim must not overlap (the preparer holds the claim's lock); calls for different claims may.
     OSError from the constructor when the directory cannot be made or is not one."""
 
-    def __init__(self, plugins_dir: Path, driver: str, pool: str) -> None:
-        self.plugins_dir, self.driver, self.pool = plugins_dir, driver, pool
+    def __init__(self, plugins_dir: Path, driver: str, pool: str, read_applied: ReadApplied | None = None) -> None:
+        self.plugins_dir, self.driver, self.pool, self.read_applied = plugins_dir, driver, pool, read_applied
         self.directory = plugins_dir / driver / DIRECTORY
         with self._open() as fd:
             stale = ownfiles.remove_stale(fd, _STALE)
@@ -180,7 +223,7 @@ class Checkpoint:
         name = f"{uid}.json"
         try:
             data = ownfiles.read(fd, name, RECORD_LIMIT)
-            return None if data is None else parse(data, uid, self.driver, self.pool)
+            return None if data is None else parse(data, uid, self.driver, self.pool, self.read_applied)
         except (ownfiles.NotOurs, ownfiles.TooLarge, BadRecord) as exc:
             problem = str(exc)
         except OSError as exc:

@@ -4,22 +4,30 @@ Preparing a claim: check the names the kubelet gives (namespace a DNS-1123 label
 subdomain, a UID; nothing else ever reaches an API path), read the ResourceClaim (its UID must
 match), take the ``status.allocation.devices.results`` of this driver (none: refused), check that
 each device is one of this node's (its pool is the node's), healthy, and held by no other prepared
-claim (``Holds``), write the claim's CDI spec file, record the claim in the checkpoint, and answer
-the CDI device IDs of exactly those devices. Anything wrong fails that claim alone, with a message
-naming the device; the other claims of the call are prepared.
+claim (``Holds``), decode its opaque configs for the driver and match them to the devices
+(``labeller.draplugin.configs``), apply them (``ConfigHandler.apply``: a time slice set, an MPS
+daemon started), write the claim's CDI spec file (with what the configs add), record the claim and
+what was applied in the checkpoint, and answer the CDI device IDs of exactly those devices. Anything
+wrong fails that claim alone, with a message naming the device or the config's entry, key and value
+(what was applied by then is undone); the other claims of the call are prepared.
 
 A claim already in the checkpoint is answered from it without reading the API (the kubelet calls
 again after a restart, and for every pod that shares the claim): it is prepared once. Unpreparing
-removes the spec file and the checkpoint entry; a claim unknown to the checkpoint is fine (already
-unprepared, or prepared by a process that died before writing it: its spec file, named by the UID,
-is removed all the same). Only regular files are removed: a symlink or anything else at a claim's
-file name is left alone and logged. The kubelet unprepares a shared claim after its last pod on the node.
+undoes what its configs applied (the last claim time-slicing a GPU sets it back to Default, its MPS
+daemons stop; with no record, whatever the vendor still finds of the claim, such as an MPS daemon a
+killed plugin started and never recorded), then removes the spec file and the checkpoint entry;
+what cannot be undone fails the unprepare, files kept, for the kubelet to try again. A claim
+unknown to the checkpoint is fine (already unprepared, or prepared by a process that died before
+writing it: its spec file, named by the UID, is removed all the same). Only regular files are
+removed: a symlink or anything else at a claim's file name is left alone and logged. The kubelet
+unprepares a shared claim after its last pod on the node.
 
 Calls for different claims run concurrently; calls for the same claim one at a time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -32,10 +40,12 @@ import structlog
 from labeller import ownfiles
 from labeller.config import Config
 from labeller.draplugin.cdi import ClaimSpecs, cdi_id, claim_spec
-from labeller.draplugin.checkpoint import UID, Checkpoint, PreparedClaim, PreparedDevice
+from labeller.draplugin.checkpoint import UID, AppliedConfig, Checkpoint, PreparedClaim, PreparedDevice
+from labeller.draplugin.configs import DriverConfigs, Group
 from labeller.labels import is_dns_label, is_dns_subdomain
 from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
+from labeller.vendor.dra import ConfigRefused
 
 log = structlog.get_logger(__name__)
 
@@ -135,6 +145,10 @@ class Holds:
         with self._lock:
             self._drop(uid)
 
+    def claim(self, uid: str) -> PreparedClaim | None:
+        with self._lock:
+            return self._claims.get(uid)
+
     def _put(self, claim: PreparedClaim) -> None:
         self._drop(claim.uid)
         self._claims[claim.uid] = claim
@@ -156,11 +170,20 @@ def _may_share(wanted: PreparedDevice, held: PreparedDevice) -> bool:
 
 class Preparer:
     def __init__(self, driver: str, pool: str, vendor: Vendor, read_claim: ClaimReader, checkpoint: Checkpoint,
-                 specs: ClaimSpecs, devices: Callable[[], Devices]) -> None:
+                 specs: ClaimSpecs, devices: Callable[[], Devices], configs: DriverConfigs) -> None:
         self.driver, self.pool, self.vendor = driver, pool, vendor
         self.read_claim, self.checkpoint, self.specs, self.devices = read_claim, checkpoint, specs, devices
+        self.configs = configs
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
-        self.holds = Holds(checkpoint.claims())
+        prepared = checkpoint.claims()
+        self.holds = Holds(prepared)
+        for claim in prepared:
+            for applied in claim.configs:  # what a previous process applied: known again, its daemons found
+                try:
+                    configs.handler.recover(claim.uid, applied.applied)
+                except Exception:  # a bug here must not keep the driver from serving its other claims
+                    log.exception("what a prepared claim's config applied could not be recovered",
+                                  reason="config-not-recovered", driver=driver, uid=claim.uid)
 
     def _lock(self, uid: str) -> threading.Lock:
         return self._stripes[zlib.crc32(uid.encode()) % LOCK_STRIPES]
@@ -180,23 +203,62 @@ class Preparer:
             if done is None:
                 self.holds.release(claim.uid)  # its record was moved aside: it holds nothing now
             now = self.devices()
-            prepared = self._prepare(claim, now)
+            prepared, groups = self._prepare(claim, now)
             conflicts = self.holds.take(prepared)
             if conflicts:
                 raise ClaimError(f"{self.driver}: claim {claim}: {'; '.join(conflicts)}, and the allocations do not "
                                  "both allow sharing it")
             try:
-                self._write(claim, prepared, now)
+                applied = self._apply(claim, groups, now)
+                prepared = dataclasses.replace(prepared, configs=tuple(applied))
+                try:
+                    self._write(claim, prepared, now)
+                except ClaimError:
+                    self._undo(claim, applied, quiet=True)
+                    raise
             except ClaimError:
                 self.holds.restore(claim.uid, done)
                 raise
+            if applied:
+                self.holds.restore(claim.uid, prepared)  # with what it applied, for unprepare
             return prepared
+
+    def _apply(self, claim: ClaimRef, groups: list[Group], now: Devices) -> list[AppliedConfig]:
+        """Apply each config to its devices; ClaimError (what was applied undone) when one cannot be."""
+        done: list[AppliedConfig] = []
+        for group in groups:
+            try:
+                applied = self.configs.handler.apply(claim.uid, group.config.config,
+                                                     [now.by_name[name] for name in group.devices])
+            except ConfigRefused as exc:
+                self._undo(claim, done, quiet=True)
+                raise ClaimError(f"{self.driver}: claim {claim}: {group.config.where}: {exc}") from None
+            done.append(AppliedConfig(group.devices, applied))
+        return done
+
+    def _undo(self, claim: ClaimRef, applied: list[AppliedConfig] | tuple[AppliedConfig, ...], quiet: bool) -> None:
+        """Undo ``applied``, last first; ClaimError naming what could not be undone (with ``quiet``: logged)."""
+        problems = []
+        for config in reversed(applied):
+            try:
+                self.configs.handler.undo(claim.uid, config.applied)
+            except ConfigRefused as exc:
+                problems.append(f"{config.applied.record.get('kind')} of {', '.join(config.devices)}: {exc}")
+        if problems and quiet:
+            log.error("a config applied to a claim that failed was not undone", reason="config-not-undone",
+                      driver=self.driver, claim=str(claim), uid=claim.uid, error="; ".join(problems))
+        elif problems:
+            raise ClaimError(f"{self.driver}: claim {claim}: cannot undo its configs: {'; '.join(problems)}")
 
     def _write(self, claim: ClaimRef, prepared: PreparedClaim, now: Devices) -> None:
         """The claim's CDI spec file, then its checkpoint record; ClaimError (neither written) when one cannot be."""
         devices = [now.by_name[d.device] for d in prepared.devices]
+        extra: dict[str, list[Mapping[str, Any]]] = {}
+        for config in prepared.configs:
+            for name in config.devices if config.applied.edits else ():
+                extra.setdefault(name, []).append(config.applied.edits)
         try:
-            self.specs.write(claim.uid, claim_spec(claim.uid, self.vendor, devices, now.config, now.host_root))
+            self.specs.write(claim.uid, claim_spec(claim.uid, self.vendor, devices, now.config, now.host_root, extra))
         except (OSError, ValueError) as exc:
             raise ClaimError(f"{self.driver}: claim {claim}: cannot write its CDI spec "
                              f"{self.specs.path(claim.uid)}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -210,9 +272,10 @@ class Preparer:
             raise ClaimError(f"{self.driver}: claim {claim}: cannot write its checkpoint "
                              f"{self.checkpoint.path(claim.uid)}: {exc.strerror or exc}") from None
 
-    def _prepare(self, claim: ClaimRef, now: Devices) -> PreparedClaim:
-        """What preparing ``claim`` answers, from its allocation; ClaimError when it cannot be prepared."""
-        results = self._allocated(claim)
+    def _prepare(self, claim: ClaimRef, now: Devices) -> tuple[PreparedClaim, list[Group]]:
+        """What preparing ``claim`` answers, from its allocation, and the configs its devices get;
+        ClaimError when it cannot be prepared."""
+        allocation, results = self._allocated(claim)
         if not results:
             raise ClaimError(f"{self.driver}: claim {claim}: no device of {self.driver} allocated")
         problems: list[str] = []
@@ -234,8 +297,12 @@ class Preparer:
                 chosen.setdefault(name, []).append(result)
         if problems:
             raise ClaimError(f"{self.driver}: claim {claim}: {'; '.join(problems)}")
-        return PreparedClaim(claim.uid, claim.namespace, claim.name,
-                             tuple(self._device(claim.uid, name, allocated) for name, allocated in chosen.items()))
+        try:
+            groups = self.configs.groups(allocation, results, now.by_name)
+        except ConfigRefused as exc:
+            raise ClaimError(f"{self.driver}: claim {claim}: {exc}") from None
+        devices = tuple(self._device(claim.uid, name, allocated) for name, allocated in chosen.items())
+        return PreparedClaim(claim.uid, claim.namespace, claim.name, devices), groups
 
     def _device(self, uid: str, name: str, allocated: list[Obj]) -> PreparedDevice:
         """One device as prepared, from its allocation results in the claim: it may be shared when
@@ -245,8 +312,9 @@ class Preparer:
                               (cdi_id(uid, name),), share_ids[0] if None not in share_ids else None,
                               all(r.get("adminAccess") is True for r in allocated))
 
-    def _allocated(self, claim: ClaimRef) -> list[Obj]:
-        """This driver's allocation results in the claim; ClaimError when it cannot be read or is not allocated."""
+    def _allocated(self, claim: ClaimRef) -> tuple[Obj, list[Obj]]:
+        """The claim's allocation and this driver's results in it; ClaimError when it cannot be read or
+        is not allocated."""
         try:
             obj = self.read_claim(claim.namespace, claim.name)
         except Exception as exc:  # noqa: BLE001 - the adapter's errors say what happened (not found, forbidden, no answer)
@@ -258,14 +326,24 @@ class Preparer:
         allocation = (obj.get("status") or {}).get("allocation")
         if not allocation:
             raise ClaimError(f"{self.driver}: claim {claim}: not allocated")
+        if not isinstance(allocation, dict):
+            raise ClaimError(f"{self.driver}: claim {claim}: status.allocation is not an object")
         results = (allocation.get("devices") or {}).get("results") or []
-        return [r for r in results if isinstance(r, dict) and r.get("driver") == self.driver]
+        return allocation, [r for r in results if isinstance(r, dict) and r.get("driver") == self.driver]
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Undo ``prepare`` (nothing to do is fine); ClaimError when a file cannot be removed. A file
         of the claim that is not a regular file is not the plugin's: left alone, and logged."""
         _check_uid(claim)
         with self._lock(claim.uid):
+            prepared = self.holds.claim(claim.uid)
+            if prepared is not None:
+                self._undo(claim, prepared.configs, quiet=False)
+            else:
+                try:
+                    self.configs.forget(claim.uid)
+                except ConfigRefused as exc:
+                    raise ClaimError(f"{self.driver}: claim {claim}: cannot undo its configs: {exc}") from None
             for what, remove in (("CDI spec", self.specs.remove), ("checkpoint record", self.checkpoint.remove)):
                 try:
                     remove(claim.uid)

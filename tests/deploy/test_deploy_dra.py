@@ -124,6 +124,10 @@ def test_dra_plugin_mounts_only_what_it_needs() -> None:
         "/dev": {"mountPath": "/host/dev", **read_only},
         "/usr": {"mountPath": "/host/usr", **read_only},  # the driver files an NVIDIA claim's CDI spec mounts
         "/proc/driver": {"mountPath": "/host/proc/driver", **read_only},  # MIG capability minors: its caps nodes
+        # claims' MPS daemons, at the host's path (their CDI specs mount the pipe directory from there), and
+        # the shared memory of their servers and clients
+        "/run/gpu-labeller/mps": {"mountPath": "/run/gpu-labeller/mps"},
+        "/run/gpu-labeller/mps/shm": {"mountPath": "/dev/shm"},
     }
     assert {path: {k: v for k, v in m.items() if k not in ("name", "type")} for path, m in mounts.items()} == expected
     assert mounts["/var/lib/kubelet/plugins_registry"]["type"] == "Directory"  # the kubelet's: never made up
@@ -144,13 +148,14 @@ def test_a_containerized_driver_root_is_mounted_read_only() -> None:
 def test_directories_follow_the_values() -> None:
     values = {"dra": {"enabled": True, "pluginsDir": "/var/lib/k0s/kubelet/plugins/",
                       "registryDir": "/var/lib/k0s/kubelet/plugins_registry", "cdiSpecDir": "/etc/cdi",
-                      "metricsPort": 9443}}
+                      "metricsPort": 9443, "mpsRoot": "/run/dra-mps/"}}
     ds = dra_ds(render(values))
     args = container(ds)["args"]
     assert {"--plugins-dir=/var/lib/k0s/kubelet/plugins", "--registry-dir=/var/lib/k0s/kubelet/plugins_registry",
-            "--cdi-spec-dir=/etc/cdi", "--metrics-port=9443"} <= set(args)
-    assert set(host_mounts(ds)) >= {"/var/lib/k0s/kubelet/plugins_registry", "/etc/cdi",
-                                    *(f"/var/lib/k0s/kubelet/plugins/{d}" for d in DRIVERS)}
+            "--cdi-spec-dir=/etc/cdi", "--metrics-port=9443", "--mps-root=/run/dra-mps"} <= set(args)
+    assert set(host_mounts(ds)) >= {"/var/lib/k0s/kubelet/plugins_registry", "/etc/cdi", "/run/dra-mps",
+                                    "/run/dra-mps/shm", *(f"/var/lib/k0s/kubelet/plugins/{d}" for d in DRIVERS)}
+    assert host_mounts(ds)["/run/dra-mps"]["mountPath"] == "/run/dra-mps"
     assert container(ds)["ports"] == [{"name": "metrics", "containerPort": 9443, "protocol": "TCP"}]
 
 

@@ -1,9 +1,12 @@
 """Fixtures for the DRA plugin tests: the plugin on its process loop (as ``gpu-labeller dra-plugin``
-runs it, in this process), the fake API server, and the kubelet DRA manager stand-in."""
+runs it, in this process), the fake API server, the kubelet DRA manager stand-in, and NVIDIA's tools'
+stand-ins (tests/fakes/bin: ``nvidia-smi`` and ``nvidia-cuda-mps-control``, their calls logged)."""
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 import threading
 import uuid
 from collections.abc import Iterator
@@ -21,11 +24,13 @@ from labeller.host import Host, NodeOptions, open_host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.runtime import Backoff
+from labeller.vendor.dra import ConfigSettings
 from tests.builders import wait_for
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet
 from tests.plugin.profile_files import write_yaml
 
+FAKES = Path(__file__).resolve().parents[1] / "fakes" / "bin"
 NODE = "gpu-node-1"
 NVIDIA = "gpu.nvidia.com"
 AMD = "gpu.amd.com"
@@ -42,11 +47,42 @@ class Dirs:
     registry: Path
     plugins: Path
     cdi: Path
+    mps: Path  # --mps-root: short, the daemons' unix sockets live under it
 
 
 @pytest.fixture
-def dirs(sock_dir: Path) -> Dirs:
-    return Dirs(sock_dir / "reg", sock_dir / "plugins", sock_dir / "cdi")
+def dirs(sock_dir: Path) -> Iterator[Dirs]:
+    """The plugin's directories; every stand-in MPS daemon left under the MPS root is killed after."""
+    yield Dirs(sock_dir / "reg", sock_dir / "plugins", sock_dir / "cdi", sock_dir / "mps")
+    for pid_file in (sock_dir / "mps").glob("*/pipe/nvidia-cuda-mps-control.pid"):
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+@dataclass(frozen=True)
+class ToolLogs:
+    """What the stand-ins were told: ``nvidia-smi``'s calls, and every MPS daemon's lines
+    (``<daemon ID>: START CUDA_VISIBLE_DEVICES=...``, ``<daemon ID>: CMD: ...``, ``<daemon ID>: QUIT``)."""
+
+    smi_path: Path
+    mps_path: Path
+
+    def smi(self) -> list[str]:
+        return self.smi_path.read_text().splitlines() if self.smi_path.exists() else []
+
+    def mps(self) -> list[str]:
+        return [line.split("] ", 1)[1] for line in self.mps_path.read_text().splitlines()] \
+            if self.mps_path.exists() else []
+
+
+@pytest.fixture
+def tool_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ToolLogs:
+    logs = ToolLogs(tmp_path / "nvidia-smi.log", tmp_path / "mps-control.log")
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_LOG", str(logs.smi_path))
+    monkeypatch.setenv("FAKE_MPS_CONTROL_LOG", str(logs.mps_path))
+    return logs
 
 
 @pytest.fixture
@@ -89,15 +125,21 @@ class Running:
         return next(d for s in self.slices(driver) for d in s["spec"]["devices"] if d["name"] == name)
 
     def claim(self, name: str, *devices: str, driver: str = NVIDIA, pool: str = NODE, namespace: str = "default",
-              shared: bool = False, admin: bool = False) -> Claim:
-        """A ResourceClaim allocated to ``devices`` of ``driver`` (as the scheduler leaves it); ``shared``:
-        each result with its own ``shareID``, as 1.34's consumable capacity allocates a device that
-        allows multiple allocations; ``admin``: allocated for admin access."""
-        results = [{"request": "gpu", "driver": driver, "pool": pool, "device": d,
+              shared: bool = False, admin: bool = False, requests: list[str] | None = None,
+              config: list[Obj] | None = None) -> Claim:
+        """A ResourceClaim allocated to ``devices`` of ``driver`` (as the scheduler leaves it), each for
+        its request in ``requests`` (default "gpu"); ``shared``: each result with its own ``shareID``,
+        as 1.34's consumable capacity allocates a device that allows multiple allocations; ``admin``:
+        allocated for admin access; ``config``: ``status.allocation.devices.config``."""
+        results = [{"request": (requests or ["gpu"] * len(devices))[i], "driver": driver, "pool": pool, "device": d,
                     **({"shareID": str(uuid.uuid4())} if shared else {}), **({"adminAccess": True} if admin else {})}
-                   for d in devices]
-        claim = self.api.create_resource_claim(name, namespace, results=results)
+                   for i, d in enumerate(devices)]
+        claim = self.api.create_resource_claim(name, namespace, results=results, config=config)
         return Claim(namespace, name, claim["metadata"]["uid"], driver)
+
+    def uuid(self, name: str, driver: str = NVIDIA) -> str:
+        """The GPU or MIG UUID of device ``name``."""
+        return self.plugin.drivers[driver].snapshot.by_name[name].health_key
 
     def writes(self, since: float = 0.0) -> int:
         """ResourceSlice writes the API server answered since ``since``."""
@@ -116,7 +158,9 @@ def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host
         api.create_node(NODE)
     kube = Kube(str(api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")))
     settings = DraSettings(NODE, dirs.plugins, dirs.registry, dirs.cdi, recovery_seconds=recovery_seconds,
-                           health_poll_seconds=0.05, tick_seconds=0.05, health_env=health_env or {})
+                           health_poll_seconds=0.05, tick_seconds=0.05, health_env=health_env or {},
+                           configs=ConfigSettings(dirs.mps, mps_control=str(FAKES / "nvidia-cuda-mps-control"),
+                                                  nvidia_smi=str(FAKES / "nvidia-smi")))
     plugin = DraPlugin(host, settings, kube)
     loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval, inputs_poll_s=0.05), retry=Backoff(0.05, 0.2),
                        config=ConfigSource(host, config_path), inputs=probe_inputs(host))

@@ -136,10 +136,10 @@ def test_a_fifo_as_a_record_blocks_no_worker(api: FakeApiServer, drakubelet: Fak
 
 
 def valid_record(uid: str, device: str = "gpu-0", **changes: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"version": 2, "driver": NVIDIA, "uid": uid, "namespace": "default", "name": "kept",
+    doc: dict[str, Any] = {"version": 3, "driver": NVIDIA, "uid": uid, "namespace": "default", "name": "kept",
                            "devices": [{"requests": ["gpu"], "pool": NODE, "device": device,
                                         "cdiDeviceIDs": [f"{KIND}={uid}-{device}"], "shareID": None,
-                                        "adminAccess": False}]}
+                                        "adminAccess": False}], "configs": []}
     doc.update(changes)
     return doc
 
@@ -175,7 +175,10 @@ BAD_RECORDS: dict[str, Callable[[Path, str, Path], None]] = {
     "another UID": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(
         "5d1f0c7e-0000-4000-8000-000000000000"))),
     "no devices": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(uid, devices=[]))),
-    "version 3": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(uid, version=3))),
+    "version 4": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(uid, version=4))),
+    "an applied config that is not one": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(
+        uid, configs=[{"devices": ["gpu-0"], "applied": {"kind": "GpuConfig", "strategy": "MPS",
+                                                         "daemon": f"../../{uid}-00000"}}]))),
 }
 
 

@@ -1253,20 +1253,25 @@ class FakeApiServer:
         return self.resource_slices.delete("", name)
 
     def create_resource_claim(self, name: str, namespace: str = "default", *,
-                              results: list[Obj] | None = None) -> Obj:
+                              results: list[Obj] | None = None, config: list[Obj] | None = None) -> Obj:
         """A ResourceClaim; with ``results`` (each {"request", "driver", "pool", "device"}), allocated
-        as the scheduler leaves it."""
+        as the scheduler leaves it, with ``config`` (each {"source", "requests", "opaque"}) beside them."""
         claim = self.resource_claims.create(namespace, {"metadata": {"name": name}, "spec": {"devices": {"requests": [
             {"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}, "status": {}})
-        return self.set_claim_allocation(name, results, namespace) if results is not None else claim
+        return self.set_claim_allocation(name, results, namespace, config) if results is not None else claim
 
-    def set_claim_allocation(self, name: str, results: list[Obj] | None, namespace: str = "default") -> Obj:
-        """What the scheduler writes into ``status.allocation`` (None: deallocated)."""
+    def set_claim_allocation(self, name: str, results: list[Obj] | None, namespace: str = "default",
+                             config: list[Obj] | None = None) -> Obj:
+        """What the scheduler writes into ``status.allocation`` (None: deallocated): the results, and
+        the configs of the DeviceClasses and the claim (``config``: each entry's ``source`` says which)."""
         def allocate(claim: Obj) -> None:
             if results is None:
                 claim["status"].pop("allocation", None)
             else:
-                claim["status"]["allocation"] = {"devices": {"results": [dict(r) for r in results]}}
+                devices: Obj = {"results": [dict(r) for r in results]}
+                if config:
+                    devices["config"] = [dict(c) for c in config]
+                claim["status"]["allocation"] = {"devices": devices}
         return self.resource_claims.change(namespace, name, allocate)
 
     def labels(self, name: str) -> dict[str, str]:

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from labeller.config import parse_config
-from labeller.mps.control import Tools
-from labeller.mps.supervisor import Plan, Supervisor, plans
+from labeller.mps.supervisor import Supervisor, Wanted, plans
 from tests.builders import config_map_volume, mps_ready, nvidia, nvidia_gpu, offer_of, promptly, wait_for
 from tests.core.cli import gpu_labeller
 from tests.processes import LoggedProcess
 from vendors import RESOURCE_NAMES
 from vendors.nvidia import mps
 from vendors.nvidia.model import MpsServed
+from vendors.nvidia.mpscontrol import Tools
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes" / "bin"
 TOOLS = Tools(mps_control=str(FAKES / "nvidia-cuda-mps-control"), nvidia_smi=str(FAKES / "nvidia-smi"))
@@ -102,7 +102,7 @@ def test_a_gpu_before_volta_takes_16_clients(root: Path) -> None:
 
 # --- the control daemons -------------------------------------------------------------------------
 
-def supervisor_for(root: Path, config: dict[str, object], tools: Tools = TOOLS) -> tuple[Supervisor, list[Plan]]:
+def supervisor_for(root: Path, config: dict[str, object], tools: Tools = TOOLS) -> tuple[Supervisor, list[Wanted]]:
     inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1))
     wanted = plans(offer_of(inventory, config))
     supervisor = Supervisor(str(root), tools, interval_s=0.2)

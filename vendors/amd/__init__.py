@@ -14,7 +14,7 @@ from labeller.inventory import BackendReport, PciGpu
 from labeller.vendor import Vendor
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
-from labeller.vendor.dra import Dra
+from labeller.vendor.dra import ConfigApi, Dra
 from labeller.vendor.plugin import PluginParts
 from vendors.amd import devices, dra, labels, probe
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID
@@ -42,6 +42,13 @@ def simulator() -> Simulator:
     return simulate
 
 
+
+def dra_configs() -> ConfigApi:
+    """Its opaque DRA config API: the DRA plugin's alone, so imported here, on its first call."""
+    from vendors.amd import draconfig
+
+    return draconfig.API
+
 VENDOR = Vendor(
     name="amd",
     discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=_probe, simulator=simulator),
@@ -62,5 +69,5 @@ VENDOR = Vendor(
     ),
     mps=None,
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
-            served_label="amd.com/gpu.dra"),
+            served_label="amd.com/gpu.dra", configs=dra_configs),
 )

@@ -9,7 +9,7 @@ import re
 from labeller.vendor import Vendor
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
-from labeller.vendor.dra import Dra
+from labeller.vendor.dra import ConfigApi, Dra
 from labeller.vendor.mps import Mps
 from labeller.vendor.plugin import PluginParts
 from vendors.nvidia import devices, dra, labels, mps, nvml
@@ -30,6 +30,13 @@ def simulator() -> Simulator:
 
     return simulate
 
+
+
+def dra_configs() -> ConfigApi:
+    """Its opaque DRA config API: the DRA plugin's alone, so imported here, on its first call."""
+    from vendors.nvidia import draconfig
+
+    return draconfig.API
 
 VENDOR = Vendor(
     name="nvidia",
@@ -56,5 +63,5 @@ VENDOR = Vendor(
         offer_inputs=mps.offer_inputs,
     ),
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
-            served_label="nvidia.com/gpu.dra"),
+            served_label="nvidia.com/gpu.dra", configs=dra_configs),
 )
