@@ -112,6 +112,19 @@ def notes(values: dict[str, Any] | None = None, kube_version: str | None = None,
     return _render(json.dumps(values or {}, sort_keys=True), kube_version, api_versions)[1]
 
 
+HOOK = "helm.sh/hook"
+
+
+def installed(objects: list[Obj]) -> list[Obj]:
+    """The objects `helm install` creates: not the hooks (postDeleteCleanup's run on `helm uninstall`)."""
+    return [o for o in objects if HOOK not in (o["metadata"].get("annotations") or {})]
+
+
+def hooks(objects: list[Obj], event: str) -> list[Obj]:
+    """The hook objects Helm creates on ``event`` (post-delete: on `helm uninstall`, after the release's objects)."""
+    return [o for o in objects if event in (o["metadata"].get("annotations") or {}).get(HOOK, "").split(",")]
+
+
 def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
     return [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
 
