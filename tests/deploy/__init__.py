@@ -66,6 +66,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     # DRA with a containerized NVIDIA driver (its files under flags.nvidiaDriverRoot)
     "dra-driver-root": {"dra": {"enabled": True},
                         "config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver"}}},
+    # A demo: the simulated profile on every component, the Namespace kept for the prune hook on uninstall
+    "simulated": {"createNamespace": True, "simulate": {"profile": "dgx-h100"}},
     "everything": {
         "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
         "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],

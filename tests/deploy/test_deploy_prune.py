@@ -11,10 +11,24 @@ from typing import Any
 import helm_python
 import pytest
 import yaml
+from kubernetes_validate import utils as kv
 
 from labeller.labels import FIELD_MANAGER
-from tests.deploy import CHART, MANIFESTS, cluster, dra_ds, find, hooks, installed, labeller_ds, notes, one, \
-    plugin_ds, render
+from tests.deploy import (
+    CHART,
+    MANIFESTS,
+    MIN_KUBE_VERSION,
+    cluster,
+    dra_ds,
+    find,
+    hooks,
+    installed,
+    labeller_ds,
+    notes,
+    one,
+    plugin_ds,
+    render,
+)
 from tests.deploy.cel import Policy
 from tests.deploy.test_deploy_admission_policy import fields_entry, node, relabel, request
 
@@ -184,6 +198,15 @@ def test_the_prune_files_hold_the_namespace_the_job_and_what_it_needs(name: str,
     assert [o["kind"] for o in objects] == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                                             *policy_kinds, "Job"]
     assert one(objects, "Job")["spec"]["template"]["spec"]["containers"][0]["args"] == ["cleanup", "--all-nodes"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "kube_version"), [("prune/gpu-labeller-prune.yaml", MIN_KUBE_VERSION),
+                                                    ("prune/gpu-labeller-prune-k8s1.30.yaml", "1.30.0")])
+def test_the_prune_files_are_valid_on_the_oldest_kubernetes_they_are_for(name: str, kube_version: str) -> None:
+    for obj in yaml.safe_load_all((MANIFESTS / name).read_text()):
+        if obj:
+            kv.validate(obj, kube_version, strict=True)
 
 
 def test_the_main_files_carry_no_prune_job() -> None:
