@@ -66,6 +66,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     # DRA with a containerized NVIDIA driver (its files under flags.nvidiaDriverRoot)
     "dra-driver-root": {"dra": {"enabled": True},
                         "config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver"}}},
+    # A demo: the simulated profile on every component, the Namespace kept for the prune hook on uninstall
+    "simulated": {"createNamespace": True, "simulate": {"profile": "dgx-h100"}},
     "everything": {
         "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
         "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],
@@ -110,6 +112,19 @@ def notes(values: dict[str, Any] | None = None, kube_version: str | None = None,
           api_versions: tuple[str, ...] = ()) -> str:
     """The chart's NOTES.txt rendered as render() renders the objects."""
     return _render(json.dumps(values or {}, sort_keys=True), kube_version, api_versions)[1]
+
+
+HOOK = "helm.sh/hook"
+
+
+def installed(objects: list[Obj]) -> list[Obj]:
+    """The objects `helm install` creates: not the hooks (postDeleteCleanup's run on `helm uninstall`)."""
+    return [o for o in objects if HOOK not in (o["metadata"].get("annotations") or {})]
+
+
+def hooks(objects: list[Obj], event: str) -> list[Obj]:
+    """The hook objects Helm creates on ``event`` (post-delete: on `helm uninstall`, after the release's objects)."""
+    return [o for o in objects if event in (o["metadata"].get("annotations") or {}).get(HOOK, "").split(",")]
 
 
 def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
