@@ -272,6 +272,16 @@ def check_placed(p: Placed, expect_devices: int) -> bool:
     check(len(p.results) == expect_devices and all(r.pool == p.node.name for r in p.results),
           f"{p.ref}: {len(p.results)} device(s) allocated, all from the pool of the node it runs on: "
           f"{', '.join(f'{r.request}={r.pool}/{r.device}' for r in p.results)}")
+    # drakubelet lists a pod as active only once its PrepareResources returned, and the DRA manager's
+    # reconcile loop (every 60 s) unprepares the claims of pods not active: a tick during a slow prepare
+    # unprepares a Running pod's claim. That is the harness's doing, and every check after it would say
+    # something else: said here, once.
+    early = sorted({r.uid for r in p.results if plugin_unprepares(p.node, r.uid)})
+    check(not early, f"{p.ref}: its claim is still prepared" + (
+        f"; NOT SO: {', '.join(early)} unprepared while the pod runs, with no deletion, by the kubelet DRA "
+        "manager (its reconcile loop saw the pod not yet active: drakubelet lists it only once its prepare "
+        "returned; a race under load, not the plugin's)"
+        if early else ""))
     for container in p.pod["spec"]["containers"]:
         name = container["name"]
         asked = p.asked(container)
