@@ -9,6 +9,7 @@ that two copies can run side by side.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -46,6 +47,19 @@ def k8s_dra_default() -> Path:
         if (candidate / "up.sh").exists():
             return candidate
     return DEFAULT_K8S_DRA
+
+
+def add_k8s_dra_argument(parser: argparse.ArgumentParser) -> None:
+    """``--k8s-dra DIR``: the folder with the DRA plane (up.sh, down.sh, dra-bin.sh)."""
+    parser.add_argument("--k8s-dra", type=Path, default=k8s_dra_default(),
+                        help="the k8s-dra folder (default: $K8S_DRA_DIR, else %(default)s)")
+
+
+def verdict(work: Path) -> int:
+    """Print how many checks passed and where the logs are; the exit code: 1 when one failed."""
+    failed = [what for ok, what in results if not ok]
+    print(f"{len(results) - len(failed)} checks passed, {len(failed)} failed; logs in {work}")
+    return 1 if failed else 0
 
 
 def check(ok: bool, what: str) -> bool:

@@ -58,8 +58,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.draplane import (Cluster, Event, Node, check, chart_device_classes, figure, k8s_dra_default,  # noqa: E402
-                                results, start_nodes, stop_nodes, wait)
+from tests.e2e.draplane import (Cluster, Event, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
+                                figure, start_nodes, stop_nodes, verdict, wait)
 
 NODES = {  # node -> (profile, vendors served through DRA)
     "dra-h100": ("dgx-h100", ["nvidia"]),
@@ -372,8 +372,7 @@ def scenario_hostile_files(cluster: Cluster, node: Node) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k8s-dra", type=Path, default=k8s_dra_default(),
-                        help="the k8s-dra folder (default: $K8S_DRA_DIR, else %(default)s)")
+    add_k8s_dra_argument(parser)
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
         print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")
@@ -395,9 +394,7 @@ def main() -> int:
     finally:
         stop_nodes(list(nodes.values()))
         cluster.down()
-    failed = [what for ok, what in results if not ok]
-    print(f"{len(results) - len(failed)} checks passed, {len(failed)} failed; logs in {work}")
-    return 1 if failed else 0
+    return verdict(work)
 
 
 if __name__ == "__main__":

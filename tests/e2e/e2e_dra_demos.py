@@ -65,8 +65,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.draplane import (Cluster, Node, check, chart_device_classes, figure, k8s_dra_default,  # noqa: E402
-                                results, start_nodes, stop_nodes, wait)
+from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
+                                figure, start_nodes, stop_nodes, verdict, wait)
 
 Obj = dict[str, Any]
 DEMOS = ROOT / "tests" / "e2e" / "demos"
@@ -553,8 +553,7 @@ def teardown(demos: Demos, refs: Sequence[str], undo: Sharing) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k8s-dra", type=Path, default=k8s_dra_default(),
-                        help="the k8s-dra folder (default: $K8S_DRA_DIR, else %(default)s)")
+    add_k8s_dra_argument(parser)
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
         print(f"e2e_dra_demos: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)",
@@ -607,9 +606,7 @@ def main() -> int:
     figure(f"the whole run, plane start and stop included: {time.monotonic() - began:.1f} s (budget 300 s)")
     for text in KNOWN:
         print(f"known, not the plugin's: {text}")
-    failed = [what for ok, what in results if not ok]
-    print(f"{len(results) - len(failed)} checks passed, {len(failed)} failed; logs in {work}")
-    return 1 if failed else 0
+    return verdict(work)
 
 
 if __name__ == "__main__":
