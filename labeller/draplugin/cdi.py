@@ -4,11 +4,14 @@ Kind ``k8s.gpu-labeller.io/gpu``; one CDI device per allocated device, named ``<
 (unique across claims, so two claims never define the same name). The edits are the vendor's own,
 from the spec the device plugin writes for the same devices (``PluginParts.cdi_spec``): NVIDIA's
 device nodes (``/dev/nvidia<minor>``, a MIG device's capability nodes, the control nodes) and driver
-files, AMD's ``/dev/kfd`` plus the device's or partition's render node (and card). The environment
-is what the device plugin's Allocate gives these devices under the ``envvar`` list strategy, so an
-NVIDIA container is told its devices in ``NVIDIA_VISIBLE_DEVICES``. What an opaque config applied
-adds its own edits to the devices it applied to (an MPS daemon's ``CUDA_MPS_PIPE_DIRECTORY`` and its
-pipe and ``/dev/shm`` mounts), as NVIDIA's driver adds them to its claim's devices.
+files, AMD's ``/dev/kfd`` plus the device's or partition's render node (and card). The spec-wide
+edits are the vendor's too, NVIDIA's ``NVIDIA_VISIBLE_DEVICES=void`` among them, as NVIDIA's DRA
+driver writes it: a container sees the devices CDI gives it, and a legacy NVIDIA runtime hook (which
+injects the GPUs that variable names) injects none. Naming the claim's GPUs there would hand them all
+to every container that uses any one of them (a claim's spec-wide edits reach each such container:
+NVIDIA's gpu-test4 gives each of four containers one MIG device of one claim). What an opaque config
+applied adds its own edits to the devices it applied to (an MPS daemon's ``CUDA_MPS_PIPE_DIRECTORY``
+and its pipe and ``/dev/shm`` mounts), as NVIDIA's driver adds them to its claim's devices.
 
 Files are written atomically (a dot-file, then a rename: runtimes read only ``*.json``; no fsync,
 as the checkpoint's, see there) and removed when the claim is unprepared; no other file in the
@@ -20,7 +23,6 @@ a killed plugin left (``.gpu-labeller-dra_<driver>_*.tmp``) are removed when the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -31,7 +33,6 @@ import structlog
 
 from labeller import ownfiles
 from labeller.config import Config
-from labeller.offer import AdvertisedDevice, Resource
 from labeller.vendor import Vendor
 from labeller.resourceslices import DraDevice
 
@@ -50,16 +51,6 @@ def cdi_id(claim_uid: str, device: str) -> str:
     return f"{KIND}={cdi_name(claim_uid, device)}"
 
 
-def _environment(vendor: Vendor, devices: Sequence[DraDevice], config: Config, host_root: Path) -> dict[str, str]:
-    """What the device plugin's Allocate tells a container of these devices under ``envvar``."""
-    envvar = dataclasses.replace(config, plugin=dataclasses.replace(config.plugin, device_list_strategy=("envvar",),
-                                                                    pass_device_specs=False))
-    physical = [d.physical for d in devices]
-    resource = Resource(name=vendor.devices.domain, base=vendor.devices.domain, vendor=vendor.name,
-                        devices=tuple(AdvertisedDevice(p.visible_id, p) for p in physical))
-    return vendor.devices.plugin_parts().allocator(envvar, host_root, resource)(physical).envs
-
-
 def claim_spec(claim_uid: str, vendor: Vendor, devices: Sequence[DraDevice], config: Config,
                host_root: Path, extra: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
     """The claim's CDI spec, built from the vendor's spec for these devices, each device's edits
@@ -70,18 +61,13 @@ def claim_spec(claim_uid: str, vendor: Vendor, devices: Sequence[DraDevice], con
     missing = [d.name for d in devices if d.physical.visible_id not in edits]
     if vendor_spec is None or missing:
         raise ValueError(f"no CDI edits for device(s) {', '.join(missing or [d.name for d in devices])}")
-    common = dict(vendor_spec.get("containerEdits") or {})
-    environment = _environment(vendor, devices, config, host_root)
-    if environment:
-        kept = [e for e in common.get("env", []) if e.split("=", 1)[0] not in environment]
-        common["env"] = [*kept, *(f"{key}={value}" for key, value in sorted(environment.items()))]
     return {
         "cdiVersion": vendor_spec["cdiVersion"],
         "kind": KIND,
         "devices": [{"name": cdi_name(claim_uid, d.name),
                      "containerEdits": _merged(edits[d.physical.visible_id], (extra or {}).get(d.name, ()))}
                     for d in devices],
-        "containerEdits": common,
+        "containerEdits": dict(vendor_spec.get("containerEdits") or {}),
     }
 
 

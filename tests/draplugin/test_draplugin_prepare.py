@@ -58,7 +58,10 @@ def test_prepare_answers_exactly_the_allocated_devices(api: FakeApiServer, draku
         nodes = [[n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]]
         assert nodes == [[f"/dev/nvidia{g.nvml_gpu.minor_number}"] for g in gpus if isinstance(g, NvidiaDevice)]
         edits = spec["containerEdits"]
-        assert f"NVIDIA_VISIBLE_DEVICES={','.join(g.visible_id for g in gpus)}" in edits["env"]
+        # as NVIDIA's DRA driver: spec-wide edits reach every container using any device of the claim, so
+        # they name none (a legacy runtime hook would inject the GPUs NVIDIA_VISIBLE_DEVICES names)
+        assert [e for e in edits["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")] == ["NVIDIA_VISIBLE_DEVICES=void"]
+        assert not any(g.visible_id in json.dumps(spec) for g in gpus)
         assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= {n["path"] for n in edits["deviceNodes"]}
         assert list(checkpoint(dirs)) == [claim.uid]
 
@@ -77,7 +80,7 @@ def test_a_mig_device_gets_its_parent_and_capability_nodes(api: FakeApiServer, d
         (device,) = spec["devices"]
         paths = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
         assert paths[0] == f"/dev/nvidia{mig.nvml_gpu.minor_number}"
-        assert f"NVIDIA_VISIBLE_DEVICES={mig.visible_id}" in spec["containerEdits"]["env"]
+        assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"] and mig.visible_id not in json.dumps(spec)
 
 
 def test_an_amd_partition_gets_kfd_and_its_render_node(api: FakeApiServer, drakubelet: FakeDraKubelet,

@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.deploy import load_render_script  # noqa: E402
-from tests.e2e.e2e_dra import Cluster, Node, wait  # noqa: E402
+from tests.e2e.draplane import Cluster, Node, wait  # noqa: E402
+from tests.e2e.e2e_dra import NODES  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACE = "gpu-labeller"
@@ -385,7 +386,7 @@ def main() -> int:
         check(sorted(installed) == sorted(POLICIES), f"installed: {', '.join(sorted(installed))}")
 
         print("2. tokens bound to pods on " + NODE)
-        node = Node(cluster, NODE, work)
+        node = Node(cluster, NODE, work, *NODES[NODE])
         node.start_kubelet()
         check(node.events.wait("kubelet_started", 0, 60) is not None, f"{NODE}: drakubelet started")
         setup.apply([{"apiVersion": "v1", "kind": "Node", "metadata": {"name": OTHER, "labels": {
