@@ -50,8 +50,7 @@ def cdi_id(claim_uid: str, device: str) -> str:
 
 def _environment(vendor: Vendor, devices: Sequence[DraDevice], config: Config, host_root: Path) -> dict[str, str]:
     """What the device plugin's Allocate tells a container of these devices under ``envvar``."""
-    envvar = dataclasses.replace(config, plugin=dataclasses.replace(config.plugin, device_list_strategy=("envvar",),
-                                                                    pass_device_specs=False))
+    envvar = dataclasses.replace(config, plugin=dataclasses.replace(config.plugin, device_list_strategy=("envvar",)))
     physical = [d.physical for d in devices]
     resource = Resource(name=vendor.devices.domain, base=vendor.devices.domain, vendor=vendor.name,
                         devices=tuple(AdvertisedDevice(p.visible_id, p) for p in physical))
