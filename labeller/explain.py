@@ -133,12 +133,9 @@ class Explanation:
         return line + (f"\n  upstream: {self.upstream}" if self.upstream else "") + "\n"
 
 
-_GROUPS = {"nvidia": "nvidia", "amd": "amd", "amdBeta": "amd_beta", "firmware": "firmware", "machine": "machine",
-           "timestamp": "timestamp"}
-
-
-def _group_on(config: Config, group: str) -> bool:
-    return bool(getattr(config.labels, _GROUPS[group]))
+def _group_on(config: Config, vendor: Vendor, group: str) -> bool:
+    """Whether the label group ``labeller.labels.<group>``, one of ``vendor``'s keys, is on."""
+    return bool(vendor.settings.value(config, f"labeller.labels.{group}"))
 
 
 def why_not(key: str, entry: Entry, label_set: LabelSet, inventory: Inventory, config: Config,
@@ -151,7 +148,7 @@ def why_not(key: str, entry: Entry, label_set: LabelSet, inventory: Inventory, c
         return f"computed but dropped, Kubernetes would reject it: {label_set.dropped[key]}"
     if vendor is not None and not vendor.labelling.enabled(config):
         return f"the {vendor.name} label groups are off in the config (labeller.labels)"
-    if doc.group and not _group_on(config, doc.group):
+    if doc.group and vendor is not None and not _group_on(config, vendor, doc.group):
         return f"the label group labeller.labels.{doc.group} is off"
     if vendor is not None and not present(vendor, inventory):
         report = next((r for r in inventory.reports if r.backend == vendor.name), None)

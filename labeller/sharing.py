@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource
+from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource, Sharing
 from labeller.gpushare import RESOURCE_COUNT, RESOURCE_MEM
 from labeller.inventory import Inventory
 from labeller.offer import (MAX_DEVICES_PER_RESOURCE, AdvertisedDevice, DeviceGroup, Held, Offer, PhysicalDevice,
@@ -94,16 +94,14 @@ def too_many(name: str, count: int, how: str, fix: str) -> str:
             f"kubelet takes for one resource; {fix}")
 
 
-def replicated(group: DeviceGroup, devices: list[PhysicalDevice], config: Config) -> Resource:
-    """The replicas of ``devices``; ConfigError, before building them, when they are more than the kubelet takes."""
-    sharing = config.sharing
-    replicas = sharing.replicas_for(group.base)
-    name = sharing.advertised_name(group.base)
+def replicated(group: DeviceGroup, devices: list[PhysicalDevice], entry: SharedResource, sharing: Sharing) -> Resource:
+    """The replicas of ``devices`` as ``entry`` (the group's sharing entry) asks; ConfigError, before building them,
+    when they are more than the kubelet takes."""
+    replicas, name = entry.replicas, entry.advertised_name(sharing.rename_by_default)
     problem = too_many(name, len(devices) * replicas, f"{len(devices)} x {replicas} replicas",
                        f"lower replicas to {max(1, MAX_DEVICES_PER_RESOURCE // len(devices))} or less")
     if problem:
-        entry = sharing.entry(group.base)
-        raise ConfigError(f"{entry.where if entry is not None else 'sharing'}: {problem}")
+        raise ConfigError(f"{entry.where}: {problem}")
     advertised = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in devices for n in range(replicas))
     return Resource(name, group.base, group.vendor, advertised, replicas, sharing.strategy)
 
@@ -171,7 +169,7 @@ def share(group: DeviceGroup, config: Config, mps: MpsGate, memory_base: str | N
         return [whole(group.base, group.vendor, group.devices)], []
     picked, rest = select(group, entry)
     whole_part = [whole(group.base, group.vendor, rest)] if rest else []
-    shared = replicated(group, picked, config)
+    shared = replicated(group, picked, entry, config.sharing)
     if config.sharing.strategy == "mps":
         return mps_shared(whole_part, shared, mps)
     return time_sliced(whole_part, shared)

@@ -3,7 +3,7 @@
 - docs/reference/labels.md: every label key, from the vendors' ``KEY_DOCS`` (what ``explain`` says of a key), with
   an example value and where it came from, taken from the built-in profiles' own derivation;
 - docs/reference/cli.md: every command, its help and its options, from the click commands;
-- docs/reference/config.md: every key of the config file, from ``labeller.config.config_keys()``.
+- docs/reference/config.md: every key of the config file, from ``labeller.config.config_keys()`` (the config table).
 
     python docs/gen/reference.py           # write the pages
     python docs/gen/reference.py --check   # exit 1, naming each page that differs from what the code says
@@ -277,9 +277,10 @@ def _global_row(param: Any, ctx: Any) -> list[str]:
 
 def config_page() -> str:
     from labeller.config import config_keys
+    from vendors import RESOURCE_NAMES
 
     rows = []
-    for key in config_keys():
+    for key in config_keys(RESOURCE_NAMES):
         doc = cell(key.doc)
         if key.not_honoured:
             doc += f". **Not honoured**: {cell(key.not_honoured)}; logged as one warning, `reason=not-honoured`"

@@ -12,7 +12,7 @@ import yaml
 from labeller.config import ConfigError, config_keys, parse_document
 from vendors import RESOURCE_NAMES
 
-KEYS = config_keys()
+KEYS = config_keys(RESOURCE_NAMES)
 # Defaults that a command applies rather than the parser: run's --interval is 60s when sleepInterval is not set.
 APPLIED_BY_A_COMMAND = {"flags.gfd.sleepInterval"}
 ENTRY = {"name": "nvidia.com/gpu", "replicas": 2}  # the least a sharing block needs

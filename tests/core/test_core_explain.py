@@ -21,6 +21,8 @@ from labeller.sharing import derive
 from tests.builders import label_set_of, mps_ready, nvidia, nvidia_gpu
 from tests.core.cli import gpu_labeller
 from vendors import RESOURCE_NAMES, VENDORS
+from vendors.amd.settings import AmdSettings
+from vendors.nvidia.settings import NvidiaSettings
 from vendors.simulate import builtin_profiles
 
 PROFILES = sorted(builtin_profiles())
@@ -37,7 +39,8 @@ def every_label_set(name: str) -> list[tuple[str, LabelSet, Inventory, Config]]:
     """The profile's labels as shipped, with its MPS daemon serving, with every optional group on,
     and under a named config (the state labels)."""
     inventory, config = profile(name)
-    everything = replace(config, labels=replace(config.labels, timestamp=True, firmware=True))
+    everything = (config.with_section(replace(config.section(NvidiaSettings), timestamp_label=True))
+                  .with_section(replace(config.section(AmdSettings), firmware_labels=True)))
     out = []
     for variant, cfg in (("as shipped", config), ("all groups", everything)):
         out.append((variant, label_set_of(inventory, cfg), inventory, cfg))

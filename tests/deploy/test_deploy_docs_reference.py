@@ -16,7 +16,7 @@ from labeller.cli import main
 from labeller.config import config_keys
 from labeller.explain import catalog, find
 from tests.deploy import ROOT
-from vendors import VENDORS
+from vendors import RESOURCE_NAMES, VENDORS
 
 DOCS = ROOT / "docs"
 
@@ -94,5 +94,5 @@ def test_every_command_and_option_is_on_the_cli_page() -> None:
 def test_every_config_key_is_on_the_config_page() -> None:
     page = (DOCS / "reference" / "config.md").read_text()
     rows = re.findall(r"^\| `([^`]+)` \|", page, re.MULTILINE)
-    assert rows == [key.path for key in config_keys()]
+    assert rows == [key.path for key in config_keys(RESOURCE_NAMES)]
     assert "`flags.migStrategy` | one of `none`, `single`, `mixed` | `none` |" in page

@@ -16,7 +16,8 @@ from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
 from labeller.vendor.dra import ConfigApi, Dra
 from labeller.vendor.plugin import PluginParts
-from vendors.amd import devices, dra, labels, probe
+from vendors.amd import devices, dra, labels, probe, settings
+from vendors.amd.settings import any_labels
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID
 from vendors.amd.model import AmdInventory
 
@@ -55,7 +56,7 @@ VENDOR = Vendor(
     labelling=Labelling(
         presence_label="amd.com/gpu.present",  # ours: AMD's labeller has no presence label to select on
         presence_upstream="none: gpu-labeller's own key (AMD's labeller has no presence label)",
-        enabled=lambda config: config.labels.amd or config.labels.amd_beta,
+        enabled=any_labels,
         labelers=labels.LABELERS,
         key_docs=labels.KEY_DOCS,
     ),
@@ -70,4 +71,5 @@ VENDOR = Vendor(
     mps=None,
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
             served_label="amd.com/gpu.dra", configs=dra_configs),
+    settings=settings.SETTINGS,
 )

@@ -23,6 +23,7 @@ from labeller.labels import KeyDoc, Labeler, Labels, derived, is_valid_value, sa
 from labeller.offer import Offer
 from vendors.amd.devices import VENDOR, AmdDevice, devices
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
+from vendors.amd.settings import AmdSettings
 
 BETA = "beta.amd.com/gpu."
 NEW = "amd.com/gpu."
@@ -59,12 +60,12 @@ def count_labels(kind: str, values: Iterable[str], config: Config, source: str =
     def counted(value: str, count: int) -> str:
         return derived(str(count), "sysfs", source, f"{made}{count} of {total} {unit}(s) have {kind} {value}")
 
-    if config.labels.amd_beta:
+    if config.section(AmdSettings).beta_labels:
         for value, count in counts.items():
             labels[f"{BETA}{kind}.{value}"] = counted(value, count)
         if single is not None:
             labels[f"{BETA}{kind}"] = plain(single)
-    if config.labels.amd:
+    if config.section(AmdSettings).labels:
         if single is not None:
             labels[f"{NEW}{kind}"] = plain(single)
         else:
@@ -145,7 +146,7 @@ def _driver_label(kind: str, value_of: Callable[[AmdInventory], str], source: st
 
     def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
         part = inventory.part(AmdInventory)
-        if not config.labels.amd or part is None or not part.gpus:
+        if not config.section(AmdSettings).labels or part is None or not part.gpus:
             return {}
         value = value_of(part)
         rule = "as read" if is_valid_value(value) else "bad characters to '-', trimmed to 63 characters"
@@ -165,7 +166,7 @@ driver_src_version_labels = _driver_label("driver-src-version", lambda amd: amd.
 
 def firmware_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """``beta.amd.com/gpu.firmware.<BLOCK>.{feat,fw}.<decimal>=<count>``; opt-in via ``labels.firmware``."""
-    if not config.labels.firmware:
+    if not config.section(AmdSettings).firmware_labels:
         return {}
     counts: Counter[str] = Counter()
     gpus = _gpus(inventory)
@@ -183,7 +184,7 @@ def compute_memory_partition_labels(inventory: Inventory, config: Config, offer:
     """``<compute>_<memory>`` only when every GPU that reports both agrees (AMD emits nothing otherwise)."""
     modes = {f"{g.compute_partition}_{g.memory_partition}" for g in _gpus(inventory)
              if g.compute_partition and g.memory_partition}
-    if not config.labels.amd or len(modes) != 1:
+    if not config.section(AmdSettings).labels or len(modes) != 1:
         return {}
     source = "/sys/module/amdgpu/drivers/pci:amdgpu/<bdf>/current_compute_partition and current_memory_partition"
     return {f"{NEW}compute-memory-partition": derived(modes.pop(), "sysfs", source,
@@ -193,7 +194,7 @@ def compute_memory_partition_labels(inventory: Inventory, config: Config, offer:
 def partitioning_supported_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """From the first GPU in PCI address order, as AMD's sorted ``pci:amdgpu`` glob gives it."""
     gpus = sorted(_gpus(inventory), key=lambda g: g.bdf)
-    if not config.labels.amd or not gpus:
+    if not config.section(AmdSettings).labels or not gpus:
         return {}
     where = f"/sys/module/amdgpu/drivers/pci:amdgpu/{gpus[0].bdf}"
     rule = "true when the file exists on the first GPU in PCI address order"

@@ -12,7 +12,8 @@ from labeller.vendor.discovery import Discovery, Labelling, Simulator
 from labeller.vendor.dra import ConfigApi, Dra
 from labeller.vendor.mps import Mps
 from labeller.vendor.plugin import PluginParts
-from vendors.nvidia import devices, dra, labels, mps, nvml
+from vendors.nvidia import devices, dra, labels, mps, nvml, settings
+from vendors.nvidia.settings import NvidiaSettings
 from vendors.nvidia.facts import PCI_CLASSES, PCI_VENDOR_ID
 
 
@@ -44,7 +45,7 @@ VENDOR = Vendor(
     labelling=Labelling(
         presence_label="nvidia.com/gpu.present",
         presence_upstream="the NVIDIA GPU Operator (from NFD's feature.node.kubernetes.io/pci-10de.present)",
-        enabled=lambda config: config.labels.nvidia,
+        enabled=lambda config: config.section(NvidiaSettings).labels,
         labelers=labels.LABELERS,
         key_docs=labels.KEY_DOCS,
     ),
@@ -64,4 +65,5 @@ VENDOR = Vendor(
     ),
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
             served_label="nvidia.com/gpu.dra", configs=dra_configs),
+    settings=settings.SETTINGS,
 )

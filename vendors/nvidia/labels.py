@@ -38,6 +38,7 @@ from labeller.offer import Offer, Resource
 from vendors.nvidia.devices import GPU, VENDOR, NvidiaDevice
 from vendors.nvidia.facts import COMPUTE_CLASS, GRAPHICS_CLASS, MIB, PCI_VENDOR_ID, name_in_labels
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
+from vendors.nvidia.settings import NvidiaSettings
 
 log = structlog.get_logger(__name__)
 
@@ -128,7 +129,7 @@ def primary_model(gpus: Sequence[NvidiaGpu]) -> list[NvidiaGpu]:
 # --- small labelers -------------------------------------------------------------------------------
 
 def machine_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
-    if _nvidia(inventory) is None or not config.labels.machine:
+    if _nvidia(inventory) is None or not config.section(NvidiaSettings).machine_label:
         return {}
     # As GFD: "unknown" only when the name cannot be read; an empty one stays empty.
     where = config.gfd.machine_type_file
@@ -260,7 +261,7 @@ def mig_strategy_labels(inventory: Inventory, config: Config, offer: Offer) -> L
 def timestamp_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """``gfd.timestamp`` (off by default: a changing value would make every restart a write)."""
     present = inventory.pci_gpus_of(PCI_VENDOR_ID) or _nvidia(inventory) is not None
-    if not (config.labels.timestamp and present):
+    if not (config.section(NvidiaSettings).timestamp_label and present):
         return {}
     return {TIMESTAMP: derived(str(_PROCESS_START), "clock", "the process start time (labeller.labels.timestamp on)",
                                "Unix seconds, fixed for the life of the process")}
