@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-
 from labeller.config import Config, parse_config
 from labeller.inventory import Inventory
 from labeller.host import NodeOptions, open_host
@@ -205,7 +204,6 @@ def cli(*args: str) -> Any:
     return json.loads(result.stdout)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("profile", "config"), [
     ("a100-mig-single", {"flags": {"migStrategy": "none"},
                          "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}),

@@ -13,12 +13,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-import pytest
-
 from tests.builders import PATIENCE_S
 from tests.core.cli import COMMAND, error_line, gpu_labeller
 
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 PROFILE = "t4-time-slicing"
 FIRST_LABEL = "nvidia.com/cuda.driver-version.full=535.183.01"

@@ -13,15 +13,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from labeller.labels import FIELD_MANAGER
 from tests.builders import PATIENCE_S, wait_for
 from tests.daemon.conftest import NODE, OTHERS
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
 
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 GPU_PROFILE = "mi210-x8"  # a built-in simulated node with 8 AMD GPUs
 

@@ -9,14 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from labeller.fleet import fleet_text, node_row, pod_requests
 from tests.builders import PATIENCE_S
 from tests.core.cli import error_line, gpu_labeller
 from tests.fakes.apiserver import FakeApiServer
-
-pytestmark = pytest.mark.slow  # the CLI as processes against the fake API server
 
 
 def profile_labels(profile: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from labeller.cli import main
@@ -61,7 +60,6 @@ def metrics(process: PluginProcess) -> str:
         return str(answer.read().decode())
 
 
-@pytest.mark.slow
 def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                            dirs: Dirs) -> None:
     api.create_node(NODE)
@@ -84,7 +82,6 @@ def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, d
     assert "Traceback" not in "".join(plugin.stderr)
 
 
-@pytest.mark.slow
 def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                              dirs: Dirs) -> None:
     api.create_node(NODE)
@@ -108,7 +105,6 @@ def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer,
     assert sorted(p.name for p in (dirs.plugins / NVIDIA).iterdir()) == ["claims"]
 
 
-@pytest.mark.slow
 def test_the_node_label_moves_the_node_between_the_device_plugin_and_dra(
         api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
     api.create_node(NODE)

@@ -22,8 +22,6 @@ from tests.extender.conftest import mem_pod, share_node
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
 
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
-
 
 def cluster(api: FakeApiServer) -> None:
     share_node(api, "n1")
