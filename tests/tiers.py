@@ -33,6 +33,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("tests", "labeller", "vendors")  # the code read; anything else (the stdlib, libraries) is a leaf
 
@@ -362,7 +364,7 @@ class Guard:
             return
         self._grpc_patched = True
         for name in ("server", "insecure_channel", "secure_channel"):
-            self._patch(grpc, name, lambda original, name=name: self._grpc_wrapper(original, name))
+            setattr(grpc, name, self._grpc_wrapper(getattr(grpc, name), name))
 
     def _grpc_wrapper(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -394,11 +396,84 @@ def _first(args: tuple[Any, ...]) -> str:
 
 
 def _caller() -> str:
-    """The innermost frame of this repository's code (not this file) on the stack."""
+    """The innermost frame of this repository's code (tests, labeller, vendors; not this file) on the stack."""
     here = Path(__file__).resolve()
     for frame in reversed(traceback.extract_stack()):
-        path = Path(frame.filename)
-        if path.is_relative_to(ROOT) and path.resolve() != here and ".venv" not in path.parts:
+        path = Path(frame.filename).resolve()
+        if path != here and path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
             return f"{path.relative_to(ROOT)}:{frame.lineno}"
     return ""
 
+
+# --- the hooks (tests/conftest.py imports them) -------------------------------------------------------
+
+REASON = pytest.StashKey[str]()  # why a test is integration: the chain to the LIVE name it reaches
+GUARD = pytest.StashKey[Guard]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[GUARD] = Guard()
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by what it reaches; a plain ``python -m pytest`` keeps the unit tier."""
+    classifier = Classifier()
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        fixtures = [definition.func for name in item.fixturenames
+                    for definition in item._fixtureinfo.name2fixturedefs.get(name, ())]
+        why = reason(classifier, [item.function, *fixtures])
+        if why is not None:
+            item.stash[REASON] = why
+            item.add_marker(pytest.mark.integration)
+    if _plain_run(config):
+        config.hook.pytest_deselected(items=[item for item in items if REASON in item.stash])
+        items[:] = [item for item in items if REASON not in item.stash]
+
+
+def _plain_run(config: pytest.Config) -> bool:
+    """``python -m pytest`` with neither paths nor ``-m``: the unit tier. Naming a file or a test runs what
+    it names, both tiers; ``-m integration``, ``-m "not integration"`` and ``-m ""`` (all) select as usual."""
+    chose = config.option.markexpr or any(arg.startswith("-m") for arg in config.invocation_params.args)
+    return not chose and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    integration = [item for item in items if REASON in item.stash]
+    lines = [f"tiers: {len(items) - len(integration)} unit, {len(integration)} integration tests selected"]
+    if config.option.collectonly and config.option.verbose > 0:  # --collect-only -v: why each is integration
+        lines += [f"  {item.nodeid}: {item.stash[REASON]}" for item in integration]
+    return lines
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    return (yield from _guarded(item))
+
+
+def _guarded(item: pytest.Item) -> Iterator[None]:
+    """A unit test's phase under the guard: what it tripped fails it, naming what it did and where."""
+    if REASON in item.stash:
+        return (yield)
+    with item.config.stash[GUARD].armed() as tripped:
+        try:
+            outcome = yield
+        except BaseException:
+            if not tripped:
+                raise
+            outcome = None  # what it tripped on is the failure, whatever became of the exception
+    if tripped:
+        pytest.fail(explain(tripped), pytrace=False)
+    return outcome
