@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from tests.builders import PATIENCE_S
-from tests.core.cli import COMMAND, error_line, gpu_labeller
+from tests.core.cli import COMMAND, error_line, gpu_labeller, in_process
 
 
 PROFILE = "t4-time-slicing"
@@ -86,7 +86,7 @@ def test_a_symlink_stays_a_link_and_its_target_gets_the_labels(tmp_path: Path) -
 def test_a_symlink_loop_is_refused_and_left_alone(tmp_path: Path) -> None:
     loop = tmp_path / "loop"
     loop.symlink_to("loop")
-    result = labels_to(loop)
+    result = in_process("labels", "--simulate", PROFILE, "-o", str(loop))
     assert result.returncode == 2
     assert error_line(result) == f"Error: {loop}: cannot write: Too many levels of symbolic links"
     assert os.readlink(loop) == "loop"
@@ -94,7 +94,7 @@ def test_a_symlink_loop_is_refused_and_left_alone(tmp_path: Path) -> None:
 
 def test_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
     out = tmp_path / "missing" / "labels.txt"
-    result = labels_to(out)
+    result = in_process("labels", "--simulate", PROFILE, "-o", str(out))
     assert result.returncode == 2 and result.stdout == ""
     assert error_line(result) == f"Error: {out}: cannot write: directory {tmp_path / 'missing'} does not exist"
     assert not (tmp_path / "missing").exists()

@@ -381,7 +381,9 @@ def scenario_faults(cluster: Cluster, node: Node) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k8s-dra", type=Path, default=ROOT.parent / "shared" / "k8s-dra")
+    parser.add_argument("--k8s-dra", type=Path,
+                        default=Path(os.environ.get("K8S_DRA_DIR", ROOT.parent / "shared" / "k8s-dra")),
+                        help="the real DRA components (default: $K8S_DRA_DIR, else shared/k8s-dra beside the checkout)")
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
         print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")

@@ -255,7 +255,8 @@ def big_body(port: int, context: ssl.SSLContext, server_name: str) -> tuple[str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_k8s_argument(parser)
-    parser.add_argument("--port", type=int, default=39997, help="the extender's port")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("K8S_SCHED_PORT", "10259")) + 2,
+                        help="the extender's port (default: K8S_SCHED_PORT + 2)")
     parser.add_argument("--slow", type=int, default=1000, help="slow clients at once")
     parser.add_argument("--max-connections", type=int, default=0,
                         help="the extender's --max-connections (default: the extender's own, 1024)")

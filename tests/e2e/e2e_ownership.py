@@ -54,8 +54,8 @@ figures: list[str] = []
 
 def add_k8s_argument(parser: argparse.ArgumentParser) -> None:
     """``--k8s DIR``: the folder with the real Kubernetes components and their up/down scripts."""
-    parser.add_argument("--k8s", type=Path, default=Path(os.environ.get("K8S_DIR", "/work/shared/k8s")),
-                        help="the real Kubernetes components (default: $K8S_DIR, else %(default)s)")
+    parser.add_argument("--k8s", type=Path, default=Path(os.environ.get("K8S_DIR", ROOT.parent / "shared" / "k8s")),
+                        help="the real Kubernetes components (default: $K8S_DIR, else shared/k8s beside the checkout)")
 
 
 def check(ok: bool, what: str) -> bool:
@@ -459,7 +459,7 @@ def step_cleanup(cluster: Cluster) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_k8s_argument(parser)
-    parser.add_argument("--state", type=Path, default=Path(os.environ.get("K8S_STATE", "/tmp/k8s-a")))
+    parser.add_argument("--state", type=Path, default=Path(os.environ.get("K8S_STATE", "/tmp/gpu-labeller-k8s")))
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     options = parser.parse_args()
     tmp = options.state / "e2e"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from labeller import gpushare
-from tests.core.cli import error_line, gpu_labeller
+from tests.core.cli import error_line, gpu_labeller, in_process
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import mem_pod, share_node
 from tests.fakes.apiserver import FakeApiServer
@@ -63,10 +63,10 @@ def test_inspect_of_an_unknown_node_is_one_line_and_exit_2(api: FakeApiServer, k
 
 
 def test_inspect_without_credentials_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    result = gpu_labeller("inspect", env={**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""})
+    result = in_process("inspect", env={**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""})
     assert result.returncode == 2
     assert error_line(result).startswith("Error: no Kubernetes credentials: no kubeconfig given")
-    missing = gpu_labeller("inspect", "--kubeconfig", str(tmp_path / "nope"))
+    missing = in_process("inspect", "--kubeconfig", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "nope" in error_line(missing)
 
 
