@@ -82,7 +82,6 @@ class Symbol:
     """A module-level function or class: what it names directly."""
 
     name: str
-    where: str  # path:line
     live: str | None = None  # the first LIVE name it uses itself
     names: set[str] = field(default_factory=set)  # dotted names it uses (resolved through its module's imports)
 
@@ -146,7 +145,7 @@ class Reader:
                    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                symbol = Symbol(f"{module}.{node.name}", f"{path.relative_to(self.root)}:{node.lineno}")
+                symbol = Symbol(f"{module}.{node.name}")
                 for dotted in _names(node, module, imports, defined):
                     if symbol.live is None and (what := live(dotted)) is not None:
                         symbol.live = what

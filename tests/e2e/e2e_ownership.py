@@ -142,7 +142,8 @@ class Cluster:
     def start_etcd(self) -> float:
         """Start etcd again (up.sh restarts what is not running); the monotonic time it answered."""
         threading.Thread(target=self.script, args=("up.sh",), daemon=True).start()
-        port = dict(line.split("=", 1) for line in (self.state / "env").read_text().split())["K8S_ETCD_PORT"]
+        port = dict(line.removeprefix("export ").split("=", 1)  # up.sh writes ``export NAME=value`` lines
+                    for line in (self.state / "env").read_text().splitlines() if "=" in line)["K8S_ETCD_PORT"]
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=0.5) as answer:
