@@ -138,9 +138,9 @@ def test_scheduler_extender_bad_input_is_one_line_and_exit_2(api: FakeApiServer,
                               "--kubeconfig", str(kubeconfig))
     assert result.returncode == 2
     assert error_line(result) == f"Error: --port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"
-    missing = gpu_labeller("scheduler-extender", "--kubeconfig", "/nonexistent/kubeconfig")
+    missing = in_process("scheduler-extender", "--kubeconfig", "/nonexistent/kubeconfig")
     assert missing.returncode == 2 and "/nonexistent/kubeconfig" in error_line(missing)
     started = time.monotonic()
-    policy = gpu_labeller("scheduler-extender", "--policy", "random")
+    policy = in_process("scheduler-extender", "--policy", "random")
     assert policy.returncode == 2 and "'random' is not one of 'binpack', 'spread'" in policy.stderr
     assert time.monotonic() - started < 30  # refused as it starts, not after trying to reach a cluster

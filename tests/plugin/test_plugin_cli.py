@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from labeller.cli import main
 from labeller.plugin.cli import device_plugin
 from tests.builders import PATIENCE_S
+from tests.core.cli import in_process
 from tests.fakes.kubelet import FakeKubelet
 from tests.processes import LoggedProcess
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
@@ -40,9 +41,8 @@ def test_bad_profile_is_bad_input(sock_dir: Path) -> None:
 
 
 def test_memory_sharing_without_a_node_name_is_one_line_and_exit_2(sock_dir: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "labeller.cli", "device-plugin", "--simulate", "t4-x4-gpushare",
-                             "--socket-dir", str(sock_dir), "--metrics-port", "0"], capture_output=True, text=True,
-                            timeout=PATIENCE_S, env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
+    result = in_process("device-plugin", "--simulate", "t4-x4-gpushare", "--socket-dir", str(sock_dir),
+                        "--metrics-port", "0", env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "Error: sharing.memory: the plugin reads the pods bound to this Node to serve aliyun.com/gpu-mem; "
