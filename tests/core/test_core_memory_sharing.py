@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from labeller.gpushare import RESOURCE_COUNT as COUNT_RESOURCE, RESOURCE_MEM as MEMORY_RESOURCE
-from tests.builders import PATIENCE_S, label_set_of, nvidia, nvidia_gpu, offer_of
+from tests.builders import label_set_of, nvidia, nvidia_gpu, offer_of
+from tests.core.cli import in_process
 
 GIB = 1 << 30
 MEMORY = {"sharing": {"memory": {}}}
@@ -100,8 +100,7 @@ def _profile_inventory(profile: str) -> Any:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True,
-                          timeout=PATIENCE_S)
+    return in_process(*args)
 
 
 def test_the_resources_and_labels_commands_agree_on_the_gpushare_profile() -> None:

@@ -21,8 +21,9 @@ PROFILE = "t4-time-slicing"
 FIRST_LABEL = "nvidia.com/cuda.driver-version.full=535.183.01"
 
 
-def labels_to(path: Path | str, **popen: object) -> subprocess.CompletedProcess[str]:
-    return gpu_labeller("labels", "--simulate", PROFILE, "-o", str(path), **popen)
+def labels_to(path: Path | str) -> subprocess.CompletedProcess[str]:
+    """``labels -o PATH``, in this process (what is written where, and the exit code, are the same)."""
+    return in_process("labels", "--simulate", PROFILE, "-o", str(path))
 
 
 # As root, a regression that replaced the output file instead of writing through would replace
@@ -52,7 +53,7 @@ def stdout_link(tmp_path: Path) -> Path:
 
 
 def expected_text() -> str:
-    result = gpu_labeller("labels", "--simulate", PROFILE)
+    result = in_process("labels", "--simulate", PROFILE)
     assert result.returncode == 0 and result.stdout.startswith(FIRST_LABEL + "\n"), result.stderr
     return result.stdout
 
@@ -86,7 +87,7 @@ def test_a_symlink_stays_a_link_and_its_target_gets_the_labels(tmp_path: Path) -
 def test_a_symlink_loop_is_refused_and_left_alone(tmp_path: Path) -> None:
     loop = tmp_path / "loop"
     loop.symlink_to("loop")
-    result = in_process("labels", "--simulate", PROFILE, "-o", str(loop))
+    result = labels_to(loop)
     assert result.returncode == 2
     assert error_line(result) == f"Error: {loop}: cannot write: Too many levels of symbolic links"
     assert os.readlink(loop) == "loop"
@@ -94,7 +95,7 @@ def test_a_symlink_loop_is_refused_and_left_alone(tmp_path: Path) -> None:
 
 def test_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
     out = tmp_path / "missing" / "labels.txt"
-    result = in_process("labels", "--simulate", PROFILE, "-o", str(out))
+    result = labels_to(out)
     assert result.returncode == 2 and result.stdout == ""
     assert error_line(result) == f"Error: {out}: cannot write: directory {tmp_path / 'missing'} does not exist"
     assert not (tmp_path / "missing").exists()
@@ -125,13 +126,13 @@ def test_a_fifo_is_written_through_to_its_reader(tmp_path: Path) -> None:
 def test_dev_stdout_goes_where_the_shell_sent_it(tmp_path: Path) -> None:
     expected = expected_text()
     for name in (stdout_link(tmp_path), "/dev/fd/1", "/proc/self/fd/1"):
-        piped = labels_to(name)
+        piped = gpu_labeller("labels", "--simulate", PROFILE, "-o", str(name))  # this process's fd 1 is not a shell's
         assert piped.returncode == 0 and piped.stdout == expected, name
         # `>> log`: the shell opened the file for appending; replacing it would lose what was there.
         log = tmp_path / "log"
         log.write_text("earlier line\n")
         with log.open("a") as append:
-            appended = labels_to(name, stdout=append)
+            appended = gpu_labeller("labels", "--simulate", PROFILE, "-o", str(name), stdout=append)
         assert appended.returncode == 0, appended.stderr
         assert log.read_text() == "earlier line\n" + expected, name
     assert os.readlink(tmp_path / "stdout") == "/proc/self/fd/1"
