@@ -18,6 +18,7 @@ from tests.tiers import (  # noqa: F401 - the tiers' hooks, found here by name
     pytest_collection_modifyitems, pytest_configure, pytest_report_collectionfinish, pytest_runtest_call,
     pytest_runtest_setup, pytest_runtest_teardown)
 
+
 @pytest.fixture(autouse=True)
 def _logging_as_before() -> Iterator[None]:
     """A command run in-process (click's CliRunner) configures structlog for the whole process, its
