@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-
 from labeller.config import Config, parse_config
 from labeller.inventory import Inventory
 from labeller.host import NodeOptions, open_host
 from labeller.offer import Offer, Resource
-from tests.builders import PATIENCE_S, label_set_of, mps_ready, offer_of
+from tests.builders import label_set_of, mps_ready, offer_of
+from tests.core.cli import in_process
 from vendors import RESOURCE_NAMES
 from vendors.amd.settings import AmdSettings
 from vendors.nvidia.model import NvidiaInventory
@@ -201,12 +199,11 @@ def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str,
 
 
 def cli(*args: str) -> Any:
-    result = subprocess.run([sys.executable, "-m", "labeller.cli", *args, "--format", "json"], capture_output=True,
-                            text=True, timeout=PATIENCE_S, check=True)
+    result = in_process(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("profile", "config"), [
     ("a100-mig-single", {"flags": {"migStrategy": "none"},
                          "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}),

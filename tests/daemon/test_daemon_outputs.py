@@ -105,7 +105,6 @@ def get(url: str) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-@pytest.mark.slow
 def test_health_ready_and_metrics_endpoints(api: FakeApiServer, start: Start) -> None:
     daemon = start()
     server = start_http_server(0, "127.0.0.1", ready=lambda: daemon.daemon.ready, healthy=daemon.loop.healthy,

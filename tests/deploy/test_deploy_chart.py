@@ -36,7 +36,6 @@ def test_lint_is_clean(name: str, values: dict[str, Any]) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_every_object_is_valid_kubernetes(name: str, values: dict[str, Any], kube_version: str) -> None:

@@ -42,7 +42,6 @@ def test_regen_command_is_the_documented_one() -> None:
     assert load_render_script().REGEN_COMMAND == REGEN
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_plain_manifests_are_valid_kubernetes(kube_version: str) -> None:
     kinds = []

@@ -200,7 +200,6 @@ def test_the_prune_files_hold_the_namespace_the_job_and_what_it_needs(name: str,
     assert one(objects, "Job")["spec"]["template"]["spec"]["containers"][0]["args"] == ["cleanup", "--all-nodes"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("name", "kube_version"), [("prune/gpu-labeller-prune.yaml", MIN_KUBE_VERSION),
                                                     ("prune/gpu-labeller-prune-k8s1.30.yaml", "1.30.0")])
 def test_the_prune_files_are_valid_on_the_oldest_kubernetes_they_are_for(name: str, kube_version: str) -> None:

@@ -121,7 +121,6 @@ def metrics(process: PluginProcess) -> str:
         return str(answer.read().decode())
 
 
-@pytest.mark.slow
 def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                            dirs: Dirs) -> None:
     api.create_node(NODE)
@@ -144,7 +143,6 @@ def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, d
     assert "Traceback" not in "".join(plugin.stderr)
 
 
-@pytest.mark.slow
 def test_a_driver_the_kubelet_never_registers_is_exported_as_unregistered(api: FakeApiServer, dirs: Dirs) -> None:
     """No kubelet watches the registry directory: gpu_labeller_dra_registered is 0 (not absent), so the
     GpuLabellerDraNotRegistered alert fires."""
@@ -155,7 +153,6 @@ def test_a_driver_the_kubelet_never_registers_is_exported_as_unregistered(api: F
         assert plugin.stop() == 0
 
 
-@pytest.mark.slow
 def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                              dirs: Dirs) -> None:
     api.create_node(NODE)
@@ -179,7 +176,6 @@ def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer,
     assert sorted(p.name for p in (dirs.plugins / NVIDIA).iterdir()) == ["claims"]
 
 
-@pytest.mark.slow
 def test_the_node_label_moves_the_node_between_the_device_plugin_and_dra(
         api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
     api.create_node(NODE)

@@ -143,7 +143,8 @@ def test_unprepare_cleans_a_spec_file_the_checkpoint_never_heard_of(api: FakeApi
 
 def test_each_bad_claim_fails_alone_naming_its_device(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                       dirs: Dirs) -> None:
-    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+    # recovery after 60 s, not 0.3 s: on a loaded machine gpu-6 was healthy again before its claim was prepared
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100", recovery_seconds=60) as run:
         sick = physical(run, "gpu-6")
         run.nvml.inject_xid(sick.health_key, 79)
         wait_for(lambda: "gpu-6" not in run.devices())

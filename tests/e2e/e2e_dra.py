@@ -375,8 +375,8 @@ def main() -> int:
     add_k8s_dra_argument(parser)
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
-        print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")
-        return 0
+        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="gld-", dir="/tmp"))
     cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
     nodes: dict[str, Node] = {}

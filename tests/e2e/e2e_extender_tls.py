@@ -335,7 +335,8 @@ def big_body(port: int, context: ssl.SSLContext, server_name: str) -> tuple[str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_k8s_argument(parser)
-    parser.add_argument("--port", type=int, default=39997, help="the extender's port")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("K8S_SCHED_PORT", "10259")) + 2,
+                        help="the extender's port (default: K8S_SCHED_PORT + 2)")
     parser.add_argument("--slow", type=int, default=1000, help="slow clients at once")
     parser.add_argument("--idle", type=int, default=1100, help="idle TCP connections at once (issue 28's attacker)")
     parser.add_argument("--idle-probes", type=int, default=20, help="filter calls on fresh connections during it")

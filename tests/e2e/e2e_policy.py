@@ -357,8 +357,8 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the control plane running")
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
-        print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")
-        return 0
+        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+        return 2
     state = Path(os.environ.get("DRA_STATE", "/tmp/gpu-labeller-dra-policy"))
     work = Path(tempfile.mkdtemp(prefix="glp-", dir="/tmp"))
     cluster = Cluster(args.k8s_dra, state)

@@ -26,7 +26,6 @@ from tests.extender.conftest import Client, Start, mem_pod, share_node
 from tests.extender.test_extender_cli import free_port
 from tests.fakes.apiserver import FakeApiServer
 
-pytestmark = pytest.mark.slow  # a real extender (HTTP, watches, threads) for each test
 
 FILTER = "/gpushare-scheduler/filter"
 

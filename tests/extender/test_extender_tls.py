@@ -24,8 +24,6 @@ from tests.extender.test_extender_requests import closed_by_server
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
 
-pytestmark = pytest.mark.slow  # a real extender (HTTPS, watches, threads) for each test
-
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:

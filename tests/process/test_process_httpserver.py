@@ -115,7 +115,6 @@ def test_an_idle_keep_alive_connection_makes_room_once_it_has_waited_longest(
     assert still_open(first) and still_open(second)
 
 
-@pytest.mark.slow  # waits out a deadline of 1.5 s
 def test_a_client_that_does_not_finish_its_handshake_is_closed_at_the_handshake_deadline(
         certs: Certs, servers: list[HealthServer], connections: ExitStack) -> None:
     # 1.5 s: a loaded machine finishes a real handshake within it (milliseconds on a quiet one)
