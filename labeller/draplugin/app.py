@@ -127,6 +127,7 @@ class DraPlugin:
 
     def probe(self) -> str | None:
         self.probes += 1
+        self.metrics.probes.inc()
         try:
             inventory = self.host.probe()
             offer = self.host.offer(inventory)
@@ -252,6 +253,8 @@ class DraPlugin:
         """The API server did not keep these fields (the publisher's worker): publish again without the
         feature gates that turned out off (``labeller.draplugin.gates``)."""
         if self.gates.dropped(driver, fields):
+            for gate in self.gates.off:
+                self.metrics.gates_off.labels(gate=gate).set(1)
             self._publish()
 
     # --- health -----------------------------------------------------------------------------------
