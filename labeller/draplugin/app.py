@@ -23,6 +23,7 @@ that is gone (a kubelet restart), which registers the driver again.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -229,7 +230,7 @@ class DraPlugin:
 
         def current() -> Devices:
             assert entry is not None
-            return entry.snapshot
+            return self._as_published(driver, entry.snapshot)
 
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
                             current, configs)
@@ -238,6 +239,14 @@ class DraPlugin:
         entry = _Driver(sockets, snapshot)
         sockets.start()
         return entry
+
+    def _as_published(self, driver: str, snapshot: Devices) -> Devices:
+        """What a prepare sees of the driver's devices: as published, under the feature gates the API
+        server has off (a GPU published exclusive is prepared as one)."""
+        if not self.gates.off:
+            return snapshot
+        view = self.gates.apply({driver: list(snapshot.by_name.values())})[driver]
+        return dataclasses.replace(snapshot, by_name={d.name: d for d in view})
 
     def _publish(self) -> None:
         """Publish every driver's healthy devices (the loop's thread, or a health check's)."""

@@ -122,6 +122,12 @@ def test_without_the_gate_the_plugin_notices_says_so_once_and_publishes_exclusiv
             (GATE, NVIDIA, ["devices[].allowMultipleAllocations", "devices[].capacity.memory.requestPolicy"])]
         assert "scheduler extender" in said[0]["instead"]
         assert not [e for e in logs if e.get("reason") == "fields-dropped"]
+        # prepared as published: a GPU for one claim, no share to account for
+        whole = run.claim("whole", "gpu-0")
+        prepared_ok(drakubelet, whole)
+        assert "ALIYUN_COM_GPU_MEM_POD" not in env(check_spec(spec_file(dirs, whole))["containerEdits"]["env"])
+        assert "do not both allow sharing it" in refused(drakubelet, run.claim("second", "gpu-0"))
+        prepared_ok(drakubelet, run.claim("shared", "gpu-1", shared=True))  # a shareID alone: as before the gate
 
 
 def test_slices_a_server_without_the_gate_kept_are_replaced_once_by_a_plugin_that_knows(
