@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -150,6 +151,20 @@ class Running:
         """ResourceSlice writes the API server answered since ``since``."""
         return sum(self.api.log.count(verb, "resourceslices", since)
                    for verb in ("create", "update", "delete", "patch"))
+
+    def writes_while_idle(self) -> int:
+        """ResourceSlice writes, once in sync, across three probes that find the same node and a broken
+        watch (the slices listed again and compared with what is published)."""
+        wait_for(lambda: self.plugin.publisher.in_sync)
+        since = time.monotonic()
+        for _ in range(3):
+            self.sighup()
+        lists = self.plugin.publisher.reflector.lists
+        self.api.drop_watches.set()
+        wait_for(lambda: self.plugin.publisher.reflector.lists > lists)
+        self.api.drop_watches.clear()
+        wait_for(lambda: self.plugin.publisher.in_sync)
+        return self.writes(since)
 
 
 @contextmanager
