@@ -19,13 +19,15 @@ A. The gate on (``DRAConsumableCapacity=true`` on the API server, the scheduler 
       prepared beside the first (the scheduler leaves it unallocated; were it allocated, the plugin
       refuses the share, naming what holds the GPU);
    4. ``--pods`` pods (default 36) created at once, each claiming 1-6 GiB (``capacity.requests.memory``):
-      the real scheduler places them on a GPU until it is full; on no GPU do the allocated shares pass
-      its memory (0 over-commits; kube-scheduler 1.34.2 also wants room on the device at the request's
-      index in the candidate's slice, kubernetes#133705, so it fills the first GPU only), the pods
-      that do not fit stay Pending with the scheduler's reason, every
+      the real scheduler places them on a GPU until it is full (kube-scheduler 1.34.2 also wants room
+      on the device at the request's index in the candidate's slice, kubernetes#133705, so it fills
+      the first GPU only); the pods that do not fit stay Pending with the scheduler's reason; every
       allocated claim is prepared by drakubelet with a CDI device per share (naming its shareID) and
       gpushare's environment (``ALIYUN_COM_GPU_MEM_CONTAINER`` = the GiB allocated); deleting pods frees
-      memory the Pending ones then get, again without an over-commit.
+      memory the Pending ones then get. Sampled all along: the shares the plugin prepared never pass a
+      GPU's memory (0 over-commits on the node); the scheduler's allocations at rest neither, and a
+      share it allocates past a GPU's memory while pods come and go (seen once in three runs) is
+      refused by the plugin, the pod failed with the reason (counted).
 B. The gate off (1.34's default, everywhere): the plugin's first write comes back without the fields,
    it logs one ``reason=feature-gate-off`` line and publishes exclusive GPUs (nothing written after);
    claims asking memory (the API server drops the request) get a whole GPU each, so 4 of 6 pods run.
@@ -151,11 +153,55 @@ def unschedulable(cluster: Cluster) -> set[str]:
     return {e["involvedObject"]["name"] for e in events if e.get("reason") == "FailedScheduling"}
 
 
-def settled(cluster: Cluster, prefix: str) -> bool:
-    """Every pod runs, or the scheduler said why it cannot place it."""
+def refused_for_memory(pod_obj: Obj) -> bool:
+    """The pod failed because the plugin refused a share that would pass its GPU's memory."""
+    return pod_obj["status"].get("phase") == "Failed" and "is prepared for" in pod_obj["status"].get("message", "")
+
+
+def prepared_usage(node: MemoryNode) -> dict[str, Fraction]:
+    """Memory the claims the plugin prepared consume on each GPU, as its checkpoint says."""
+    used: dict[str, Fraction] = Counter()  # type: ignore[assignment]
+    for path in node.checkpoints():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being removed
+        for device in record["devices"]:
+            used[device["device"]] += parse_quantity(device["consumedCapacity"].get("memory", "0")) or 0
+    return dict(used)
+
+
+class Peaks:
+    """The most memory allocated (the scheduler's claims) and prepared (the plugin's checkpoint) on each
+    GPU, over every sample taken while waiting."""
+
+    def __init__(self, cluster: Cluster, node: MemoryNode) -> None:
+        self.cluster, self.node = cluster, node
+        self.allocated: dict[str, Fraction] = {}
+        self.prepared: dict[str, Fraction] = {}
+        self.samples = 0
+
+    def sample(self) -> None:
+        for peak, now in ((self.allocated, usage(self.cluster)), (self.prepared, prepared_usage(self.node))):
+            for gpu, used in now.items():
+                peak[gpu] = max(peak.get(gpu, Fraction(0)), used)
+        self.samples += 1
+
+    def over(self, peak: dict[str, Fraction]) -> list[str]:
+        return [f"{gpu}: {float(used) / GIB:.1f} GiB" for gpu, used in sorted(peak.items()) if used > CAPACITY]
+
+
+def gib(per_gpu: dict[str, Fraction]) -> str:
+    return ", ".join(f"{gpu} {float(used) / GIB:.0f} GiB" for gpu, used in sorted(per_gpu.items()))
+
+
+def settled(cluster: Cluster, prefix: str, peaks: Peaks | None = None) -> bool:
+    """Every pod runs, the scheduler said why it cannot place it, or the plugin refused its share."""
+    if peaks is not None:
+        peaks.sample()
     waiting = unschedulable(cluster)
-    return all(p["status"].get("phase") == "Running" or (not p["spec"].get("nodeName") and p["metadata"]["name"]
-                                                           in waiting) for p in pods(cluster, prefix))
+    return all(p["status"].get("phase") == "Running" or refused_for_memory(p)
+               or (not p["spec"].get("nodeName") and p["metadata"]["name"] in waiting) for p in pods(cluster, prefix))
 
 
 def delete_pods(cluster: Cluster, names: list[str]) -> None:
@@ -258,15 +304,14 @@ def scenario_many_claims(cluster: Cluster, node: MemoryNode, count: int) -> None
     sizes = {f"mem-{i:02d}": 1 + i % 6 for i in range(count)}
     cluster.apply([memory_claim(f"mem-{gib}gi", gib) for gib in range(1, 7)])
     since = node.events.mark()
-    began = time.monotonic()
+    peaks = Peaks(cluster, node)
     cluster.apply([pod(name, {"gpu": f"mem-{gib}gi"}) for name, gib in sizes.items()])
-    took = wait(lambda: settled(cluster, "mem-"), 240, step=0.5)
+    took = wait(lambda: settled(cluster, "mem-", peaks), 240, step=0.5)
     check(took is not None, "every pod Running or Pending with the scheduler's reason")
     running = [p["metadata"]["name"] for p in pods(cluster, "mem-") if p["status"].get("phase") == "Running"]
     used = usage(cluster)
     figure(f"{len(running)} of {count} pods Running ({sum(sizes[n] for n in running)} of {sum(sizes.values())} GiB "
-           f"asked) {took or 0:.1f} s after creation; per GPU: "
-           + ", ".join(f"{gpu} {float(u) / GIB:.0f} GiB" for gpu, u in sorted(used.items())))
+           f"asked) {took or 0:.1f} s after creation; per GPU: {gib(used)}")
     check(over_commits(cluster) == [], f"0 over-commits: {over_commits(cluster)}")
     first = used.get("gpu-0", Fraction(0))
     check(first >= 12 * GIB, f"claims land on a GPU until it is full: gpu-0 holds {float(first) / GIB:.0f} of 14 GiB")
@@ -286,13 +331,18 @@ def scenario_many_claims(cluster: Cluster, node: MemoryNode, count: int) -> None
     began = time.monotonic()
     delete_pods(cluster, freed)
     more = wait(lambda: len([p for p in pods(cluster, "mem-") if p["status"].get("phase") == "Running"])
-                > len(running) - len(freed) and settled(cluster, "mem-"), 180, step=0.5)
+                > len(running) - len(freed) and settled(cluster, "mem-", peaks), 180, step=0.5)
     now_running = [p["metadata"]["name"] for p in pods(cluster, "mem-") if p["status"].get("phase") == "Running"]
     check(more is not None and bool(set(now_running) & set(waiting)), f"pods that waited got the freed memory "
           f"({len(set(now_running) & set(waiting))} of them)")
     figure(f"6 pods deleted -> waiting pods Running in {time.monotonic() - began:.1f} s")
-    check(over_commits(cluster) == [], f"still 0 over-commits: {over_commits(cluster)}")
+    check(over_commits(cluster) == [], f"still 0 over-commits at rest: {over_commits(cluster)}")
     check_prepared(node, sizes, sorted(set(now_running) & set(waiting)), since)
+    refused = [p["metadata"]["name"] for p in pods(cluster, "mem-") if refused_for_memory(p)]
+    check(peaks.over(peaks.prepared) == [], f"0 over-commits on the node: the prepared shares never passed a GPU's "
+          f"memory in {peaks.samples} samples (peak: {gib(peaks.prepared)})")
+    figure(f"kube-scheduler's allocations peaked at {gib(peaks.allocated)} (a GPU holds 14.75 GiB); shares the "
+           f"plugin refused because they would pass it: {len(refused)} {refused}")
     delete_pods(cluster, [p["metadata"]["name"] for p in pods(cluster, "mem-")])
     check(wait(lambda: not pods(cluster, "mem-") and not node.checkpoints(), 180, step=0.5) is not None,
           "all pods gone, every claim unprepared")
