@@ -282,3 +282,21 @@ def test_a_restarted_plugin_finds_the_shared_daemon_and_stops_it_after_the_last_
         unprepared_ok(drakubelet, claim)
         assert daemons(dirs) == [] and tool_logs.smi()[-1] == f"{gpu} DEFAULT"
         assert checkpoint(dirs) == {}
+
+
+def test_a_shared_daemon_no_recorded_claim_uses_is_stopped_when_its_claim_is_unprepared(
+        api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tool_logs: ToolLogs) -> None:
+    """A plugin killed after starting a GPU's shared daemon for its first share and before recording
+    the claim: the claim's unprepare (no record) stops the daemon no prepared claim uses."""
+    api.feature_gates.add(GATE)
+    with simulated_plugin(api, drakubelet, dirs, T4, config_path=config_file(dirs)) as run:
+        gpu = run.uuid("gpu-1")
+        claim = run.claim("lost", "gpu-1", consumed={"memory": "2Gi"}, config=[opaque(mps())])
+        prepared_ok(drakubelet, claim)
+        (daemon,) = daemons(dirs)
+    (dirs.plugins / NVIDIA / "claims" / f"{claim.uid}.json").unlink()  # as if never written
+    with simulated_plugin(api, drakubelet, dirs, T4, config_path=config_file(dirs)):
+        assert daemons(dirs) == [daemon]
+        unprepared_ok(drakubelet, claim)
+        assert daemons(dirs) == [] and tool_logs.smi()[-1] == f"{gpu} DEFAULT"
+        assert tool_logs.mps()[-1] == f"{daemon}: QUIT"
