@@ -42,7 +42,7 @@ import structlog
 from labeller import ownfiles
 from labeller.config import Config
 from labeller.draplugin import shares
-from labeller.draplugin.cdi import ClaimSpecs, SpecDevice, cdi_id, claim_spec
+from labeller.draplugin.cdi import ClaimSpecs, SpecDevice, cdi_id, cdi_name, claim_spec
 from labeller.draplugin.checkpoint import UID, AppliedConfig, Checkpoint, PreparedClaim, PreparedDevice
 from labeller.draplugin.configs import DriverConfigs, Group
 from labeller.labels import is_dns_label, is_dns_subdomain
@@ -295,7 +295,8 @@ class Preparer:
             edits = list(extra.get(held.device, ()))
             if held.key in per_share:
                 edits.append({"env": [f"{key}={value}" for key, value in sorted(per_share[held.key].items())]})
-            devices.append(SpecDevice(held.cdi_ids[0].split("=", 1)[1], now.by_name[held.device], tuple(edits)))
+            devices.append(SpecDevice(cdi_name(claim.uid, held.device, held.share_id), now.by_name[held.device],
+                                      tuple(edits)))
         try:
             self.specs.write(claim.uid, claim_spec(self.vendor, devices, now.config, now.host_root, claim_env))
         except (OSError, ValueError) as exc:
