@@ -29,6 +29,9 @@ Sharing (NVIDIA's config format, applied to any vendor's resource; one case per 
 
 A vendor the config serves through DRA (``labeller.dra.vendors``) offers nothing here: each of its
 groups is withheld with that reason, and its GPUs are the DRA plugin's (``labeller.resourceslices``).
+``sharing.memory`` applies there too (``memory_shared_devices``): each GPU it would share publishes
+``allowMultipleAllocations`` and a ``memory`` capacity claims consume in the config's unit, so the
+scheduler itself places claims by memory (Kubernetes 1.34's consumable capacity).
 
 Where GFD's labels contradict what NVIDIA's plugin advertises, gpu-labeller labels what is
 advertised (docs/deviations.md). The cases, all decided by the groups NVIDIA's package returns:
@@ -44,13 +47,15 @@ advertised (docs/deviations.md). The cases, all decided by the groups NVIDIA's p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 
 from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource, Sharing
 from labeller.gpushare import RESOURCE_COUNT, RESOURCE_MEM
 from labeller.inventory import Inventory
 from labeller.offer import (MAX_DEVICES_PER_RESOURCE, AdvertisedDevice, DeviceGroup, Held, Offer, PhysicalDevice,
                             Resource, replica_id)
+from labeller.resourceslices import DraDevice, RequestPolicy
 from labeller.vendor import Vendor
 
 # (a resource with MPS replicas) -> why it cannot be served by MPS now and whether that may change, or None
@@ -155,6 +160,36 @@ def memory_shared(group: DeviceGroup, memory: MemorySharing) -> tuple[list[Resou
     return [Resource(RESOURCE_MEM, group.base, group.vendor, units, per_gpu, "memory"),
             Resource(RESOURCE_COUNT, group.base, group.vendor, tuple(AdvertisedDevice(p.visible_id, p) for p in gpus),
                      1, "memory")], held
+
+
+MEMORY = "memory"  # the capacity both vendors' DRA drivers publish a device's bytes of memory as
+
+
+def memory_policy(memory_bytes: int, memory: MemorySharing) -> RequestPolicy:
+    """How claims consume a GPU's ``memory`` capacity under ``sharing.memory``: whole units of the
+    config's (a claim asking 1500Mi of a GiB node takes 2Gi), at most the GPU's memory floored to
+    units (what ``aliyun.com/gpu-mem`` offers of it); a claim that asks for no memory takes all of
+    that, so it holds the GPU alone, as on a node that does not share. No step where the GPU holds a
+    single unit (the API wants ``min + step`` within the capacity)."""
+    unit = memory.unit_bytes
+    whole_units = memory_bytes // unit * unit
+    return RequestPolicy(default=whole_units, min=unit, max=whole_units, step=unit if whole_units >= 2 * unit else None)
+
+
+def memory_shared_devices(devices: Sequence[DraDevice], memory: MemorySharing) -> list[DraDevice]:
+    """``sharing.memory`` in DRA: each whole GPU memory sharing would share (``memory_problem``) and
+    whose driver publishes its ``memory`` allows multiple allocations, its memory consumed by
+    ``memory_policy``; the others (MIG devices, a GPU of unknown memory) stay exclusive."""
+    out = []
+    for device in devices:
+        capacity = device.capacity.get(MEMORY)
+        if capacity is None or capacity.value < memory.unit_bytes or memory_problem(device.physical, memory):
+            out.append(device)
+            continue
+        shared = dataclasses.replace(capacity, request_policy=memory_policy(capacity.value, memory))
+        out.append(dataclasses.replace(device, capacity={**device.capacity, MEMORY: shared},
+                                       allow_multiple_allocations=True))
+    return out
 
 
 def share(group: DeviceGroup, config: Config, mps: MpsGate, memory_base: str | None

@@ -11,7 +11,9 @@ each vendor the config serves through DRA (``Host.dra_devices``), one driver per
 - the healthy devices of every driver are published (``publisher.SlicePublisher``), and published
   again whenever a health check marks a device Unhealthy or Healthy again (the device plugin's health
   board and the vendors' checkers, ``labeller.process.health``): an unhealthy device leaves its
-  slice, and a claim that names it is refused.
+  slice, and a claim that names it is refused;
+- fields of a feature gate the API server has off are dropped by it; the publisher says so and the
+  plugin publishes without that feature from then on (``gates.GateFallbacks``: one line per gate).
 
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
@@ -21,6 +23,7 @@ that is gone (a kubelet restart), which registers the driver again.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +37,7 @@ from labeller.config import ConfigError
 from labeller.draplugin.cdi import ClaimSpecs
 from labeller.draplugin.checkpoint import Checkpoint
 from labeller.draplugin.configs import DriverConfigs
+from labeller.draplugin.gates import GateFallbacks
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
 from labeller.draplugin.publisher import SliceApi, SlicePublisher
@@ -98,7 +102,8 @@ class DraPlugin:
         self.board = HealthBoard((), settings.recovery_seconds)
         self.board.listeners.append(self._on_health_change)
         self._stop = threading.Event()
-        self.publisher = SlicePublisher(api, settings.node_name, self.metrics, self._stop)
+        self.gates = GateFallbacks()
+        self.publisher = SlicePublisher(api, settings.node_name, self.metrics, self._stop, on_dropped=self._on_dropped)
         self.drivers: dict[str, _Driver] = {}
         self._devices: dict[str, list[DraDevice]] = {}  # what the last probe found, unhealthy devices included
         self._lock = threading.Lock()  # ``_devices`` and the publishing of it, between the loop and health threads
@@ -123,6 +128,7 @@ class DraPlugin:
 
     def probe(self) -> str | None:
         self.probes += 1
+        self.metrics.probes.inc()
         try:
             inventory = self.host.probe()
             offer = self.host.offer(inventory)
@@ -224,7 +230,7 @@ class DraPlugin:
 
         def current() -> Devices:
             assert entry is not None
-            return entry.snapshot
+            return self._as_published(driver, entry.snapshot)
 
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
                             current, configs)
@@ -234,15 +240,31 @@ class DraPlugin:
         sockets.start()
         return entry
 
+    def _as_published(self, driver: str, snapshot: Devices) -> Devices:
+        """What a prepare sees of the driver's devices: as published, under the feature gates the API
+        server has off (a GPU published exclusive is prepared as one)."""
+        if not self.gates.off:
+            return snapshot
+        view = self.gates.apply({driver: list(snapshot.by_name.values())})[driver]
+        return dataclasses.replace(snapshot, by_name={d.name: d for d in view})
+
     def _publish(self) -> None:
         """Publish every driver's healthy devices (the loop's thread, or a health check's)."""
         with self._lock:
             unhealthy = self.board.unhealthy_keys()
-            published = healthy(self._devices, unhealthy)
+            published = self.gates.apply(healthy(self._devices, unhealthy))
             self.publisher.publish(published)
             for driver, devices in self._devices.items():
                 self.metrics.devices.labels(driver=driver, health=HEALTHY).set(len(published[driver]))
                 self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(len(devices) - len(published[driver]))
+
+    def _on_dropped(self, driver: str, fields: frozenset[str]) -> None:
+        """The API server did not keep these fields (the publisher's worker): publish again without the
+        feature gates that turned out off (``labeller.draplugin.gates``)."""
+        if self.gates.dropped(driver, fields):
+            for gate in self.gates.off:
+                self.metrics.gates_off.labels(gate=gate).set(1)
+            self._publish()
 
     # --- health -----------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The CDI spec file of one prepared claim: ``<--cdi-spec-dir>/gpu-labeller-dra_<driver>_<claim UID>.json``.
 
 Kind ``k8s.gpu-labeller.io/gpu``; one CDI device per allocated device, named ``<claim UID>-<device>``
-(unique across claims, so two claims never define the same name). The edits are the vendor's own,
+(unique across claims, so two claims never define the same name), and per share of a device
+(consumable capacity) ``<claim UID>-<device>-<share ID>``. The edits are the vendor's own,
 from the spec the device plugin writes for the same devices (``PluginParts.cdi_spec``): NVIDIA's
 device nodes (``/dev/nvidia<minor>``, a MIG device's capability nodes, the control nodes) and driver
 files, AMD's ``/dev/kfd`` plus the device's or partition's render node (and card). The spec-wide
@@ -12,6 +13,7 @@ to every container that uses any one of them (a claim's spec-wide edits reach ea
 NVIDIA's gpu-test4 gives each of four containers one MIG device of one claim). What an opaque config
 applied adds its own edits to the devices it applied to (an MPS daemon's ``CUDA_MPS_PIPE_DIRECTORY``
 and its pipe and ``/dev/shm`` mounts), as NVIDIA's driver adds them to its claim's devices.
+A share of a GPU shared by memory adds gpushare's environment (``labeller.draplugin.shares``).
 
 Files are written atomically (a dot-file, then a rename: runtimes read only ``*.json``; no fsync,
 as the checkpoint's, see there) and removed when the claim is unprepared; no other file in the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,32 +45,48 @@ KIND = "k8s.gpu-labeller.io/gpu"
 FILE_PREFIX = "gpu-labeller-dra_"
 
 
-def cdi_name(claim_uid: str, device: str) -> str:
-    return f"{claim_uid}-{device}"
+def cdi_name(claim_uid: str, device: str, share_id: str | None = None) -> str:
+    """``<claim UID>-<device>``, and ``-<share ID>`` for a share of a device (consumable capacity): a
+    claim holding two shares of one device has a CDI device for each."""
+    return f"{claim_uid}-{device}" if share_id is None else f"{claim_uid}-{device}-{share_id}"
 
 
-def cdi_id(claim_uid: str, device: str) -> str:
+def cdi_id(claim_uid: str, device: str, share_id: str | None = None) -> str:
     """The fully qualified CDI device ID the kubelet hands the runtime."""
-    return f"{KIND}={cdi_name(claim_uid, device)}"
+    return f"{KIND}={cdi_name(claim_uid, device, share_id)}"
 
 
-def claim_spec(claim_uid: str, vendor: Vendor, devices: Sequence[DraDevice], config: Config,
-               host_root: Path, extra: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
-    """The claim's CDI spec, built from the vendor's spec for these devices, each device's edits
-    followed by ``extra``'s for it (by device name: what configs applied). ValueError when the
-    vendor writes none for one of them."""
-    vendor_spec = vendor.devices.plugin_parts().cdi_spec([d.physical for d in devices], config, host_root)
+@dataclass(frozen=True)
+class SpecDevice:
+    """One CDI device of a claim's spec: its name (``cdi_name``), the device it gives the container,
+    and edits added to the vendor's (what configs applied, a share's environment)."""
+
+    name: str
+    device: DraDevice
+    edits: tuple[Mapping[str, Any], ...] = ()
+
+
+def claim_spec(vendor: Vendor, devices: Sequence[SpecDevice], config: Config, host_root: Path,
+               env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The claim's CDI spec, built from the vendor's spec for these devices (a device shared twice by
+    the claim counted once), each CDI device's edits followed by its own, ``env`` added to what every
+    device of the claim gets. ValueError when the vendor writes none for one of them."""
+    unique = list({d.device.physical.visible_id: d.device for d in devices}.values())
+    vendor_spec = vendor.devices.plugin_parts().cdi_spec([d.physical for d in unique], config, host_root)
     edits = {d["name"]: d["containerEdits"] for d in (vendor_spec or {}).get("devices", [])}
-    missing = [d.name for d in devices if d.physical.visible_id not in edits]
+    missing = [d.name for d in unique if d.physical.visible_id not in edits]
     if vendor_spec is None or missing:
-        raise ValueError(f"no CDI edits for device(s) {', '.join(missing or [d.name for d in devices])}")
+        raise ValueError(f"no CDI edits for device(s) {', '.join(missing or [d.name for d in unique])}")
+    common = dict(vendor_spec.get("containerEdits") or {})
+    if env:
+        kept = [e for e in common.get("env", []) if e.split("=", 1)[0] not in env]
+        common["env"] = [*kept, *(f"{key}={value}" for key, value in sorted(env.items()))]
     return {
         "cdiVersion": vendor_spec["cdiVersion"],
         "kind": KIND,
-        "devices": [{"name": cdi_name(claim_uid, d.name),
-                     "containerEdits": _merged(edits[d.physical.visible_id], (extra or {}).get(d.name, ()))}
+        "devices": [{"name": d.name, "containerEdits": _merged(edits[d.device.physical.visible_id], d.edits)}
                     for d in devices],
-        "containerEdits": dict(vendor_spec.get("containerEdits") or {}),
+        "containerEdits": common,
     }
 
 

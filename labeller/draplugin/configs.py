@@ -84,6 +84,12 @@ class DriverConfigs:
                 self._handler = api.handler(self.settings)
             return self._handler
 
+    def blocked(self, claim_uid: str, devices: Sequence[DraDevice]) -> str | None:
+        """See ``ConfigHandler.blocked``; None while no config was ever applied (no handler yet)."""
+        with self._lock:
+            handler = self._handler
+        return handler.blocked(claim_uid, devices) if handler is not None and devices else None
+
     def forget(self, claim_uid: str) -> None:
         """See ``ConfigHandler.forget``; nothing for a vendor without configs."""
         if self._load is not None:

@@ -69,12 +69,29 @@ class Applied:
     edits: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Share:
+    """What a claim holds of a device it shares with other claims (consumable capacity: the device
+    allows multiple allocations): the bytes of its memory the claim's shares consume, and the other
+    claims that hold the device now (their UIDs)."""
+
+    memory: int
+    others: tuple[str, ...] = ()
+
+
 class ConfigHandler(Protocol):
     """Applies one driver's configs on the node. Calls for one claim never overlap; calls for
     different claims may (it guards what claims share, such as a GPU's time slice)."""
 
-    def apply(self, claim_uid: str, config: DeviceConfig, devices: Sequence[DraDevice]) -> Applied:
-        """Apply ``config`` to ``devices`` of the claim; ConfigRefused (nothing left applied) when it cannot."""
+    def apply(self, claim_uid: str, config: DeviceConfig, devices: Sequence[DraDevice],
+              shares: Mapping[str, Share] | None = None) -> Applied:
+        """Apply ``config`` to ``devices`` of the claim; ConfigRefused (nothing left applied) when it
+        cannot. ``shares``: the devices (by name) the claim holds as shares, and what of them."""
+        ...
+
+    def blocked(self, claim_uid: str, devices: Sequence[DraDevice]) -> str | None:
+        """Why the claim cannot be given ``devices`` without a config now (what another claim's config
+        made of them), or None."""
         ...
 
     def undo(self, claim_uid: str, applied: Applied) -> None:

@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,9 +38,11 @@ AMD = "gpu.amd.com"
 Obj = dict[str, Any]
 
 
-def dra_config(*vendors: str) -> dict[str, Any]:
-    """A config document that serves ``vendors`` through DRA (every vendor by default)."""
-    return {"version": "v1", "labeller": {"dra": {"vendors": list(vendors or ("nvidia", "amd"))}}}
+def dra_config(*vendors: str, memory_unit: str | None = None) -> dict[str, Any]:
+    """A config document that serves ``vendors`` through DRA (every vendor by default); with
+    ``memory_unit``, sharing GPUs by memory in that unit (``sharing.memory``)."""
+    return {"version": "v1", "labeller": {"dra": {"vendors": list(vendors or ("nvidia", "amd"))}},
+            **({"sharing": {"memory": {"unit": memory_unit}}} if memory_unit else {})}
 
 
 @dataclass(frozen=True)
@@ -126,13 +129,16 @@ class Running:
 
     def claim(self, name: str, *devices: str, driver: str = NVIDIA, pool: str = NODE, namespace: str = "default",
               shared: bool = False, admin: bool = False, requests: list[str] | None = None,
-              config: list[Obj] | None = None) -> Claim:
+              config: list[Obj] | None = None, consumed: dict[str, str] | None = None) -> Claim:
         """A ResourceClaim allocated to ``devices`` of ``driver`` (as the scheduler leaves it), each for
         its request in ``requests`` (default "gpu"); ``shared``: each result with its own ``shareID``,
-        as 1.34's consumable capacity allocates a device that allows multiple allocations; ``admin``:
-        allocated for admin access; ``config``: ``status.allocation.devices.config``."""
+        as 1.34's consumable capacity allocates a device that allows multiple allocations; ``consumed``:
+        shared, each result consuming that of its device (``consumedCapacity``, ``{"memory": "4Gi"}``);
+        ``admin``: allocated for admin access; ``config``: ``status.allocation.devices.config``."""
         results = [{"request": (requests or ["gpu"] * len(devices))[i], "driver": driver, "pool": pool, "device": d,
-                    **({"shareID": str(uuid.uuid4())} if shared else {}), **({"adminAccess": True} if admin else {})}
+                    **({"shareID": str(uuid.uuid4())} if shared or consumed is not None else {}),
+                    **({"consumedCapacity": dict(consumed)} if consumed is not None else {}),
+                    **({"adminAccess": True} if admin else {})}
                    for i, d in enumerate(devices)]
         claim = self.api.create_resource_claim(name, namespace, results=results, config=config)
         return Claim(namespace, name, claim["metadata"]["uid"], driver)
@@ -145,6 +151,20 @@ class Running:
         """ResourceSlice writes the API server answered since ``since``."""
         return sum(self.api.log.count(verb, "resourceslices", since)
                    for verb in ("create", "update", "delete", "patch"))
+
+    def writes_while_idle(self) -> int:
+        """ResourceSlice writes, once in sync, across three probes that find the same node and a broken
+        watch (the slices listed again and compared with what is published)."""
+        wait_for(lambda: self.plugin.publisher.in_sync)
+        since = time.monotonic()
+        for _ in range(3):
+            self.sighup()
+        lists = self.plugin.publisher.reflector.lists
+        self.api.drop_watches.set()
+        wait_for(lambda: self.plugin.publisher.reflector.lists > lists)
+        self.api.drop_watches.clear()
+        wait_for(lambda: self.plugin.publisher.in_sync)
+        return self.writes(since)
 
 
 @contextmanager

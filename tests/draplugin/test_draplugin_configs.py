@@ -459,7 +459,9 @@ def test_a_version_2_record_is_still_read(api: FakeApiServer, drakubelet: FakeDr
         prepared_ok(drakubelet, old)
     path = dirs.plugins / NVIDIA / "claims" / f"{old.uid}.json"
     doc = json.loads(path.read_text())
-    assert doc.pop("configs") == [] and doc["version"] == 3
+    assert doc.pop("configs") == [] and doc["version"] == 4
+    for device in doc["devices"]:
+        assert device.pop("consumedCapacity") == {}
     path.write_text(json.dumps({**doc, "version": 2}))
     with simulated_plugin(api, drakubelet, dirs, "dgx-h100"):
         reads = api.log.count("get", "resourceclaims")

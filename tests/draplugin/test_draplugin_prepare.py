@@ -212,10 +212,16 @@ def test_concurrent_prepares_of_different_claims(api: FakeApiServer, drakubelet:
         claims = [run.claim(f"claim-{i}", f"gpu-{i % 8}", shared=True) for i in range(24)]
         answers = all_at_once(drakubelet, claims)
         assert {uid: a.error for uid, a in answers.items()} == {c.uid: "" for c in claims}
-        assert all(list(answers[c.uid].devices[0].cdi_device_ids) == [f"{KIND}={c.uid}-gpu-{i % 8}"]
+        assert all(list(answers[c.uid].devices[0].cdi_device_ids) == [f"{KIND}={c.uid}-gpu-{i % 8}-{share(api, c)}"]
                    for i, c in enumerate(claims))
         assert sorted(checkpoint(dirs)) == sorted(c.uid for c in claims)
         assert resolvable(dirs.cdi) == {i for a in answers.values() for d in a.devices for i in d.cdi_device_ids}
+
+
+def share(api: FakeApiServer, claim: Claim) -> str:
+    """The share ID of the claim's one allocation result."""
+    (result,) = api.resource_claims.get(claim.namespace, claim.name)["status"]["allocation"]["devices"]["results"]
+    return str(result["shareID"])
 
 
 def all_at_once(drakubelet: FakeDraKubelet, claims: list[Claim]) -> dict[str, Any]:
@@ -267,7 +273,8 @@ def test_an_unreadable_checkpoint_is_moved_aside_and_the_claim_prepared_again(
 def test_a_checkpoint_record_is_the_claim_as_answered(tmp_path: Path) -> None:
     book = Checkpoint(tmp_path, NVIDIA, NODE)
     claim = PreparedClaim("uid-1", "default", "c", (
-        PreparedDevice(("gpu",), NODE, "gpu-0", (f"{KIND}=uid-1-gpu-0",), "0b7c0e8e-0000-4000-8000-00000000000a"),
+        PreparedDevice(("gpu",), NODE, "gpu-0", (f"{KIND}=uid-1-gpu-0-0b7c0e8e-0000-4000-8000-00000000000a",),
+                       "0b7c0e8e-0000-4000-8000-00000000000a", consumed=(("memory", "4Gi"),)),
         PreparedDevice(("gpu/admin",), NODE, "gpu-1", (f"{KIND}=uid-1-gpu-1",), None, True)))
     book.add(claim)
     assert Checkpoint(tmp_path, NVIDIA, NODE).get("uid-1") == claim  # what a restart reads

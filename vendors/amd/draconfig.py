@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from labeller.resourceslices import DraDevice
-from labeller.vendor.dra import Applied, ConfigApi, ConfigSettings, DeviceConfig, fields, shown, type_meta
+from labeller.vendor.dra import Applied, ConfigApi, ConfigSettings, DeviceConfig, Share, fields, shown, type_meta
 
 API_VERSION = "gpu.resource.amd.com/v1alpha1"
 GPU_CONFIG = "GpuConfig"
@@ -33,8 +33,12 @@ class AmdConfigs:
     def __init__(self, settings: ConfigSettings) -> None:
         self.settings = settings
 
-    def apply(self, claim_uid: str, config: DeviceConfig, devices: Sequence[DraDevice]) -> Applied:
+    def apply(self, claim_uid: str, config: DeviceConfig, devices: Sequence[DraDevice],
+              shares: Mapping[str, Share] | None = None) -> Applied:
         return Applied({"kind": config.kind})
+
+    def blocked(self, claim_uid: str, devices: Sequence[DraDevice]) -> str | None:
+        return None
 
     def undo(self, claim_uid: str, applied: Applied) -> None:
         return None

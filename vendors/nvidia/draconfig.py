@@ -22,6 +22,16 @@
   the pipe directory and ``<mps root>/shm`` (the MPS server's ``/dev/shm``) mounted. A limit above a
   device's memory, or naming a device not in the config's, is refused. A GPU another prepared claim
   uses with a sharing config is not given MPS (it would be EXCLUSIVE_PROCESS under that claim).
+- ``MPS`` on a GPU the claim holds as a memory share (``sharing.memory``: consumable capacity, the
+  allocation's ``consumedCapacity``): the GPU's shared control daemon, ``<mps root>/shares-<12+5 hex
+  digits of the GPU UUID's SHA-256>`` (``gpu.json`` there names the GPU), started for its first such
+  share and stopped after its last, serves every share of that GPU; each claim's containers are told
+  their limit, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M`` (the share, or a lower limit the config
+  gives; a higher one is refused), and the config's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, as MPS
+  clients that share one server (as ECS's MPS sharing does). One GPU per config (a client reaches one
+  daemon). A share without MPS on a GPU under an MPS daemon (EXCLUSIVE_PROCESS: only MPS clients
+  run) is refused, and so is MPS for a GPU that claims without MPS share (``blocked``, ``Share.others``):
+  give the MPS config to the DeviceClass so that every claim of a node's shared GPUs has it.
 
 Unsupported kinds of the API (``VfioDeviceConfig``, the ComputeDomain kinds) are refused by name.
 """
@@ -43,8 +53,8 @@ import structlog
 
 from labeller import ownfiles, quantity
 from labeller.resourceslices import DraDevice
-from labeller.vendor.dra import (Applied, ConfigApi, ConfigRefused, ConfigSettings, DeviceConfig, fields, shown,
-                                 type_meta)
+from labeller.vendor.dra import (Applied, ConfigApi, ConfigRefused, ConfigSettings, DeviceConfig, Share, fields,
+                                 shown, type_meta)
 from vendors.nvidia import mps
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.facts import MIB
@@ -62,6 +72,8 @@ UNSUPPORTED = {
     "ComputeDomainClique": "a ComputeDomainClique object, not a device config",
 }
 TIME_SLICING, MPS = "TimeSlicing", "MPS"
+MPS_SHARES = "MPS shares"  # a use of a GPU: memory shares under the GPU's shared control daemon
+GPU_FILE = "gpu.json"  # in a shared daemon's directory: the GPU it serves
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}  # NVIDIA's TimeSliceInterval.Int()
 MPS_FIELDS = ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit")
 CLAIM_FILE = "claim.json"  # in a daemon's directory: what it was started for (its checkpoint entry)
@@ -70,6 +82,7 @@ CONTAINER_PIPE = "/tmp/nvidia-mps"  # where a claim's containers see the daemon'
 MOUNT_OPTIONS = ["rw", "nosuid", "nodev", "bind"]
 _DAEMON = re.compile(r"[0-9A-Za-z][-0-9A-Za-z]{0,127}-[0-9a-f]{5}")
 _UUID = re.compile(r"(GPU|MIG)-[-0-9A-Za-z/]{1,120}")
+_SHARES_DAEMON = re.compile(r"shares-[0-9a-f]{12}-[0-9a-f]{5}")
 
 
 # --- decoding ------------------------------------------------------------------------------------
@@ -162,6 +175,18 @@ def _memory(device: DraDevice) -> int:
     return physical.memory_bytes
 
 
+def shares_daemon_id(uuid: str) -> str:
+    """The shared control daemon of a GPU's memory shares: ``shares-`` and 12 + 5 hex digits of the
+    GPU UUID's SHA-256 (the form of a claim's daemon ID, which ends in 5 hex digits)."""
+    digest = hashlib.sha256(uuid.encode()).hexdigest()
+    return f"shares-{digest[:12]}-{digest[12:17]}"
+
+
+def _shares_plan(uuid: str) -> Plan:
+    """The shared daemon of a GPU: no default limits (each client is told its own), its GPU alone."""
+    return Plan(shares_daemon_id(uuid), (uuid,), (), None, (("CUDA_VISIBLE_DEVICES", uuid),))
+
+
 def daemon_id(claim_uid: str, uuids: Sequence[str]) -> str:
     """NVIDIA's MPS control daemon ID: the claim's UID and 5 hex digits of its devices' UUIDs' SHA-256."""
     return f"{claim_uid}-{hashlib.sha256(','.join(uuids).encode()).hexdigest()[:5]}"
@@ -205,13 +230,78 @@ class NvidiaConfigs:
 
     # -- ConfigHandler
 
-    def apply(self, claim_uid: str, config: DeviceConfig, devices: Sequence[DraDevice]) -> Applied:
+    def apply(self, claim_uid: str, config: DeviceConfig, devices: Sequence[DraDevice],
+              shares: Mapping[str, Share] | None = None) -> Applied:
         sharing = config.settings.get("sharing")
         if not sharing or (sharing["strategy"] == TIME_SLICING and config.kind == MIG_CONFIG):
             return Applied({"kind": config.kind, **({"strategy": sharing["strategy"]} if sharing else {})})
         if sharing["strategy"] == TIME_SLICING:
             return self._time_slice(claim_uid, sorted(_uuid(d) for d in devices), sharing["interval"])
+        if shares and any(d.name in shares for d in devices):
+            return self._mps_shares(claim_uid, config, devices, sharing, shares)
         return self._mps(claim_uid, config, devices, sharing)
+
+    def blocked(self, claim_uid: str, devices: Sequence[DraDevice]) -> str | None:
+        """A device under another claim's MPS daemon runs MPS clients only (EXCLUSIVE_PROCESS)."""
+        with self._lock:
+            for device in devices:
+                uuid = _uuid(device)
+                users = self._users.get(uuid, {})
+                under = sorted(o for o, use in users.items() if o != claim_uid and use.startswith(MPS))
+                if under:
+                    return (f"device {device.name} ({uuid}) runs under the MPS control daemon of claim(s) "
+                            f"{', '.join(under[:3])} (compute mode EXCLUSIVE_PROCESS): a claim sharing it needs an MPS "
+                            "config too (a GpuConfig with sharing.strategy MPS, on the claim or its DeviceClass)")
+        return None
+
+    def _mps_shares(self, claim_uid: str, config: DeviceConfig, devices: Sequence[DraDevice],
+                    sharing: Mapping[str, Any], shares: Mapping[str, Share]) -> Applied:
+        """MPS for the claim's share of one GPU: the GPU's shared daemon, the share as the client's limit."""
+        if len(devices) != 1 or devices[0].name not in shares:
+            raise ConfigRefused(f"sharing.strategy: MPS over memory shares: one GPU per config (a client reaches one "
+                                f"control daemon, one per GPU), not {', '.join(d.name for d in devices)}")
+        device, share = devices[0], shares[devices[0].name]
+        uuid = _uuid(device)
+        mib = _pinned(sharing, [uuid], {uuid: share.memory}, "the claim's share of device").get(
+            uuid, share.memory // MIB)
+        daemon_name = shares_daemon_id(uuid)
+        record: dict[str, Any] = {"kind": config.kind, "strategy": MPS, "shares": True, "daemon": daemon_name,
+                  "devices": [uuid], "gpus": [uuid], "pinnedMemoryLimitsMiB": {uuid: mib},
+                  "defaultActiveThreadPercentage": sharing.get("defaultActiveThreadPercentage")}
+        with self._lock:
+            plain = sorted(o for o in share.others if o not in self._users.get(uuid, {}))
+            if plain:
+                raise ConfigRefused(f"sharing.strategy: MPS: device {device.name} ({uuid}) is shared by claim(s) "
+                                    f"{', '.join(plain[:3])} without MPS; its GPU cannot be put under an MPS control "
+                                    "daemon (EXCLUSIVE_PROCESS) while they hold it")
+            self._take(claim_uid, [uuid], MPS_SHARES)
+            daemon = Daemon(_shares_plan(uuid), self.root, self.tools)
+            try:
+                Path(mps.shm_dir(self.root)).mkdir(mode=0o755, parents=True, exist_ok=True)
+                with ownfiles.directory(Path(self.root), daemon_name) as fd:
+                    ownfiles.replace(fd, GPU_FILE, json.dumps({"gpu": uuid}).encode(), 0o600)
+                started = daemon.healthy() or daemon.repair()
+            except OSError as exc:
+                started, daemon.problem = False, f"{exc.filename or self.root}: {exc.strerror or exc}"
+            if not started:
+                self._leave_shares(claim_uid, uuid)
+                raise ConfigRefused(f"sharing.strategy: MPS: the control daemon for the shares of {uuid} did not "
+                                    f"start: {daemon.problem}")
+        log.info("MPS control daemon serves the claim's memory share", claim_uid=claim_uid, daemon=record["daemon"],
+                 device=uuid, pinned_mib=mib, thread_percentage=record["defaultActiveThreadPercentage"])
+        edits = self._edits(record)
+        edits["env"] = [*edits["env"], f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M",
+                        *([f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={record['defaultActiveThreadPercentage']}"]
+                          if record["defaultActiveThreadPercentage"] is not None else [])]
+        return Applied(record, edits)
+
+    def _leave_shares(self, claim_uid: str, uuid: str) -> str | None:
+        """The claim no longer shares ``uuid`` under MPS (lock held); after the last share, its daemon
+        quits and the GPU's compute mode is DEFAULT again. What could not be done, or None."""
+        self._release(claim_uid, [uuid])
+        if any(use == MPS_SHARES for use in self._users.get(uuid, {}).values()):
+            return None
+        return self._quit(_shares_plan(uuid))
 
     def _time_slice(self, claim_uid: str, gpus: list[str], interval: str) -> Applied:
         with self._lock:
@@ -268,21 +358,29 @@ class NvidiaConfigs:
                             "options": MOUNT_OPTIONS}]}
 
     def _stop(self, claim_uid: str, record: Mapping[str, Any]) -> str | None:
-        problem = Daemon(_plan(record), self.root, self.tools).stop()
-        directory = Path(mps.resource_dir(self.root, record["daemon"]))
+        problem = self._quit(_plan(record))
+        with self._lock:
+            self._release(claim_uid, record["devices"])
+        return problem
+
+    def _quit(self, plan: Plan) -> str | None:
+        """The daemon quits, its GPUs' compute mode back to DEFAULT, its directory removed."""
+        problem = Daemon(plan, self.root, self.tools).stop()
+        directory = Path(mps.resource_dir(self.root, plan.name))
         try:
             shutil.rmtree(directory)
         except FileNotFoundError:
             pass
         except OSError as exc:
             log.warning("MPS daemon's directory not removed", path=str(directory), reason=exc.strerror or str(exc))
-        with self._lock:
-            self._release(claim_uid, record["devices"])
         return problem
 
     def undo(self, claim_uid: str, applied: Applied) -> None:
         record = applied.record
-        if record.get("strategy") == MPS:
+        if record.get("shares"):
+            with self._lock:
+                problem = self._leave_shares(claim_uid, record["devices"][0])
+        elif record.get("strategy") == MPS:
             problem = self._stop(claim_uid, record)
         elif "interval" in record:
             with self._lock:
@@ -297,9 +395,11 @@ class NvidiaConfigs:
         after starting one and before recording it); one without a readable note is told to quit and
         its directory removed, its GPUs' compute mode left as it is (logged)."""
         try:
-            names = [n for n in os.listdir(self.root) if _DAEMON.fullmatch(n) and n.startswith(claim_uid + "-")]
+            found = os.listdir(self.root)
         except OSError:
             return  # no root: no daemon ever ran
+        self._forget_shares([n for n in found if _SHARES_DAEMON.fullmatch(n)])
+        names = [n for n in found if _DAEMON.fullmatch(n) and n.startswith(claim_uid + "-")]
         for name in names:
             try:
                 with ownfiles.directory(Path(self.root), name, create=False) as fd:
@@ -318,8 +418,37 @@ class NvidiaConfigs:
             if problem:
                 raise ConfigRefused(problem)
 
+    def _forget_shares(self, names: Sequence[str]) -> None:
+        """Shared daemons no prepared claim uses (a plugin killed between starting one for a GPU's first
+        share and recording it, and that claim unprepared since) quit."""
+        for name in names:
+            try:
+                with ownfiles.directory(Path(self.root), name, create=False) as fd:
+                    uuid = json.loads(ownfiles.read(fd, GPU_FILE, CLAIM_FILE_LIMIT) or b"null")["gpu"]
+                if not (isinstance(uuid, str) and _UUID.fullmatch(uuid) and shares_daemon_id(uuid) == name):
+                    raise ValueError(f"{GPU_FILE} names {shown(uuid)}")
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                log.warning("a shared MPS daemon's directory without a readable note of its GPU; left alone",
+                            daemon=name, reason=str(exc))
+                continue
+            with self._lock:
+                if not any(use == MPS_SHARES for use in self._users.get(uuid, {}).values()):
+                    log.warning("a shared MPS daemon no prepared claim uses; stopping it", daemon=name, device=uuid)
+                    problem = self._quit(_shares_plan(uuid))
+                    if problem:
+                        raise ConfigRefused(problem)
+
     def recover(self, claim_uid: str, applied: Applied) -> None:
         record = applied.record
+        if record.get("shares"):
+            uuid = record["devices"][0]
+            with self._lock:
+                self._users.setdefault(uuid, {})[claim_uid] = MPS_SHARES
+                daemon = Daemon(_shares_plan(uuid), self.root, self.tools)
+                if not daemon.healthy() and not daemon.repair():
+                    log.error("the shared MPS control daemon of a prepared claim's GPU cannot be started again",
+                              claim_uid=claim_uid, daemon=record["daemon"], reason=daemon.problem)
+            return
         if "interval" in record:
             with self._lock:
                 for gpu in record["gpus"]:
@@ -340,7 +469,8 @@ class NvidiaConfigs:
                       daemon=record["daemon"], reason=daemon.problem)
 
 
-def _pinned(sharing: Mapping[str, Any], visible: list[str], memory: Mapping[str, int]) -> dict[str, int]:
+def _pinned(sharing: Mapping[str, Any], visible: list[str], memory: Mapping[str, int], of: str = "device"
+            ) -> dict[str, int]:
     """MiB per device UUID: the default limit on every device, then the per-device ones (by UUID, or
     by index among ``visible``); ConfigRefused for a device not among them, or a limit above its memory."""
     path = "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit"
@@ -358,7 +488,7 @@ def _pinned(sharing: Mapping[str, Any], visible: list[str], memory: Mapping[str,
         if memory[uuid] and size > memory[uuid]:
             where = "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit" \
                 if size == sharing.get("defaultPinnedDeviceMemoryLimit") else f"{path}[{shown(uuid)}]"
-            raise ConfigRefused(f"{where}: {size // MIB}Mi is more than the {memory[uuid] // MIB}Mi of device {uuid}")
+            raise ConfigRefused(f"{where}: {size // MIB}Mi is more than the {memory[uuid] // MIB}Mi of {of} {uuid}")
     return {uuid: size // MIB for uuid, size in sorted(limits.items())}
 
 
@@ -379,10 +509,14 @@ def read_applied(record: Mapping[str, Any], claim_uid: str) -> Applied:
         if record.get("interval") not in INTERVALS or not _uuids(record.get("gpus")):
             raise ValueError(f"time slice {shown(record.get('interval'))} of {shown(record.get('gpus'))}")
     if strategy == MPS:
-        known |= {"daemon", "devices", "gpus", "defaultActiveThreadPercentage", "pinnedMemoryLimitsMiB"}
+        known |= {"daemon", "devices", "gpus", "defaultActiveThreadPercentage", "pinnedMemoryLimitsMiB", "shares"}
         daemon, devices, gpus = record.get("daemon"), record.get("devices"), record.get("gpus")
         percentage, limits = record.get("defaultActiveThreadPercentage"), record.get("pinnedMemoryLimitsMiB")
-        if not (isinstance(daemon, str) and _DAEMON.fullmatch(daemon) and daemon.startswith(claim_uid + "-")):
+        if record.get("shares", False) is not False:
+            if not (record["shares"] is True and _uuids(devices) and len(devices) == 1  # type: ignore[arg-type]
+                    and gpus == devices and daemon == shares_daemon_id(devices[0])):  # type: ignore[index]
+                raise ValueError(f"shares of {shown(devices)} under daemon {shown(daemon)}")
+        elif not (isinstance(daemon, str) and _DAEMON.fullmatch(daemon) and daemon.startswith(claim_uid + "-")):
             raise ValueError(f"daemon {shown(daemon)} is not one of the claim's")
         if not _uuids(devices) or not (isinstance(gpus, list) and set(gpus) <= set(devices)):  # type: ignore[arg-type]
             raise ValueError(f"devices {shown(devices)} gpus {shown(gpus)}")
