@@ -60,8 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from labeller.quantity import parse as parse_quantity  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
-from tests.e2e.e2e_dra import (Cluster, Node, check, claim_template, figure, pod, request, results,  # noqa: E402
-                               wait)
+from tests.e2e.draplane import Cluster, Node, check, figure, results, wait  # noqa: E402
+from tests.e2e.e2e_dra import claim_template, pod, request  # noqa: E402
 
 NODE, PROFILE = "mem-t4", "t4-x4-gpushare"
 GATE = "DRAConsumableCapacity"
@@ -78,28 +78,15 @@ class MemoryNode(Node):
     """The node with memory sharing: its config, NVIDIA's tools' stand-ins and a short MPS root."""
 
     def __init__(self, cluster: Cluster, work: Path) -> None:
-        e2e_dra.NODES[NODE] = (PROFILE, ["nvidia"])
-        super().__init__(cluster, NODE, work)
+        directory = work / NODE
+        super().__init__(cluster, NODE, work, PROFILE, ["nvidia"],
+                         plugin_args=["--mps-root", str(directory / "mps"), "--mps-control",
+                                      str(FAKES / "nvidia-cuda-mps-control"), "--nvidia-smi", str(FAKES / "nvidia-smi"),
+                                      "--probe-interval", "0.5s"],
+                         plugin_env={"FAKE_NVIDIA_SMI_LOG": str(directory / "nvidia-smi.log"),
+                                     "FAKE_MPS_CONTROL_LOG": str(directory / "mps-control.log")})
         self.config.write_text(json.dumps({"version": "v1", "sharing": {"memory": {"unit": "GiB"}},
                                            "labeller": {"dra": {"vendors": ["nvidia"]}}}))
-
-    def start_plugin(self) -> float:
-        self.plugin = self._popen(["--mps-root", str(self.dir / "mps"), "--mps-control",
-                                   str(FAKES / "nvidia-cuda-mps-control"), "--nvidia-smi", str(FAKES / "nvidia-smi"),
-                                   "--probe-interval", "0.5s"])
-        return time.monotonic()
-
-    def _popen(self, extra: list[str]) -> Any:
-        import subprocess
-
-        env = {**os.environ, "FAKE_NVIDIA_SMI_LOG": str(self.dir / "nvidia-smi.log"),
-               "FAKE_MPS_CONTROL_LOG": str(self.dir / "mps-control.log")}
-        return subprocess.Popen(
-            [sys.executable, "-m", "labeller.cli", "--log-format", "json", "dra-plugin", "--simulate", self.profile,
-             "--config", str(self.config), "--node-name", self.name, "--kubeconfig", self.plugin_kubeconfig,
-             "--registry-dir", str(self.dir / "reg"), "--plugins-dir", str(self.dir / "plugins"),
-             "--cdi-spec-dir", str(self.dir / "cdi"), "--metrics-port", "0", "--metrics-bind", "127.0.0.1", *extra],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(self.dir / "plugin.log").open("a"), text=True, env=env)
 
     def metric(self, name: str) -> float:
         """The sum of a metric's samples on the plugin's /metrics."""
