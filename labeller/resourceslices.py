@@ -76,6 +76,28 @@ class Capacity:
         return {"value": quantity(self.value)}
 
 
+# What Kubernetes 1.34 accepts as a DeviceTaint's effect (DRADeviceTaints, alpha); 1.35 adds None.
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """A taint of a published device (``Device.taints``): ``key`` a qualified name in the driver's
+    domain, ``value`` a label value (may be empty), ``effect`` one of ``TAINT_EFFECTS``. The API server
+    stamps ``timeAdded`` when a taint comes without one; the publisher keeps the stamp of a taint it
+    published before."""
+
+    key: str
+    effect: str
+    value: str = ""
+
+    def document(self) -> dict[str, Any]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+
 @dataclass(frozen=True)
 class DraDevice:
     """One device of a ResourceSlice: a whole GPU, a MIG device or a GPU partition.
@@ -84,24 +106,28 @@ class DraDevice:
     ``capacity`` are keyed by their name as published (short names belong to the driver's domain,
     qualified ones such as ``resource.kubernetes.io/pciBusID`` are Kubernetes' own). ``physical`` is
     the device plugin's view of the same unit: what preparing a claim gives the container, and whose
-    ``health_key`` the health checks report."""
+    ``health_key`` the health checks report. ``taints`` say why the device should not be used (the
+    DRA plugin's health taints, ``labeller.draplugin.taints``)."""
 
     name: str
     physical: PhysicalDevice
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
+    taints: tuple[DeviceTaint, ...] = ()
 
     @property
     def health_key(self) -> str:
         return self.physical.health_key
 
     def document(self) -> dict[str, Any]:
-        """The API's Device, attributes and capacities in name order."""
+        """The API's Device, attributes and capacities in name order, then its taints."""
         out: dict[str, Any] = {"name": self.name}
         if self.attributes:
             out["attributes"] = {key: self.attributes[key].document() for key in sorted(self.attributes)}
         if self.capacity:
             out["capacity"] = {key: self.capacity[key].document() for key in sorted(self.capacity)}
+        if self.taints:
+            out["taints"] = [taint.document() for taint in self.taints]
         return out
 
 

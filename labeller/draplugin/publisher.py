@@ -11,6 +11,13 @@ watch) keeps a live view of them, and a worker thread compares it with what is w
   resourceVersion) with the pool's generation bumped past any live one, and the pool's other slices
   on this node are deleted (a uid precondition: never one that someone created again meanwhile).
 
+A field the server drops from what was written (a field behind a feature gate that is off, as
+``Device.taints`` without DRADeviceTaints: the real server drops it, it does not refuse it) is
+recorded (``dropped``) and told to ``dropped_listeners`` once, so the plugin can publish what that
+server understands; what the server made of the write still counts as ours, so nothing is written
+again for it. A taint's ``timeAdded`` is the server's stamp: a taint published again (the same device,
+key, value and effect) keeps the stamp it has, and the stamp alone is never a difference.
+
 Generations only compare within the live pool (the scheduler takes the slices of its highest
 generation), and the API keeps them in an int64. So the generation written is one past both the live
 ones and the last one this process wrote, unless that would pass 2^63-1: then one past the live ones
@@ -51,6 +58,7 @@ log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
+DroppedListener = Callable[[frozenset[str]], None]  # the fields the server dropped, newly seen
 
 INT64_MAX = 2**63 - 1  # the largest pool generation the API can hold
 REFUSED = (400, 422)  # answers that say the same request will never be accepted
@@ -89,14 +97,44 @@ def _canonical(value: Any) -> Any:
 
 
 def content(spec: Obj) -> Any:
-    """What a slice says, for comparing: its spec without the pool's generation, quantities as values."""
+    """What a slice says, for comparing: its spec without the pool's generation and the taints' stamps,
+    quantities as values."""
     spec = copy.deepcopy(spec)
     (spec.get("pool") or {}).pop("generation", None)
     for device in spec.get("devices") or []:
         for capacity in (device.get("capacity") or {}).values():
             if isinstance(capacity, dict) and isinstance(capacity.get("value"), str):
                 capacity["value"] = quantity(capacity["value"])
+        for taint in device.get("taints") or []:
+            if isinstance(taint, dict):
+                taint.pop("timeAdded", None)
     return _canonical(spec)
+
+
+def dropped_fields(written: Any, kept: Any, path: str = "") -> set[str]:
+    """The fields of ``written`` (a spec as sent) that ``kept`` (the spec the server answered) lacks,
+    as paths ("devices[].taints"); list items compared by position."""
+    if isinstance(written, dict) and isinstance(kept, dict):
+        out = set()
+        for key, value in written.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key not in kept:
+                if value not in (None, False, {}, [], ""):
+                    out.add(where)
+            else:
+                out |= dropped_fields(value, kept[key], where)
+        return out
+    if isinstance(written, list) and isinstance(kept, list):
+        return set().union(*(dropped_fields(w, k, f"{path}[]") for w, k in zip(written, kept, strict=False)))
+    return set()
+
+
+def _stamps(slices: Iterable[Obj]) -> dict[tuple[str, str, str, str], str]:
+    """(device, key, value, effect) -> timeAdded of every taint in these slices."""
+    return {(str(device.get("name")), str(taint.get("key")), str(taint.get("value") or ""), str(taint.get("effect"))):
+            taint["timeAdded"]
+            for s in slices for device in (s.get("spec") or {}).get("devices") or []
+            for taint in device.get("taints") or [] if isinstance(taint, dict) and taint.get("timeAdded")}
 
 
 def _rv(obj: Obj) -> int:
@@ -143,6 +181,8 @@ class SlicePublisher:
         self._changes = 0  # grows with every publish and every change seen; reconciling catches up with it
         self._reconciled = -1
         self._worker: threading.Thread | None = None
+        self.dropped: set[str] = set()  # fields the server dropped from a write of ours
+        self.dropped_listeners: list[DroppedListener] = []
 
     # --- inputs (any thread) -------------------------------------------------------------------
 
@@ -303,9 +343,15 @@ class SlicePublisher:
         generation = max(top, self._generations.get(driver, 0)) + 1
         if generation > INT64_MAX:  # only ever what this process wrote before and is gone: it no longer counts
             generation = top + 1
+        stamps = _stamps(live.values())
         for slice_ in wanted:
             body = copy.deepcopy(slice_)
             body["spec"]["pool"]["generation"] = generation
+            for device in body["spec"].get("devices") or []:
+                for taint in device.get("taints") or []:
+                    stamp = stamps.get((device["name"], taint["key"], taint.get("value", ""), taint["effect"]))
+                    if stamp is not None and "timeAdded" not in taint:
+                        taint["timeAdded"] = stamp
             existing = live.get(_name(body))
             if existing is None:
                 answer = self._write("create", functools.partial(self.api.create_resource_slice, body))
@@ -355,3 +401,8 @@ class SlicePublisher:
             if _rv(answer) > newest:
                 self._live[name] = answer
             self._echo[name] = (content(written["spec"]), content(answer.get("spec") or {}))
+            new = frozenset(dropped_fields(written["spec"], answer.get("spec") or {}) - self.dropped)
+            self.dropped |= new
+        if new:
+            for listener in self.dropped_listeners:
+                listener(new)

@@ -20,6 +20,7 @@ import pytest
 
 from labeller.cluster.kube import Kube
 from labeller.draplugin.app import DraPlugin, DraSettings, probe_inputs
+from labeller.draplugin.taints import DEFAULT_HOLD_S
 from labeller.host import Host, NodeOptions, open_host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
@@ -151,14 +152,15 @@ class Running:
 def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host: Host, *,
                    config_path: Path | None = None, recovery_seconds: float = 0.3,
                    health_env: dict[str, str] | None = None, probe_interval: float = math.inf,
-                   ready: bool = True) -> Iterator[Running]:
+                   gone_hold_seconds: float = DEFAULT_HOLD_S, ready: bool = True) -> Iterator[Running]:
     """The plugin as ``gpu-labeller dra-plugin`` runs it: its Service on the process loop, on a thread.
     With ``ready``, returns once it is registered and its slices are written."""
     if NODE not in {n["metadata"]["name"] for n in api.store.list_nodes()[0]}:
         api.create_node(NODE)
     kube = Kube(str(api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")))
     settings = DraSettings(NODE, dirs.plugins, dirs.registry, dirs.cdi, recovery_seconds=recovery_seconds,
-                           health_poll_seconds=0.05, tick_seconds=0.05, health_env=health_env or {},
+                           gone_hold_seconds=gone_hold_seconds, health_poll_seconds=0.05, tick_seconds=0.05,
+                           health_env=health_env or {},
                            configs=ConfigSettings(dirs.mps, mps_control=str(FAKES / "nvidia-cuda-mps-control"),
                                                   nvidia_smi=str(FAKES / "nvidia-smi")))
     plugin = DraPlugin(host, settings, kube)

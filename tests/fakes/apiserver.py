@@ -9,7 +9,8 @@ precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature obje
 ``resource.k8s.io/v1`` ResourceSlices (create, get, list and watch with field selectors on
 ``spec.nodeName`` and ``spec.driver``, update with a resourceVersion precondition, delete with a uid
 precondition; the API's decoding (400 for a number outside int64) and validation of what a driver
-writes) and ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes
+writes; device taints kept and validated with the DRADeviceTaints feature gate, ``gates``, and dropped
+without it) and ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes
 ``status.allocation``).
 Faults are injected on demand: RBAC 403, 5xx, slow answers and dropped connections. Every request
 is logged and counted by verb.
@@ -33,7 +34,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -455,6 +456,10 @@ class ObjectStore:
     def validate(self, obj: Obj) -> None:
         """The server's validation of a created or replaced object: ApiError 422 when it is invalid."""
 
+    def prepare(self, obj: Obj, old: Obj | None) -> None:
+        """The server's PrepareForCreate (``old`` None) or PrepareForUpdate, before validation: fields
+        of a feature gate that is off dropped, defaults stamped."""
+
     def create(self, namespace: str, body: Obj) -> Obj:
         obj = copy.deepcopy(body)
         self.decode(obj)
@@ -466,6 +471,7 @@ class ObjectStore:
             if (namespace, name) in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{self.resource} "{name}" already exists',
                                {"name": name, "kind": self.resource})
+            self.prepare(obj, None)
             self.validate(obj)
             obj.update({"kind": self.kind, "apiVersion": self.api_version})
             metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now(),
@@ -524,6 +530,7 @@ class ObjectStore:
             replaced = copy.deepcopy(body)
             replaced.setdefault("metadata", {}).update(kept)
             replaced.update({"kind": self.kind, "apiVersion": self.api_version})
+            self.prepare(replaced, obj)
             self.validate(replaced)
             obj.clear()
             obj.update(replaced)
@@ -590,6 +597,14 @@ MAX_DOMAIN = 63
 MAX_ATTRIBUTE_VALUE = 64
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
 QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
+# Device taints (v1.34, gate DRADeviceTaints; observed on v1.34.2): at most 4 per device, the key a qualified
+# name, the value a label value, the effect NoSchedule or NoExecute (required; None only from 1.35);
+# timeAdded stamped at create and update when missing.
+DRA_DEVICE_TAINTS = "DRADeviceTaints"
+MAX_TAINTS_PER_DEVICE = 4
+TAINT_EFFECTS = ("NoExecute", "NoSchedule")
+NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
 INT64 = range(-2**63, 2**63)
@@ -620,14 +635,29 @@ class SliceStore(ObjectStore):
     does for what a driver writes: int64 fields in range, names, the pool, one node field, at most 128
     devices, DNS-label device names unique in the slice, at most 32 attributes and capacities per device
     named by qualified names (``productName``, ``resource.kubernetes.io/pcieRoot``), attribute values of
-    exactly one type (versions semver; strings and versions at most 64 characters), capacities quantities."""
+    exactly one type (versions semver; strings and versions at most 64 characters), capacities quantities,
+    device taints as v1.34.2 takes them with DRADeviceTaints on (``prepare``: dropped with it off)."""
 
     fields = SLICE_FIELDS
     api_version = "resource.k8s.io/v1"
     cluster_scoped = True
 
-    def __init__(self, store: NodeStore) -> None:
+    def __init__(self, store: NodeStore, gates: set[str] | None = None) -> None:
         super().__init__(store, "resourceslices", "ResourceSlice")
+        # the server's feature gates that are on (FakeApiServer.gates: the same set)
+        self.gates = gates if gates is not None else set()
+
+    def prepare(self, obj: Obj, old: Obj | None) -> None:
+        """As v1.34's strategy: without DRADeviceTaints every device's taints are dropped, unless the
+        old slice has some (a field in use is kept on update); a taint without timeAdded gets now."""
+        devices = [d for d in (obj.get("spec") or {}).get("devices") or [] if isinstance(d, dict)]
+        in_use = old is not None and any(d.get("taints") for d in (old.get("spec") or {}).get("devices") or [])
+        for device in devices:
+            if DRA_DEVICE_TAINTS not in self.gates and not in_use:
+                device.pop("taints", None)
+            for taint in device.get("taints") or []:
+                if isinstance(taint, dict) and not taint.get("timeAdded"):
+                    taint["timeAdded"] = _now()
 
     def decode(self, obj: Obj) -> None:
         """Its int64 fields hold integers in range (null becomes 0, Go's zero value); anything else is
@@ -707,6 +737,33 @@ class SliceStore(ObjectStore):
         for key, value in capacity.items():
             if not QUANTITY.fullmatch(str((value or {}).get("value") or "")):
                 problems.append(f"{where}.capacity[{key}].value: Invalid value: {value!r}: a quantity")
+        return problems + SliceStore._taint_problems(f"{where}.taints", device.get("taints") or [])
+
+    @staticmethod
+    def _taint_problems(where: str, taints: list[Any]) -> list[str]:
+        """v1.34.2's messages for bad device taints."""
+        problems = []
+        if len(taints) > MAX_TAINTS_PER_DEVICE:
+            problems.append(f"{where}: Too many: {len(taints)}: must have at most {MAX_TAINTS_PER_DEVICE} items")
+        for i, taint in enumerate(taints):
+            at = f"{where}[{i}]"
+            taint = taint if isinstance(taint, dict) else {}
+            key, value, effect = str(taint.get("key") or ""), str(taint.get("value") or ""), taint.get("effect")
+            prefix, slash, name = key.rpartition("/")
+            if not NAME_PART.fullmatch(name) or len(name) > 63 or (slash and (
+                    len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix))):
+                problems.append(f"{at}.key: Invalid value: {key!r}: name part must consist of alphanumeric characters, "
+                                "'-', '_' or '.', and must start and end with an alphanumeric character, optionally "
+                                "after a DNS subdomain prefix and '/'")
+            if not LABEL_VALUE.fullmatch(value) or len(value) > 63:
+                problems.append(f"{at}.value: Invalid value: {value!r}: a valid label must be an empty string or "
+                                "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                                "alphanumeric character")
+            if not effect:
+                problems.append(f"{at}.effect: Required value")
+            elif effect not in TAINT_EFFECTS:
+                problems.append(f"{at}.effect: Unsupported value: {json.dumps(effect)}: supported values: "
+                                + ", ".join(json.dumps(e) for e in TAINT_EFFECTS))
         return problems
 
 
@@ -1118,12 +1175,15 @@ class _Server(ThreadingHTTPServer):
 class FakeApiServer:
     """``with FakeApiServer() as api: api.create_node("gpu-node-1"); api.write_kubeconfig(path)``."""
 
-    def __init__(self, max_watch_s: float = 300.0, user: str = "labeller") -> None:
+    def __init__(self, max_watch_s: float = 300.0, user: str = "labeller", gates: Iterable[str] = ()) -> None:
         self.user = user  # who the 403 answers name: "labeller", "system:serviceaccount:<ns>:<name>", ...
+        # Feature gates on, beside v1.34's defaults (DRADeviceTaints: off by default, as on a real server);
+        # a test may change the set while the server runs, as a restart with other flags would.
+        self.gates: set[str] = set(gates)
         self.store = NodeStore()
         self.pods = PodStore(self.store)
         self.config_maps = ObjectStore(self.store, "configmaps", "ConfigMap")
-        self.resource_slices = SliceStore(self.store)
+        self.resource_slices = SliceStore(self.store, self.gates)
         self.resource_claims = ClaimStore(self.store)
         self.namespaced: dict[str, ObjectStore] = {"pods": self.pods, "configmaps": self.config_maps,
                                                    "resourceslices": self.resource_slices,
