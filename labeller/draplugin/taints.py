@@ -53,10 +53,11 @@ def taints(driver: str, keys: Mapping[str, str], reasons: Sequence[str]) -> tupl
 
 def published(devices_by_driver: Mapping[str, Sequence[DraDevice]], faults: Mapping[str, Sequence[str]],
               keys: Mapping[str, Mapping[str, str]], *, tainting: bool,
-              gone: Mapping[str, Sequence[DraDevice]] | None = None) -> dict[str, list[DraDevice]]:
+              gone: Mapping[str, Sequence[tuple[int, DraDevice]]] | None = None) -> dict[str, list[DraDevice]]:
     """What each driver publishes: its devices, those whose health key has ``faults`` (health key ->
-    reasons) tainted, then the ``gone`` ones tainted as lost; without ``tainting``, the healthy devices
-    alone. ``keys``: each driver's taint keys by kind of fault."""
+    reasons) tainted, and the ``gone`` ones tainted as lost, each where it was (its position when last
+    found: a lost GPU the probe then leaves out is published the same, not moved); without
+    ``tainting``, the healthy devices alone. ``keys``: each driver's taint keys by kind of fault."""
     if not tainting:
         return healthy(devices_by_driver, faults)
     out: dict[str, list[DraDevice]] = {}
@@ -64,8 +65,8 @@ def published(devices_by_driver: Mapping[str, Sequence[DraDevice]], faults: Mapp
         driver_keys = keys.get(driver, {})
         out[driver] = [dataclasses.replace(d, taints=taints(driver, driver_keys, faults[d.health_key]))
                        if d.health_key in faults else d for d in devices]
-        out[driver] += [dataclasses.replace(d, taints=taints(driver, driver_keys, [GONE]))
-                        for d in (gone or {}).get(driver, ())]
+        for position, device in (gone or {}).get(driver, ()):
+            out[driver].insert(position, dataclasses.replace(device, taints=taints(driver, driver_keys, [GONE])))
     return out
 
 
@@ -74,7 +75,8 @@ class Gone:
 
     def __init__(self, hold_s: float = DEFAULT_HOLD_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.hold_s, self.clock = hold_s, clock
-        self._gone: dict[str, dict[str, tuple[DraDevice, float]]] = {}  # driver -> name -> (device, gone since)
+        # driver -> name -> (device, its position when last found, gone since)
+        self._gone: dict[str, dict[str, tuple[DraDevice, int, float]]] = {}
 
     def update(self, before: Mapping[str, Sequence[DraDevice]], found: Mapping[str, Sequence[DraDevice]],
                held: Callable[[str, str], bool]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -89,18 +91,19 @@ class Gone:
         for driver, devices in found.items():
             names = {d.name for d in devices}
             gone = {name: entry for name, entry in self._gone.get(driver, {}).items() if name not in names}
-            for device in before.get(driver, ()):
+            for position, device in enumerate(before.get(driver, ())):
                 if device.name not in names and device.name not in gone:
-                    gone[device.name] = (device, now)
+                    gone[device.name] = (device, position, now)
                     went.append((driver, device.name))
-            kept = {name: (device, since) for name, (device, since) in gone.items()
-                    if now - since < self.hold_s or held(driver, name)}
+            kept = {name: entry for name, entry in gone.items() if now - entry[2] < self.hold_s or held(driver, name)}
             dropped += [(driver, name) for name in gone if name not in kept]
             self._gone[driver] = kept
         return went, dropped
 
-    def devices(self) -> dict[str, list[DraDevice]]:
-        return {driver: [device for device, _ in gone.values()] for driver, gone in self._gone.items() if gone}
+    def devices(self) -> dict[str, list[tuple[int, DraDevice]]]:
+        """Each driver's gone devices with their positions, in position order."""
+        return {driver: sorted(((position, device) for device, position, _ in gone.values()), key=lambda e: e[0])
+                for driver, gone in self._gone.items() if gone}
 
     def clear(self) -> None:
         self._gone.clear()

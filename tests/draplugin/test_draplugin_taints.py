@@ -189,3 +189,22 @@ def test_nothing_is_written_while_tainted_devices_stay_as_they_are(
         since, probes = time.monotonic(), run.plugin.probes
         wait_for(lambda: run.plugin.probes >= probes + 20)
         assert run.writes(since) == 0
+
+
+def test_a_lost_gpu_the_probe_then_leaves_out_is_published_the_same(
+        gated_api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
+    """A GPU that stops answering NVML is tainted by the health check, then missing from the next probe (NVML
+    skips it): it is gone from the probe, tainted the same, where it was: nothing more is written."""
+    profile = tmp_path / "node.yaml"
+    write_yaml(profile, l40s_node(3, config=dra_config()))
+    with open_host(NodeOptions(simulate=str(profile))) as host, \
+            running_plugin(gated_api, drakubelet, dirs, host, recovery_seconds=60) as run:
+        since = time.monotonic()
+        run.nvml.set_lost(run.uuid("gpu-0"), True)
+        wait_for(lambda: taints(run, "gpu-0") == [(LOST, "", "NoExecute")] and run.plugin.publisher.in_sync)
+        run.sighup()  # probed: NVML leaves the lost GPU out
+        run.sighup()  # once more: the probe before it has published what it found
+        assert [d.name for _, d in run.plugin.gone.devices().get(NVIDIA, [])] == ["gpu-0"]
+        wait_for(lambda: run.plugin.publisher.in_sync)
+        assert run.writes(since) == 1  # the taint; the GPU gone from the probe changed nothing more
+        assert run.devices() == ["gpu-0", "gpu-1", "gpu-2"] and taints(run, "gpu-0") == [(LOST, "", "NoExecute")]
