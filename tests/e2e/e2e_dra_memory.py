@@ -60,8 +60,9 @@ sys.path.insert(0, str(ROOT))
 
 from labeller.quantity import parse as parse_quantity  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
-from tests.e2e.e2e_dra import (Cluster, Node, check, claim_template, figure, pod, request, results,  # noqa: E402
-                               wait)
+from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, check, figure, verdict,  # noqa: E402
+                                wait)
+from tests.e2e.e2e_dra import claim_template, pod, request  # noqa: E402
 
 NODE, PROFILE = "mem-t4", "t4-x4-gpushare"
 GATE = "DRAConsumableCapacity"
@@ -78,8 +79,7 @@ class MemoryNode(Node):
     """The node with memory sharing: its config, NVIDIA's tools' stand-ins and a short MPS root."""
 
     def __init__(self, cluster: Cluster, work: Path) -> None:
-        e2e_dra.NODES[NODE] = (PROFILE, ["nvidia"])
-        super().__init__(cluster, NODE, work)
+        super().__init__(cluster, NODE, work, PROFILE, ["nvidia"])
         self.config.write_text(json.dumps({"version": "v1", "sharing": {"memory": {"unit": "GiB"}},
                                            "labeller": {"dra": {"vendors": ["nvidia"]}}}))
 
@@ -411,12 +411,12 @@ def start(cluster: Cluster, work: Path, gates: bool) -> MemoryNode:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k8s-dra", type=Path, default=ROOT.parent / "shared" / "k8s-dra")
+    add_k8s_dra_argument(parser)
     parser.add_argument("--pods", type=int, default=36)
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
-        print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")
-        return 0
+        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="glm-", dir="/tmp"))
     cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
     node: MemoryNode | None = None
@@ -436,9 +436,7 @@ def main() -> int:
             node.stop(node.plugin)
             node.stop(node.kubelet)
         cluster.down()
-    failed = [what for ok, what in results if not ok]
-    print(f"{len(results) - len(failed)} checks passed, {len(failed)} failed; logs in {work}")
-    return 1 if failed else 0
+    return verdict(work)
 
 
 if __name__ == "__main__":

@@ -54,18 +54,17 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from labeller.draplugin.app import DraPlugin  # noqa: E402
 from labeller.host import Host, NodeOptions, open_host  # noqa: E402
-from tests.deploy import load_render_script  # noqa: E402
 from tests.draplugin.conftest import Dirs, plugin_on_loop  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
-from tests.e2e.e2e_dra import (Cluster, Node, allocated_devices, check, claim_template, figure, pod,  # noqa: E402
-                               prepared, request, wait)
+from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
+                                figure, verdict, wait)
+from tests.e2e.e2e_dra import allocated_devices, claim_template, pod, prepared, request  # noqa: E402
 from tests.plugin.profile_files import l40s_node, write_yaml  # noqa: E402
 
 Obj = dict[str, Any]
@@ -81,13 +80,6 @@ XID, LOST, KFD_LOST = f"{NVIDIA}/xid", f"{NVIDIA}/gpu-lost", f"{AMD}/kfd-node-lo
 
 def node_profile(nvidia_gpus: int) -> Obj:
     return l40s_node(nvidia_gpus, amd_gpus=2)
-
-
-def device_classes() -> list[Obj]:
-    """The chart's DeviceClasses for a 1.34 cluster (dra.enabled)."""
-    render = load_render_script()
-    texts = render.documents(render.render_chart({"dra": {"enabled": True}}, "1.34.0"))
-    return [d for text in texts for d in yaml.safe_load_all(text) if d and d.get("kind") == "DeviceClass"]
 
 
 def devices(cluster: Cluster, driver: str) -> dict[str, Obj]:
@@ -147,8 +139,7 @@ def log_to(path: Path) -> None:
 
 
 def start_node(cluster: Cluster, work: Path, profile: Path) -> Node:
-    e2e_dra.NODES[NODE] = (str(profile), ["nvidia", "amd"])
-    node = Node(cluster, NODE, work)
+    node = Node(cluster, NODE, work, str(profile), ["nvidia", "amd"])
     node.start_kubelet()
     check(node.events.wait("kubelet_started", 0, 60) is not None, f"{NODE}: drakubelet started")
     return node
@@ -304,7 +295,7 @@ def scenario_gate_off(cluster: Cluster, work: Path, profile: Path) -> None:
     for key in GATED:
         cluster.env.pop(key, None)
     cluster.up()
-    cluster.apply(device_classes())
+    cluster.apply(chart_device_classes())
     stored = cluster.json("get", "deviceclass", NVIDIA)["spec"]
     check("extendedResourceName" not in stored, f"the API server dropped extendedResourceName: {json.dumps(stored)}")
     node = start_node(cluster, work / "off", profile)
@@ -331,8 +322,7 @@ def scenario_gate_off(cluster: Cluster, work: Path, profile: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k8s-dra", type=Path, default=Path(os.environ.get("K8S_DRA_DIR", "/work/shared/k8s-dra")),
-                        help="the k8s-dra folder (default: $K8S_DRA_DIR, else %(default)s)")
+    add_k8s_dra_argument(parser)
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
         print(f"e2e_dra_taints: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)", file=sys.stderr)
@@ -346,7 +336,7 @@ def main() -> int:
     began = time.monotonic()
     try:
         cluster.up()
-        cluster.apply(device_classes())
+        cluster.apply(chart_device_classes())
         node = start_node(cluster, work, profile)
         log_to(node.dir / "plugin.log")
         started = time.monotonic()
@@ -364,10 +354,8 @@ def main() -> int:
         if node is not None:
             node.stop(node.kubelet)
         cluster.down()
-    failed = [what for ok, what in e2e_dra.results if not ok]
-    print(f"{len(e2e_dra.results) - len(failed)} checks passed, {len(failed)} failed in "
-          f"{time.monotonic() - began:.0f} s; logs in {work}")
-    return 1 if failed else 0
+    figure(f"the whole run {time.monotonic() - began:.0f} s")
+    return verdict(work)
 
 
 if __name__ == "__main__":
