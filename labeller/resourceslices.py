@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -104,6 +104,28 @@ class Capacity:
         return {"value": quantity(self.value), "requestPolicy": self.request_policy.document()}
 
 
+# What Kubernetes 1.34 accepts as a DeviceTaint's effect (DRADeviceTaints, alpha); 1.35 adds None.
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """A taint of a published device (``Device.taints``): ``key`` a qualified name in the driver's
+    domain, ``value`` a label value (may be empty), ``effect`` one of ``TAINT_EFFECTS``. The API server
+    stamps ``timeAdded`` when a taint comes without one; the publisher keeps the stamp of a taint it
+    published before."""
+
+    key: str
+    effect: str
+    value: str = ""
+
+    def document(self) -> dict[str, Any]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+
 @dataclass(frozen=True)
 class DraDevice:
     """One device of a ResourceSlice: a whole GPU, a MIG device or a GPU partition.
@@ -114,20 +136,22 @@ class DraDevice:
     the device plugin's view of the same unit: what preparing a claim gives the container, and whose
     ``health_key`` the health checks report. ``allow_multiple_allocations``: several claims may be
     allocated the device at once, each consuming part of its capacities (``Capacity.request_policy``):
-    Kubernetes 1.34's consumable capacity, ``sharing.memory`` in DRA."""
+    Kubernetes 1.34's consumable capacity, ``sharing.memory`` in DRA. ``taints`` say why the device
+    should not be used (the DRA plugin's health taints, ``labeller.draplugin.taints``)."""
 
     name: str
     physical: PhysicalDevice
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
     allow_multiple_allocations: bool = False
+    taints: tuple[DeviceTaint, ...] = ()
 
     @property
     def health_key(self) -> str:
         return self.physical.health_key
 
     def document(self) -> dict[str, Any]:
-        """The API's Device, attributes and capacities in name order."""
+        """The API's Device, attributes and capacities in name order, then its taints."""
         out: dict[str, Any] = {"name": self.name}
         if self.attributes:
             out["attributes"] = {key: self.attributes[key].document() for key in sorted(self.attributes)}
@@ -135,6 +159,8 @@ class DraDevice:
             out["capacity"] = {key: self.capacity[key].document() for key in sorted(self.capacity)}
         if self.allow_multiple_allocations:
             out["allowMultipleAllocations"] = True
+        if self.taints:
+            out["taints"] = [taint.document() for taint in self.taints]
         return out
 
 
@@ -213,9 +239,7 @@ def exclusive(devices: Sequence[DraDevice]) -> list[DraDevice]:
         if d.allow_multiple_allocations else d for d in devices]
 
 
-def healthy(devices_by_driver: Mapping[str, Sequence[DraDevice]], unhealthy: Collection[str]
-            ) -> dict[str, list[DraDevice]]:
-    """The devices whose physical device is not in ``unhealthy`` (health keys, as the plugin's health
-    board reports them): an unhealthy device leaves the slice, as it leaves the device plugin's list."""
-    return {driver: [d for d in devices if d.health_key not in unhealthy]
-            for driver, devices in devices_by_driver.items()}
+def untainted(devices: Sequence[DraDevice]) -> list[DraDevice]:
+    """The devices without taints (what is published where the API server drops ``Device.taints``,
+    ``DRADeviceTaints`` off): an unhealthy device leaves the slice, as it leaves the device plugin's list."""
+    return [d for d in devices if not d.taints]

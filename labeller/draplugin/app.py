@@ -8,12 +8,14 @@ each vendor the config serves through DRA (``Host.dra_devices``), one driver per
 - a driver new to the plugin gets its sockets (``server.DriverSockets``: registration with the
   kubelet, the DRA service), its checkpoint and its claim preparer; a driver no longer there (the
   config moved its vendor back to the device plugin) loses them, and its slices are deleted;
-- the healthy devices of every driver are published (``publisher.SlicePublisher``), and published
-  again whenever a health check marks a device Unhealthy or Healthy again (the device plugin's health
-  board and the vendors' checkers, ``labeller.process.health``): an unhealthy device leaves its
-  slice, and a claim that names it is refused;
+- the devices of every driver are published (``publisher.SlicePublisher``), and published again
+  whenever a health check marks a device Unhealthy or Healthy again (the device plugin's health
+  board and the vendors' checkers, ``labeller.process.health``): an unhealthy device stays in its
+  slice with device taints saying why, and one gone from the probe stays a while tainted NoExecute
+  (``labeller.draplugin.taints``). A claim that names an unhealthy device is refused;
 - fields of a feature gate the API server has off are dropped by it; the publisher says so and the
   plugin publishes without that feature from then on (``gates.GateFallbacks``: one line per gate).
+  Without DRADeviceTaints, that is an unhealthy device left out of its slice instead of tainted.
 
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
@@ -24,6 +26,7 @@ that is gone (a kubelet restart), which registers the driver again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -42,10 +45,11 @@ from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
 from labeller.draplugin.publisher import SliceApi, SlicePublisher
 from labeller.draplugin.server import DraService, DriverSockets
+from labeller.draplugin.taints import DEFAULT_HOLD_S, GATE, Gone, published
 from labeller.host import Host
 from labeller.inventory import Inventory, ProbeError
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
-from labeller.resourceslices import DraDevice, healthy
+from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
 from labeller.vendor.dra import ConfigSettings
 
@@ -72,6 +76,7 @@ class DraSettings:
     registry_dir: Path = DEFAULT_REGISTRY_DIR
     cdi_spec_dir: Path = DEFAULT_CDI_SPEC_DIR
     recovery_seconds: float = 60.0
+    gone_hold_seconds: float = DEFAULT_HOLD_S  # a device gone from the probe stays published tainted at least this long
     health_poll_seconds: float = 0.25
     tick_seconds: float = 0.1
     # the health switches the device plugin reads too (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
@@ -86,6 +91,7 @@ class _Driver:
 
     sockets: DriverSockets
     snapshot: Devices
+    preparer: Preparer | None = None
 
 
 def failed_vendors(inventory: Inventory) -> set[str]:
@@ -101,9 +107,11 @@ class DraPlugin:
         self.metrics = metrics or DraMetrics()
         self.board = HealthBoard((), settings.recovery_seconds)
         self.board.listeners.append(self._on_health_change)
+        self.board.fault_listeners.append(self._on_fault)
         self._stop = threading.Event()
         self.gates = GateFallbacks()
         self.publisher = SlicePublisher(api, settings.node_name, self.metrics, self._stop, on_dropped=self._on_dropped)
+        self.gone = Gone(settings.gone_hold_seconds)  # kept only while the API server keeps taints
         self.drivers: dict[str, _Driver] = {}
         self._devices: dict[str, list[DraDevice]] = {}  # what the last probe found, unhealthy devices included
         self._lock = threading.Lock()  # ``_devices`` and the publishing of it, between the loop and health threads
@@ -209,6 +217,17 @@ class DraPlugin:
                               driver=driver, error=str(exc.strerror or exc))
         found = {driver: devices for driver, devices in found.items() if driver in drivers}
         with self._lock:
+            if GATE in self.gates.off:  # no taint to publish a gone device with: it is simply gone
+                self.gone.clear()
+            else:
+                went, dropped = self.gone.update(self._devices, found, functools.partial(self._held, drivers))
+                for driver, name in went:
+                    log.warning("device gone from the probe: published tainted NoExecute while it may be in use",
+                                driver=driver, device=name, reason="device-gone",
+                                hold_s=self.settings.gone_hold_seconds)
+                for driver, name in dropped:
+                    log.info("device gone from the probe no longer published: no claim here holds it",
+                             driver=driver, device=name, reason="device-gone")
             self._devices = {driver: list(devices) for driver, devices in found.items()}
         physical = {d.physical for devices in found.values() for d in devices}
         self.board.track(p.health_key for p in physical)
@@ -236,7 +255,7 @@ class DraPlugin:
                             current, configs)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
-        entry = _Driver(sockets, snapshot)
+        entry = _Driver(sockets, snapshot, preparer)
         sockets.start()
         return entry
 
@@ -248,15 +267,29 @@ class DraPlugin:
         view = self.gates.apply({driver: list(snapshot.by_name.values())})[driver]
         return dataclasses.replace(snapshot, by_name={d.name: d for d in view})
 
+    def _taint_keys(self, driver: str) -> Mapping[str, str]:
+        dra = self._vendor(driver).dra
+        return dra.taint_keys if dra is not None else {}
+
+    @staticmethod
+    def _held(drivers: Mapping[str, _Driver], driver: str, name: str) -> bool:
+        """A claim prepared on this node holds device ``name`` of ``driver``."""
+        preparer = drivers[driver].preparer if driver in drivers else None
+        return preparer is not None and preparer.holds.holding(name)
+
     def _publish(self) -> None:
-        """Publish every driver's healthy devices (the loop's thread, or a health check's)."""
+        """Publish every driver's devices, the unhealthy ones tainted or left out (the loop's thread, a
+        health check's, or the publisher's)."""
         with self._lock:
-            unhealthy = self.board.unhealthy_keys()
-            published = self.gates.apply(healthy(self._devices, unhealthy))
-            self.publisher.publish(published)
+            faults = self.board.faults()
+            keys = {driver: self._taint_keys(driver) for driver in self._devices}
+            gone = self.gone.devices()
+            self.publisher.publish(self.gates.apply(published(self._devices, faults, keys, gone=gone)))
             for driver, devices in self._devices.items():
-                self.metrics.devices.labels(driver=driver, health=HEALTHY).set(len(published[driver]))
-                self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(len(devices) - len(published[driver]))
+                well = sum(1 for d in devices if d.health_key not in faults)
+                self.metrics.devices.labels(driver=driver, health=HEALTHY).set(well)
+                self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(
+                    len(devices) - well + len(gone.get(driver, ())))
 
     def _on_dropped(self, driver: str, fields: frozenset[str]) -> None:
         """The API server did not keep these fields (the publisher's worker): publish again without the
@@ -268,13 +301,23 @@ class DraPlugin:
 
     # --- health -----------------------------------------------------------------------------------
 
-    def _on_health_change(self, key: str, is_healthy: bool, reason: str) -> None:
+    def _devices_of(self, key: str) -> list[tuple[str, str]]:
+        """(driver, device name) of every device whose health key is ``key``."""
         with self._lock:
-            names = [(driver, d.name) for driver, devices in self._devices.items()
-                     for d in devices if d.health_key == key]
-        for driver, name in names:
+            return [(driver, d.name) for driver, devices in self._devices.items() for d in devices
+                    if d.health_key == key]
+
+    def _on_health_change(self, key: str, is_healthy: bool, reason: str) -> None:
+        for driver, name in self._devices_of(key):
             (log.info if is_healthy else log.warning)("device health changed", driver=driver, device=name,
                                                       health=HEALTHY if is_healthy else UNHEALTHY, reason=reason)
+        self._publish()
+
+    def _on_fault(self, key: str, reason: str) -> None:
+        """An unhealthy device has a fault of another kind or code (an XID, then lost): its taints change."""
+        for driver, name in self._devices_of(key):
+            log.warning("unhealthy device has another fault", driver=driver, device=name, health=UNHEALTHY,
+                        reason=reason)
         self._publish()
 
     # --- lifecycle ----------------------------------------------------------------------------------

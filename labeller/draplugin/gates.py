@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from labeller.resourceslices import DraDevice, exclusive
+from labeller.draplugin import taints
+from labeller.resourceslices import DraDevice, exclusive, untainted
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +50,8 @@ class Gate:
 GATES: tuple[Gate, ...] = (
     Gate("DRAConsumableCapacity", ("devices[].allowMultipleAllocations", "devices[].capacity.*.requestPolicy"),
          exclusive, "each device to one claim at a time (sharing.memory then only through the scheduler extender)"),
+    Gate(taints.GATE, ("devices[].taints",),
+         untainted, "an unhealthy device left out of its slice, one gone from the probe removed at once (no taints)"),
 )
 
 

@@ -169,6 +169,11 @@ class Holds:
         with self._lock:
             return self._claims.get(uid)
 
+    def holding(self, device: str) -> bool:
+        """A prepared claim holds ``device`` (admin access included)."""
+        with self._lock:
+            return device in self._holders
+
     def _put(self, claim: PreparedClaim) -> None:
         self._drop(claim.uid)
         self._claims[claim.uid] = claim

@@ -29,6 +29,10 @@ some: the one place where the plugin learns which gates the server has off, for 
 publishes gated fields (``labeller.draplugin.gates``). What the server kept counts as ours (no write
 loop); the listener decides what to publish instead.
 
+A taint's ``timeAdded`` is the server's stamp (``Device.taints``, the DRA plugin's health taints): a
+taint published again (the same device, key, value and effect) keeps the stamp it has, and the stamp
+alone is never a difference.
+
 So stale slices of a driver for this node are replaced at start, an external delete (a kubelet that
 starts deletes its node's slices) is repaired as soon as the watch says so, a driver published
 before and not now has its slices removed, and slices of other drivers or nodes are never touched.
@@ -110,7 +114,8 @@ def _quantities(holder: Obj, *keys: str) -> None:
 
 
 def content(spec: Obj) -> Any:
-    """What a slice says, for comparing: its spec without the pool's generation, quantities as values."""
+    """What a slice says, for comparing: its spec without the pool's generation and the taints' stamps,
+    quantities as values."""
     spec = copy.deepcopy(spec)
     (spec.get("pool") or {}).pop("generation", None)
     for device in spec.get("devices") or []:
@@ -123,6 +128,9 @@ def content(spec: Obj) -> Any:
                 _quantities(policy, "default", "validValues")
                 if isinstance(policy.get("validRange"), dict):
                     _quantities(policy["validRange"], "min", "max", "step")
+        for taint in device.get("taints") or []:
+            if isinstance(taint, dict):
+                taint.pop("timeAdded", None)
     return _canonical(spec)
 
 
@@ -143,6 +151,14 @@ def dropped(written: Any, kept: Any, path: str = "") -> set[str]:
         for ours, theirs in zip(written, kept):
             found |= dropped(ours, theirs, f"{path}[]")
     return found
+
+
+def _stamps(slices: Iterable[Obj]) -> dict[tuple[str, str, str, str], str]:
+    """(device, key, value, effect) -> timeAdded of every taint in these slices."""
+    return {(str(device.get("name")), str(taint.get("key")), str(taint.get("value") or ""), str(taint.get("effect"))):
+            taint["timeAdded"]
+            for s in slices for device in (s.get("spec") or {}).get("devices") or []
+            for taint in device.get("taints") or [] if isinstance(taint, dict) and taint.get("timeAdded")}
 
 
 def _rv(obj: Obj) -> int:
@@ -351,9 +367,15 @@ class SlicePublisher:
         if generation > INT64_MAX:  # only ever what this process wrote before and is gone: it no longer counts
             generation = top + 1
         lost: set[str] = set()
+        stamps = _stamps(live.values())
         for slice_ in wanted:
             body = copy.deepcopy(slice_)
             body["spec"]["pool"]["generation"] = generation
+            for device in body["spec"].get("devices") or []:
+                for taint in device.get("taints") or []:
+                    stamp = stamps.get((device["name"], taint["key"], taint.get("value", ""), taint["effect"]))
+                    if stamp is not None and "timeAdded" not in taint:
+                        taint["timeAdded"] = stamp
             existing = live.get(_name(body))
             if existing is None:
                 answer = self._write("create", functools.partial(self.api.create_resource_slice, body))

@@ -181,3 +181,6 @@ class Dra:
     # Its opaque config API, loaded on first use (the DRA plugin's alone); None: every config for the
     # driver is refused.
     configs: Callable[[], ConfigApi] | None = None
+    # The device taint key of each kind of health fault (labeller.vendor.plugin.Fault: xid, lost,
+    # unmonitored), in the driver's domain; a kind missing here is tainted <driver>/unhealthy.
+    taint_keys: Mapping[str, str] = field(default_factory=dict)

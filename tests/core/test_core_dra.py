@@ -17,11 +17,12 @@ from click.testing import CliRunner
 
 from labeller.cli import main
 from labeller.config import MemorySharing, parse_document
+from labeller.draplugin import taints
 from labeller.explain import catalog, find
 from labeller.host import Host, NodeOptions, open_host
 from labeller.labels import KeyDoc
 from labeller.offer import Offer
-from labeller.resourceslices import DraDevice, healthy, resource_slices
+from labeller.resourceslices import DraDevice, resource_slices, untainted
 from labeller.sharing import memory_policy
 from tests.fakes.apiserver import ApiError, NodeStore, SliceStore
 from vendors import RESOURCE_NAMES, VENDORS
@@ -80,9 +81,11 @@ def test_labels_resources_and_slices_describe_the_same_devices(profile: str) -> 
     slices = resource_slices("node", by_driver)
     assert sum(len(s["spec"]["devices"]) for s in slices) == len(devices)
     assert len({d.name for d in devices}) == len(devices), "device names are unique"
-    for driver, found in by_driver.items():  # an unhealthy device leaves its slice, and only it
+    for driver, found in by_driver.items():  # an unhealthy device is tainted, and only it (left out without taints)
         dropped = found[0]
-        assert [d.name for d in healthy(by_driver, {dropped.health_key})[driver]] == [d.name for d in found[1:]]
+        tainted = taints.published(by_driver, {dropped.health_key: ["XID 79"]}, {})[driver]
+        assert [d.name for d in tainted if d.taints] == [dropped.name]
+        assert [d.name for d in untainted(tainted)] == [d.name for d in found[1:]]
 
     nvidia = by_driver.get(NVIDIA, [])
     if nvidia:

@@ -436,3 +436,36 @@ def test_a_foreign_drivers_device_is_in_none_of_our_classes() -> None:
     device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}
     for selector in (DeviceClassSelector(c) for c in device_classes().values()):
         assert selector.selects("gpu.example.com", device) is False
+
+
+def whole_gpu_resource(vendor: str, profile: str) -> str:
+    """The extended resource the device plugin serves a vendor's whole GPUs as (`resources --simulate`)."""
+    out = json.loads(run("resources", "--simulate", profile, "--format", "json"))
+    (name,) = {r["name"] for r in out["resources"] if r["vendor"] == vendor}
+    return str(name)
+
+
+@pytest.mark.parametrize("kube_version", ["1.34.0", "1.36.0"])
+def test_the_gpu_classes_carry_the_extended_resources_the_device_plugin_serves(kube_version: str) -> None:
+    """A pod asking nvidia.com/gpu or amd.com/gpu, as written for the device plugin, gets a device of the class."""
+    classes = {o["metadata"]["name"]: o["spec"].get("extendedResourceName")
+               for o in find(render(ON, kube_version), "DeviceClass")}
+    assert classes == {"gpu.nvidia.com": whole_gpu_resource("nvidia", "dgx-h100"), "mig.nvidia.com": None,
+                       "gpu.amd.com": whole_gpu_resource("amd", "mi210-x8")}
+    assert set(classes.values()) == {"nvidia.com/gpu", "amd.com/gpu", None}
+
+
+@pytest.mark.parametrize(("values", "kube_version"), [
+    ({"dra": {"enabled": True, "deviceClasses": {"extendedResourceNames": False}}}, "1.34.0"),  # the switch
+    (ON, "1.33.0"),  # DeviceClassSpec has no such field before 1.34
+])
+def test_no_extended_resource_name_where_switched_off_or_unknown(values: dict[str, Any], kube_version: str) -> None:
+    classes = find(render(values, kube_version), "DeviceClass")
+    assert len(classes) == 3 and not [c for c in classes if "extendedResourceName" in c["spec"]]
+
+
+def test_the_plain_dra_manifest_carries_the_extended_resource_names() -> None:
+    text = (ROOT / "deploy" / "manifests" / "kubelet-dra-plugin.yaml").read_text()
+    classes = {o["metadata"]["name"]: o["spec"].get("extendedResourceName")
+               for o in yaml.safe_load_all(text) if o and o["kind"] == "DeviceClass"}
+    assert classes == {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None, "gpu.amd.com": "amd.com/gpu"}

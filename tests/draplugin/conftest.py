@@ -21,6 +21,7 @@ import pytest
 
 from labeller.cluster.kube import Kube
 from labeller.draplugin.app import DraPlugin, DraSettings, probe_inputs
+from labeller.draplugin.taints import DEFAULT_HOLD_S
 from labeller.host import Host, NodeOptions, open_host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
@@ -171,14 +172,29 @@ class Running:
 def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host: Host, *,
                    config_path: Path | None = None, recovery_seconds: float = 0.3,
                    health_env: dict[str, str] | None = None, probe_interval: float = math.inf,
-                   ready: bool = True) -> Iterator[Running]:
+                   gone_hold_seconds: float = DEFAULT_HOLD_S, ready: bool = True) -> Iterator[Running]:
     """The plugin as ``gpu-labeller dra-plugin`` runs it: its Service on the process loop, on a thread.
     With ``ready``, returns once it is registered and its slices are written."""
     if NODE not in {n["metadata"]["name"] for n in api.store.list_nodes()[0]}:
         api.create_node(NODE)
-    kube = Kube(str(api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")))
-    settings = DraSettings(NODE, dirs.plugins, dirs.registry, dirs.cdi, recovery_seconds=recovery_seconds,
-                           health_poll_seconds=0.05, tick_seconds=0.05, health_env=health_env or {},
+    kubeconfig = api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")
+    with plugin_on_loop(host, kubeconfig, NODE, dirs, config_path=config_path, recovery_seconds=recovery_seconds,
+                        health_env=health_env, probe_interval=probe_interval, gone_hold_seconds=gone_hold_seconds,
+                        ready=ready) as (plugin, loop, exit_code):
+        yield Running(plugin, host, loop, api, kubelet, dirs, exit_code)
+
+
+@contextmanager
+def plugin_on_loop(host: Host, kubeconfig: Path, node: str, dirs: Dirs, *, config_path: Path | None = None,
+                   recovery_seconds: float = 0.3, health_env: dict[str, str] | None = None,
+                   probe_interval: float = math.inf, gone_hold_seconds: float = DEFAULT_HOLD_S,
+                   ready: bool = True) -> Iterator[tuple[DraPlugin, ProcessLoop, list[int]]]:
+    """The plugin of ``node`` on its process loop, on a thread, against the API server of ``kubeconfig``
+    (the fake one, or a real one: tests/e2e/e2e_dra_taints.py); stopped and closed on the way out."""
+    kube = Kube(str(kubeconfig))
+    settings = DraSettings(node, dirs.plugins, dirs.registry, dirs.cdi, recovery_seconds=recovery_seconds,
+                           gone_hold_seconds=gone_hold_seconds, health_poll_seconds=0.05, tick_seconds=0.05,
+                           health_env=health_env or {},
                            configs=ConfigSettings(dirs.mps, mps_control=str(FAKES / "nvidia-cuda-mps-control"),
                                                   nvidia_smi=str(FAKES / "nvidia-smi")))
     plugin = DraPlugin(host, settings, kube)
@@ -190,7 +206,7 @@ def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host
     try:
         if ready:
             wait_for(lambda: plugin.ready)
-        yield Running(plugin, host, loop, api, kubelet, dirs, exit_code)
+        yield plugin, loop, exit_code
     finally:
         loop.stop()
         thread.join(30)

@@ -11,7 +11,7 @@ import structlog
 from labeller.draplugin.gates import GATES, Gate, GateFallbacks
 from labeller.draplugin.publisher import content, dropped
 from labeller.offer import PhysicalDevice
-from labeller.resourceslices import Capacity, DraDevice, RequestPolicy
+from labeller.resourceslices import Capacity, DeviceTaint, DraDevice, RequestPolicy
 
 GIB = 1 << 30
 
@@ -72,5 +72,21 @@ def test_a_gates_fields_are_matched_by_path_with_any_key_for_a_star() -> None:
     assert gate.names("devices[].capacity.memory.requestPolicy.validRange")  # inside one of its fields
     assert gate.names("sharedCounters")
     assert not gate.names("devices[].capacity.memory.value") and not gate.names("devices[].capacity")
-    assert {g.name for g in GATES} >= {"DRAConsumableCapacity"}
+    assert {g.name for g in GATES} >= {"DRAConsumableCapacity", "DRADeviceTaints"}
     assert dataclasses.replace(gate, name="Y").names("sharedCounters")
+
+
+def test_without_device_taints_every_drivers_tainted_devices_leave_and_the_others_stay() -> None:
+    """DRADeviceTaints is one gate of the same mechanism: its fallback is the removal of unhealthy devices."""
+    lost = DeviceTaint("gpu.nvidia.com/gpu-lost", "NoExecute")
+    devices = {"gpu.nvidia.com": [shared_gpu("gpu-0"), dataclasses.replace(shared_gpu("gpu-1"), taints=(lost,))],
+               "gpu.amd.com": [dataclasses.replace(shared_gpu("gpu-2"), taints=(lost,))]}
+    gates = GateFallbacks()
+    with structlog.testing.capture_logs() as logs:
+        assert gates.dropped("gpu.nvidia.com", {"devices[].taints"}) is True
+    assert [(e["reason"], e["gate"], e["fields"]) for e in logs] == [
+        ("feature-gate-off", "DRADeviceTaints", ["devices[].taints"])]
+    assert gates.off == ("DRADeviceTaints",)
+    published = gates.apply(devices)
+    assert published == {"gpu.nvidia.com": [shared_gpu("gpu-0")], "gpu.amd.com": []}
+    assert published["gpu.nvidia.com"][0].allow_multiple_allocations  # the other gate is still on

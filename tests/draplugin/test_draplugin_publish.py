@@ -118,9 +118,11 @@ def test_an_unhealthy_gpu_leaves_the_slice_and_comes_back(api: FakeApiServer, dr
         run.nvml.inject_xid(uuid, 13)  # an application's fault: ignored
         run.nvml.inject_xid(uuid, 79)
         assert published_within(run, lambda: name not in run.devices()) < AT_ONCE_S
-        assert len(run.devices()) == 7 and generation(run) == 2
+        # Without DRADeviceTaints (a v1.34 server's default) the first fault costs one write more: the device
+        # tainted, the taints dropped by the server, then the device left out (test_draplugin_taints.py).
+        assert len(run.devices()) == 7 and generation(run) == 3
         assert published_within(run, lambda: name in run.devices()) < AT_ONCE_S  # answered normally for 0.5 s
-        assert generation(run) == 3
+        assert generation(run) == 4
 
 
 def test_an_amd_gpu_whose_kfd_node_goes_leaves_the_slice(api: FakeApiServer, drakubelet: FakeDraKubelet,

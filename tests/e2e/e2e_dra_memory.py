@@ -60,7 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from labeller.quantity import parse as parse_quantity  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
-from tests.e2e.draplane import Cluster, Node, check, figure, results, wait  # noqa: E402
+from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, check, figure, verdict,  # noqa: E402
+                                wait)
 from tests.e2e.e2e_dra import claim_template, pod, request  # noqa: E402
 
 NODE, PROFILE = "mem-t4", "t4-x4-gpushare"
@@ -78,15 +79,27 @@ class MemoryNode(Node):
     """The node with memory sharing: its config, NVIDIA's tools' stand-ins and a short MPS root."""
 
     def __init__(self, cluster: Cluster, work: Path) -> None:
-        directory = work / NODE
-        super().__init__(cluster, NODE, work, PROFILE, ["nvidia"],
-                         plugin_args=["--mps-root", str(directory / "mps"), "--mps-control",
-                                      str(FAKES / "nvidia-cuda-mps-control"), "--nvidia-smi", str(FAKES / "nvidia-smi"),
-                                      "--probe-interval", "0.5s"],
-                         plugin_env={"FAKE_NVIDIA_SMI_LOG": str(directory / "nvidia-smi.log"),
-                                     "FAKE_MPS_CONTROL_LOG": str(directory / "mps-control.log")})
+        super().__init__(cluster, NODE, work, PROFILE, ["nvidia"])
         self.config.write_text(json.dumps({"version": "v1", "sharing": {"memory": {"unit": "GiB"}},
                                            "labeller": {"dra": {"vendors": ["nvidia"]}}}))
+
+    def start_plugin(self) -> float:
+        self.plugin = self._popen(["--mps-root", str(self.dir / "mps"), "--mps-control",
+                                   str(FAKES / "nvidia-cuda-mps-control"), "--nvidia-smi", str(FAKES / "nvidia-smi"),
+                                   "--probe-interval", "0.5s"])
+        return time.monotonic()
+
+    def _popen(self, extra: list[str]) -> Any:
+        import subprocess
+
+        env = {**os.environ, "FAKE_NVIDIA_SMI_LOG": str(self.dir / "nvidia-smi.log"),
+               "FAKE_MPS_CONTROL_LOG": str(self.dir / "mps-control.log")}
+        return subprocess.Popen(
+            [sys.executable, "-m", "labeller.cli", "--log-format", "json", "dra-plugin", "--simulate", self.profile,
+             "--config", str(self.config), "--node-name", self.name, "--kubeconfig", self.plugin_kubeconfig,
+             "--registry-dir", str(self.dir / "reg"), "--plugins-dir", str(self.dir / "plugins"),
+             "--cdi-spec-dir", str(self.dir / "cdi"), "--metrics-port", "0", "--metrics-bind", "127.0.0.1", *extra],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(self.dir / "plugin.log").open("a"), text=True, env=env)
 
     def metric(self, name: str) -> float:
         """The sum of a metric's samples on the plugin's /metrics."""
@@ -398,12 +411,12 @@ def start(cluster: Cluster, work: Path, gates: bool) -> MemoryNode:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k8s-dra", type=Path, default=ROOT.parent / "shared" / "k8s-dra")
+    add_k8s_dra_argument(parser)
     parser.add_argument("--pods", type=int, default=36)
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
-        print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")
-        return 0
+        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="glm-", dir="/tmp"))
     cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
     node: MemoryNode | None = None
@@ -423,9 +436,7 @@ def main() -> int:
             node.stop(node.plugin)
             node.stop(node.kubelet)
         cluster.down()
-    failed = [what for ok, what in results if not ok]
-    print(f"{len(results) - len(failed)} checks passed, {len(failed)} failed; logs in {work}")
-    return 1 if failed else 0
+    return verdict(work)
 
 
 if __name__ == "__main__":

@@ -349,8 +349,12 @@ def stop(signum: int, frame: object) -> None:
     sys.exit(1)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(script: str = __file__, checks: Callable[[argparse.Namespace], int] = inside,
+         node_env_extra: dict[str, str] | None = None, doc: str = __doc__ or "") -> int:
+    """Start k8s-node (with ``node_env_extra`` for up.sh: feature gates), run ``script --inside`` in its network
+    namespace (``checks`` there), stop it with ``down.sh --wipe`` whatever happened. tests/e2e/e2e_node_dra.py
+    reuses it with its own checks."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--image", required=True, help="the image in podman storage, e.g. localhost/gpu-labeller:0.1.0")
     parser.add_argument("--k8s-node", type=Path, default=Path(os.environ.get("K8S_NODE_DIR", "/work/shared/k8s-node")),
                         help="the k8s-node folder (default: $K8S_NODE_DIR, else %(default)s)")
@@ -360,16 +364,17 @@ def main() -> int:
     parser.add_argument("--node-name", help=argparse.SUPPRESS)
     parser.add_argument("--kubectl", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    name = Path(script).stem
     if args.inside:
-        return inside(args)
+        return checks(args)
     if os.geteuid() != 0:
-        print("e2e_node: needs root (k8s-node's up.sh: a network namespace, containerd, a kubelet)", file=sys.stderr)
+        print(f"{name}: needs root (k8s-node's up.sh: a network namespace, containerd, a kubelet)", file=sys.stderr)
         return 2
     if not (args.k8s_node / "up.sh").is_file():
-        print(f"e2e_node: no k8s-node folder at {args.k8s_node} (give --k8s-node DIR)", file=sys.stderr)
+        print(f"{name}: no k8s-node folder at {args.k8s_node} (give --k8s-node DIR)", file=sys.stderr)
         return 2
     if subprocess.run(["podman", "image", "exists", args.image], check=False).returncode != 0:
-        print(f"e2e_node: {args.image} is not in podman storage (build it: .ci/image build)", file=sys.stderr)
+        print(f"{name}: {args.image} is not in podman storage (build it: .ci/image build)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, stop)  # stop the node on the way out, as on Ctrl-C
     state = Path(os.environ.get("NODE_STATE", "/tmp/gpu-labeller-node"))
@@ -378,20 +383,21 @@ def main() -> int:
     status = 1
     try:
         print(f"k8s-node up ({args.k8s_node}), importing {args.image}", flush=True)
-        up = subprocess.run([str(args.k8s_node / "up.sh")], env={**os.environ, "IMAGES": args.image},
+        up = subprocess.run([str(args.k8s_node / "up.sh")], env={**os.environ, **(node_env_extra or {}),
+                                                                  "IMAGES": args.image},
                             capture_output=True, text=True, timeout=600, check=False)
         if up.returncode != 0:
-            print(f"e2e_node: up.sh failed: {(up.stderr or up.stdout).strip().splitlines()[-1:]}", file=sys.stderr)
+            print(f"{name}: up.sh failed: {(up.stderr or up.stdout).strip().splitlines()[-1:]}", file=sys.stderr)
             return 1
         figure(f"up.sh with the image import: {time.monotonic() - began:.1f} s")
         env = node_env(state)
         child = subprocess.Popen(
-            ["nsenter", f"--net={env['NODE_NSPATH']}", sys.executable, __file__, "--inside", "--image", args.image,
+            ["nsenter", f"--net={env['NODE_NSPATH']}", sys.executable, script, "--inside", "--image", args.image,
              "--profile", args.profile, "--state", str(state), "--node-name", env["NODE_NAME"],
              "--kubectl", env["NODE_KUBECTL"]], text=True)
         status = child.wait(INSIDE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        print(f"e2e_node: the checks did not finish within {INSIDE_TIMEOUT_S} s", file=sys.stderr)
+        print(f"{name}: the checks did not finish within {INSIDE_TIMEOUT_S} s", file=sys.stderr)
     finally:
         if child is not None and child.poll() is None:
             child.kill()
@@ -399,9 +405,9 @@ def main() -> int:
         down = subprocess.run([str(args.k8s_node / "down.sh"), "--wipe"], capture_output=True, text=True,
                               timeout=300, check=False)
         if down.returncode != 0:
-            print(f"e2e_node: down.sh --wipe failed: {down.stderr.strip()}", file=sys.stderr)
+            print(f"{name}: down.sh --wipe failed: {down.stderr.strip()}", file=sys.stderr)
             status = status or 1
-    print(f"e2e_node: {'passed' if status == 0 else 'FAILED'} in {time.monotonic() - began:.1f} s "
+    print(f"{name}: {'passed' if status == 0 else 'FAILED'} in {time.monotonic() - began:.1f} s "
           "(up.sh, checks, down.sh --wipe)", flush=True)
     return status
 

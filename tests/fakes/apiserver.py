@@ -9,8 +9,9 @@ precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature obje
 ``resource.k8s.io/v1`` ResourceSlices (create, get, list and watch with field selectors on
 ``spec.nodeName`` and ``spec.driver``, update with a resourceVersion precondition, delete with a uid
 precondition; the API's decoding (400 for a number outside int64) and validation of what a driver
-writes, and what it drops of an alpha feature gate that is off: ``feature_gates``) and
-ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes ``status.allocation``).
+writes, and what it drops of an alpha feature gate that is off: ``feature_gates``, device taints
+included) and ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes
+``status.allocation``).
 Faults are injected on demand: RBAC 403, 5xx, slow answers and dropped connections. Every request
 is logged and counted by verb.
 
@@ -454,8 +455,8 @@ class ObjectStore:
         anything else: ApiError 400 when a value does not fit its field."""
 
     def prepare(self, obj: Obj, old: Obj | None) -> None:
-        """The server's ``PrepareForCreate`` / ``PrepareForUpdate`` (``old``: the stored object), before
-        validation: fields of a disabled feature gate dropped."""
+        """The server's ``PrepareForCreate`` / ``PrepareForUpdate`` (``old``: the stored object, None at
+        create), before validation: fields of a disabled feature gate dropped, defaults stamped."""
 
     def validate(self, obj: Obj) -> None:
         """The server's validation of a created or replaced object: ApiError 422 when it is invalid."""
@@ -597,6 +598,14 @@ MAX_DOMAIN = 63
 MAX_ATTRIBUTE_VALUE = 64
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
 QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
+# Device taints (v1.34, gate DRADeviceTaints; observed on v1.34.2): at most 4 per device, the key a qualified
+# name, the value a label value, the effect NoSchedule or NoExecute (required; None only from 1.35);
+# timeAdded stamped at create and update when missing.
+DRA_DEVICE_TAINTS = "DRADeviceTaints"
+MAX_TAINTS_PER_DEVICE = 4
+TAINT_EFFECTS = ("NoExecute", "NoSchedule")
+NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
 INT64 = range(-2**63, 2**63)
@@ -658,12 +667,24 @@ def drop_consumable_capacity(spec: Obj) -> None:
                 value.pop("requestPolicy", None)
 
 
+def uses_device_taints(spec: Obj) -> bool:
+    """``draDeviceTaintsInUse``: a device has a taint."""
+    return any(isinstance(device, dict) and device.get("taints") for device in spec.get("devices") or [])
+
+
+def drop_device_taints(spec: Obj) -> None:
+    for device in spec.get("devices") or []:
+        if isinstance(device, dict):
+            device.pop("taints", None)
+
+
 # What a v1.34 server does with the ResourceSlice fields of an alpha feature gate that is off
 # (pkg/registry/resource/resourceslice/strategy.go, dropDisabledFields): drops them from a create, and
 # from an update unless the stored slice already uses them (then they are kept). The answer to the write
 # is the slice without them: that is how a driver can tell. Gate -> (whether a spec uses it, drop it).
 GATED_SLICE_FIELDS: dict[str, tuple[Callable[[Obj], bool], Callable[[Obj], None]]] = {
     "DRAConsumableCapacity": (uses_consumable_capacity, drop_consumable_capacity),
+    DRA_DEVICE_TAINTS: (uses_device_taints, drop_device_taints),
 }
 
 
@@ -674,8 +695,9 @@ class SliceStore(ObjectStore):
     named by qualified names (``productName``, ``resource.kubernetes.io/pcieRoot``), attribute values of
     exactly one type (versions semver; strings and versions at most 64 characters), capacities quantities.
     The fields of the alpha feature gates (``GATED_SLICE_FIELDS``) are kept and validated only with the
-    gate in ``gates`` (``FakeApiServer(feature_gates=...)``): ``allowMultipleAllocations`` and a
-    capacity's ``requestPolicy`` (``DRAConsumableCapacity``) with the real server's rules and messages."""
+    gate in ``gates`` (``FakeApiServer(feature_gates=...)``), with the real server's rules and messages:
+    ``allowMultipleAllocations`` and a capacity's ``requestPolicy`` (``DRAConsumableCapacity``), device
+    taints as v1.34.2 takes them (``DRADeviceTaints``; ``prepare`` stamps their ``timeAdded``)."""
 
     fields = SLICE_FIELDS
     api_version = "resource.k8s.io/v1"
@@ -686,10 +708,16 @@ class SliceStore(ObjectStore):
         self.gates = gates if gates is not None else set()
 
     def prepare(self, obj: Obj, old: Obj | None) -> None:
+        """As v1.34's strategy: the fields of a gate that is off dropped, unless the old slice uses them (a
+        field in use is kept on update); a taint without timeAdded gets now."""
         spec, old_spec = obj.get("spec") or {}, (old or {}).get("spec") or {}
         for gate, (in_use, drop) in GATED_SLICE_FIELDS.items():
             if gate not in self.gates and not in_use(old_spec):
                 drop(spec)
+        for device in spec.get("devices") or []:
+            for taint in (device.get("taints") or []) if isinstance(device, dict) else []:
+                if isinstance(taint, dict) and not taint.get("timeAdded"):
+                    taint["timeAdded"] = _now()
 
     def decode(self, obj: Obj) -> None:
         """Its int64 fields hold integers in range (null becomes 0, Go's zero value); anything else is
@@ -787,6 +815,33 @@ class SliceStore(ObjectStore):
                 problems.append(f"{path}: Forbidden: allowMultipleAllocations must be true")
             elif QUANTITY.fullmatch(str(capacity[key].get("value") or "")):
                 problems += request_policy_problems(path, str(capacity[key]["value"]), policy)
+        return problems + SliceStore._taint_problems(f"{where}.taints", device.get("taints") or [])
+
+    @staticmethod
+    def _taint_problems(where: str, taints: list[Any]) -> list[str]:
+        """v1.34.2's messages for bad device taints."""
+        problems = []
+        if len(taints) > MAX_TAINTS_PER_DEVICE:
+            problems.append(f"{where}: Too many: {len(taints)}: must have at most {MAX_TAINTS_PER_DEVICE} items")
+        for i, taint in enumerate(taints):
+            at = f"{where}[{i}]"
+            taint = taint if isinstance(taint, dict) else {}
+            key, value, effect = str(taint.get("key") or ""), str(taint.get("value") or ""), taint.get("effect")
+            prefix, slash, name = key.rpartition("/")
+            if not NAME_PART.fullmatch(name) or len(name) > 63 or (slash and (
+                    len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix))):
+                problems.append(f"{at}.key: Invalid value: {key!r}: name part must consist of alphanumeric characters, "
+                                "'-', '_' or '.', and must start and end with an alphanumeric character, optionally "
+                                "after a DNS subdomain prefix and '/'")
+            if not LABEL_VALUE.fullmatch(value) or len(value) > 63:
+                problems.append(f"{at}.value: Invalid value: {value!r}: a valid label must be an empty string or "
+                                "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                                "alphanumeric character")
+            if not effect:
+                problems.append(f"{at}.effect: Required value")
+            elif effect not in TAINT_EFFECTS:
+                problems.append(f"{at}.effect: Unsupported value: {json.dumps(effect)}: supported values: "
+                                + ", ".join(json.dumps(e) for e in TAINT_EFFECTS))
         return problems
 
 

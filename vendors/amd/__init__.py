@@ -70,6 +70,6 @@ VENDOR = Vendor(
     ),
     mps=None,
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
-            served_label="amd.com/gpu.dra", configs=dra_configs),
+            served_label="amd.com/gpu.dra", configs=dra_configs, taint_keys=dra.TAINT_KEYS),
     settings=settings.SETTINGS,
 )

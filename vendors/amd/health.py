@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from labeller.offer import PhysicalDevice
-from labeller.vendor.plugin import HealthReporter
+from labeller.vendor.plugin import Fault, HealthReporter
 from vendors.amd.devices import AmdDevice
 from vendors.amd.facts import KFD_TOPOLOGY_DIRS
 
@@ -46,7 +46,7 @@ class KfdChecker:
             if self._present(node):
                 self._board.answering([key])
             else:
-                self._board.mark_unhealthy([key], f"KFD node {node} disappeared")
+                self._board.mark_unhealthy([key], Fault(f"KFD node {node} disappeared", Fault.LOST))
 
 
 def checker(devices: Sequence[PhysicalDevice], board: HealthReporter, host_root: Path, handle: Any,

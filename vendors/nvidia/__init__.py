@@ -64,6 +64,6 @@ VENDOR = Vendor(
         offer_inputs=mps.offer_inputs,
     ),
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
-            served_label="nvidia.com/gpu.dra", configs=dra_configs),
+            served_label="nvidia.com/gpu.dra", configs=dra_configs, taint_keys=dra.TAINT_KEYS),
     settings=settings.SETTINGS,
 )

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from labeller.offer import PhysicalDevice
-from labeller.vendor.plugin import HealthReporter
+from labeller.vendor.plugin import Fault, HealthReporter
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.facts import WHOLE_GPU
 from vendors.nvidia.nvml import load
@@ -125,7 +125,8 @@ class NvmlChecker:
                 if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
                     log.warning("GPU does not support NVML events", device=uuid)
                 else:
-                    self._board.mark_unhealthy(keys, f"cannot register for NVML events: {exc}")
+                    self._board.mark_unhealthy(keys, Fault(f"cannot register for NVML events: {exc}",
+                                                           Fault.UNMONITORED))
         return True
 
     def stop(self) -> None:
@@ -155,7 +156,9 @@ class NvmlChecker:
         except nvml.NVMLError as exc:
             if getattr(exc, "value", None) == nvml.NVML_ERROR_TIMEOUT:
                 return
-            self._board.mark_unhealthy(self._all_keys(), f"NVML event wait failed: {exc}")
+            lost = getattr(exc, "value", None) in self._lost_errors()
+            self._board.mark_unhealthy(self._all_keys(), Fault(f"NVML event wait failed: {exc}",
+                                                               Fault.LOST if lost else Fault.UNMONITORED))
             time.sleep(timeout_ms / 1000)
             return
         if not event.eventType & nvml.nvmlEventTypeXidCriticalError:
@@ -165,16 +168,17 @@ class NvmlChecker:
         try:
             uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
         except nvml.NVMLError as exc:
-            self._board.mark_unhealthy(self._all_keys(), f"XID {xid} on a GPU NVML cannot name: {exc}")
+            self._board.mark_unhealthy(self._all_keys(),
+                                       Fault(f"XID {xid} on a GPU NVML cannot name: {exc}", Fault.XID, xid))
             return
         if not self._policy.xid_is_critical(xid):
             log.info("XID ignored (application error or disabled)", device=uuid, xid=xid)
             return
         keys = self._keys_for_event(uuid, int(event.gpuInstanceId), int(event.computeInstanceId))
         if not keys:
-            self._board.mark_unhealthy(self._all_keys(), f"XID {xid} on unknown GPU {uuid}")
+            self._board.mark_unhealthy(self._all_keys(), Fault(f"XID {xid} on unknown GPU {uuid}", Fault.XID, xid))
             return
-        self._board.mark_unhealthy(keys, f"XID {xid}")
+        self._board.mark_unhealthy(keys, Fault(f"XID {xid}", Fault.XID, xid))
 
     def _keys_for_event(self, uuid: str, gi: int, ci: int) -> list[str]:
         if gi == WHOLE_GPU:
@@ -191,18 +195,21 @@ class NvmlChecker:
         nvml = self._nvml
         if not self._initialised:
             return
-        gone = {getattr(nvml, f"NVML_ERROR_{name}", None) for name in LOST_ERRORS} - {None}
+        gone = self._lost_errors()
         for uuid, keys in self._keys_of_gpu.items():
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
                 nvml.nvmlDeviceGetMemoryInfo(handle)
             except nvml.NVMLError as exc:
                 if getattr(exc, "value", None) in gone:
-                    self._board.mark_unhealthy(keys, f"GPU does not answer NVML: {exc}")
+                    self._board.mark_unhealthy(keys, Fault(f"GPU does not answer NVML: {exc}", Fault.LOST))
                 else:
                     log.debug("NVML health poll inconclusive", device=uuid, error=str(exc))
                 continue
             self._board.answering(keys)
+
+    def _lost_errors(self) -> set[Any]:
+        return {getattr(self._nvml, f"NVML_ERROR_{name}", None) for name in LOST_ERRORS} - {None}
 
 
 
