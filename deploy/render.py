@@ -20,7 +20,10 @@ field recursiveReadOnly. gpu-labeller-k8s1.30.yaml is the same for Kubernetes 1.
 chart's default (admissionPolicy.enabled=auto) installs the policy and the read-only host mounts are
 recursive. scheduler-extender.yaml holds only the scheduler extender's objects (extender.enabled=true,
 1.27), kubelet-dra-plugin.yaml only the DRA objects (dra.enabled=true with the same example configs, for
-1.34: the DRA plugin, its RBAC and its ResourceSlice policy, the DeviceClasses). All are rendered as
+1.34: the DRA plugin, its RBAC and its ResourceSlice policy, the DeviceClasses). prune/ holds the chart's
+post-delete hook (postDeleteCleanup, left out of the main files) with the Namespace, for 1.27 and for 1.30
+(with the prune Job's policy): applied after the main file is deleted, it removes gpu-labeller's labels
+from every Node (kept apart so that `kubectl apply -f deploy/manifests/` never runs it). All are rendered as
 release "gpu-labeller" in namespace "gpu-labeller", each for a cluster of the oldest Kubernetes it runs
 on (its header names it), with the API versions that cluster serves (cluster_api_versions), as `helm
 install` there would. Needs helm-python-sdk (the project's test extra).
@@ -65,6 +68,8 @@ POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 DISCOVERED_API = "apps/v1/DaemonSet"
 NOTES = "NOTES.txt"
 EXTENDER_TEMPLATE = "scheduler-extender.yaml"
+PRUNE_TEMPLATE = "prune.yaml"  # postDeleteCleanup's hook: its own files, applied after the others are deleted
+NAMESPACE_TEMPLATE = "namespace.yaml"
 DRA_TEMPLATE_PREFIX = "dra-"  # dra-plugin.yaml, dra-deviceclasses.yaml, dra-admissionpolicy.yaml
 EXAMPLE_CONFIGS: dict[str, Any] = {
     "default": {"version": "v1", "flags": {"migStrategy": "none"}},
@@ -131,6 +136,13 @@ def manifests() -> dict[str, str]:
     """File name in deploy/manifests/ -> its expected content."""
     main_values = {"createNamespace": True, "config": {"data": EXAMPLE_CONFIGS}}
     main_what = f"default values, createNamespace=true, config.data: {', '.join(EXAMPLE_CONFIGS)}"
+    main = {version: for_cluster(main_values, version) for version in (MIN_KUBE_VERSION, POLICY_KUBE_VERSION)}
+    installed = {version: {path: text for path, text in rendered.items() if not path.endswith("/" + PRUNE_TEMPLATE)}
+                 for version, rendered in main.items()}
+    # The prune Job with its Namespace: applied once the main file is deleted (namespace and all), then deleted.
+    prune = {version: {path: text for path, text in rendered.items()
+                       if path.endswith(("/" + PRUNE_TEMPLATE, "/" + NAMESPACE_TEMPLATE))}
+             for version, rendered in main.items()}
     # No generated keys in a file everyone downloads: the manifest takes the Secret the user makes (README).
     extender_values = {"extender": {"enabled": True, "tls": {"existingSecret": "gpu-labeller-scheduler-extender-tls"}}}
     extender = {path: text for path, text in for_cluster(extender_values, MIN_KUBE_VERSION).items()
@@ -139,12 +151,20 @@ def manifests() -> dict[str, str]:
     dra = {path: text for path, text in for_cluster(dra_values, DRA_KUBE_VERSION).items()
            if path.rpartition("/")[2].startswith(DRA_TEMPLATE_PREFIX)}
     return {
-        "gpu-labeller.yaml": join(documents(for_cluster(main_values, MIN_KUBE_VERSION)),
+        "gpu-labeller.yaml": join(documents(installed[MIN_KUBE_VERSION]),
                                   f"{main_what}; Kubernetes 1.27 to 1.29: no ValidatingAdmissionPolicy, "
                                   "host mounts not recursively read-only; on >= 1.30 apply gpu-labeller-k8s1.30.yaml"),
-        "gpu-labeller-k8s1.30.yaml": join(documents(for_cluster(main_values, POLICY_KUBE_VERSION)),
+        "gpu-labeller-k8s1.30.yaml": join(documents(installed[POLICY_KUBE_VERSION]),
                                           f"{main_what}; Kubernetes >= 1.30: with the ValidatingAdmissionPolicy, "
                                           "recursively read-only host mounts"),
+        "prune/gpu-labeller-prune.yaml": join(
+            documents(prune[MIN_KUBE_VERSION]), "postDeleteCleanup: the prune Job only; Kubernetes 1.27 to 1.29; "
+            "to uninstall, apply it after `kubectl delete -f gpu-labeller.yaml`, wait for the Job, delete it "
+            "(docs/deploy.md); on >= 1.30 use gpu-labeller-prune-k8s1.30.yaml"),
+        "prune/gpu-labeller-prune-k8s1.30.yaml": join(
+            documents(prune[POLICY_KUBE_VERSION]), "postDeleteCleanup: the prune Job only, with its "
+            "ValidatingAdmissionPolicy; Kubernetes >= 1.30; to uninstall, apply it after `kubectl delete -f "
+            "gpu-labeller-k8s1.30.yaml`, wait for the Job, delete it (docs/deploy.md)"),
         "scheduler-extender.yaml": join(
             documents(extender), "extender.enabled=true: the gpushare-compatible scheduler extender only; "
             "Kubernetes >= 1.27; apply after gpu-labeller.yaml and configure the kube-scheduler "

@@ -39,8 +39,10 @@ FOREIGN_DOCS: tuple[KeyDoc, ...] = (
 )
 STATE_DOCS: tuple[KeyDoc, ...] = (
     KeyDoc(STATE_LABEL, "none: gpu-labeller's own key (NVIDIA's config-manager reads the config label only)",
-           _CONFIG_DIR),
-    KeyDoc(APPLIED_LABEL, "none: gpu-labeller's own key", _CONFIG_DIR),
+           _CONFIG_DIR, meaning="`success` when the named config the node asks for (its config label) is the one "
+                                "in force, else `failed`"),
+    KeyDoc(APPLIED_LABEL, "none: gpu-labeller's own key", _CONFIG_DIR,
+           meaning="the name of the named config in force"),
 )
 assert CONFIG_LABEL in NOT_OWNED_KEYS
 
@@ -55,13 +57,16 @@ class Entry:
 
 def presence_doc(vendor: Vendor) -> KeyDoc:
     return KeyDoc(vendor.labelling.presence_label, vendor.labelling.presence_upstream,
-                  f"a {vendor.name} GPU is on the PCI bus or its backend describes one")
+                  f"a {vendor.name} GPU is on the PCI bus or its backend describes one",
+                  meaning="`true`: the node has a GPU of this vendor (the device plugin's DaemonSet selects on it)")
 
 
 def dra_doc(vendor: Vendor, driver: str, label: str) -> KeyDoc:
     return KeyDoc(label, "none: gpu-labeller's own key",
                   f"labeller.dra.vendors names {vendor.name} and a {vendor.name} GPU is present: DRA ({driver}) "
-                  "serves its GPUs, the device plugin does not advertise them")
+                  "serves its GPUs, the device plugin does not advertise them",
+                  meaning=f"`true`: the node serves this vendor's GPUs through DRA (ResourceSlices of {driver}), "
+                          "not as extended resources")
 
 
 def catalog(vendors: Sequence[Vendor]) -> list[Entry]:
@@ -128,12 +133,9 @@ class Explanation:
         return line + (f"\n  upstream: {self.upstream}" if self.upstream else "") + "\n"
 
 
-_GROUPS = {"nvidia": "nvidia", "amd": "amd", "amdBeta": "amd_beta", "firmware": "firmware", "machine": "machine",
-           "timestamp": "timestamp"}
-
-
-def _group_on(config: Config, group: str) -> bool:
-    return bool(getattr(config.labels, _GROUPS[group]))
+def _group_on(config: Config, vendor: Vendor, group: str) -> bool:
+    """Whether the label group ``labeller.labels.<group>``, one of ``vendor``'s keys, is on."""
+    return bool(vendor.settings.value(config, f"labeller.labels.{group}"))
 
 
 def why_not(key: str, entry: Entry, label_set: LabelSet, inventory: Inventory, config: Config,
@@ -146,7 +148,7 @@ def why_not(key: str, entry: Entry, label_set: LabelSet, inventory: Inventory, c
         return f"computed but dropped, Kubernetes would reject it: {label_set.dropped[key]}"
     if vendor is not None and not vendor.labelling.enabled(config):
         return f"the {vendor.name} label groups are off in the config (labeller.labels)"
-    if doc.group and not _group_on(config, doc.group):
+    if doc.group and vendor is not None and not _group_on(config, vendor, doc.group):
         return f"the label group labeller.labels.{doc.group} is off"
     if vendor is not None and not present(vendor, inventory):
         report = next((r for r in inventory.reports if r.backend == vendor.name), None)

@@ -94,6 +94,12 @@ def is_finished(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
 
 
+def share_environment(gpu_index: int, container_units: int, gpu_units: int) -> dict[str, str]:
+    """What gpushare's device plugin tells a container of its share: the GPU's index on the node, the
+    container's units, the GPU's units (the pod's total is ``ENV_POD``)."""
+    return {ENV_IDX: str(gpu_index), ENV_CONTAINER: str(container_units), ENV_DEV: str(gpu_units)}
+
+
 def placement_annotations(gpu: int, pod_units: int, gpu_units: int, now_ns: int) -> dict[str, str]:
     """What the extender writes on a pod it binds (the plugin's side of the contract reads them)."""
     return {ANN_IDX: str(gpu), ANN_POD: str(pod_units), ANN_DEV: str(gpu_units), ANN_ASSIGNED: "false",

@@ -71,12 +71,15 @@ class Host:
 
     def dra_devices(self, inventory: Inventory, offer: Offer, every_vendor: bool = False) -> dict[str, list[DraDevice]]:
         """What the node publishes through DRA, by driver ("gpu.nvidia.com"): the devices of each
-        vendor the config serves through DRA (``labeller.dra.vendors``) that has any here; with
+        vendor the config serves through DRA (``labeller.dra.vendors``) that has any here, its GPUs
+        shared by memory under ``sharing.memory`` (``sharing.memory_shared_devices``); with
         ``every_vendor``, of every vendor with a DRA driver, served or not (what ``explain`` shows)."""
         found = {}
         for vendor in self.vendors:
             if vendor.dra is not None and (every_vendor or self.config.served_by_dra(vendor.name)):
                 devices = vendor.dra.devices(inventory, offer, self.config)
+                if self.config.sharing.memory is not None and vendor.devices.memory_shared is not None:
+                    devices = sharing.memory_shared_devices(devices, self.config.sharing.memory)
                 if devices:
                     found[vendor.dra.driver] = devices
         return found

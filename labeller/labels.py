@@ -163,8 +163,9 @@ class KeyDoc:
     (``nvidia.com/mig-<profile>.count``); ``writer`` says who writes it ("gpu-labeller", or the owner
     of a key gpu-labeller never writes), ``upstream`` which other tools write the same key, ``when``
     when gpu-labeller writes it (formatted with the config's ``mig_strategy`` and ``sharing``),
-    ``group`` the ``labeller.labels`` group that turns it off, and ``missing`` (from the probe) why
-    the value it is made of is missing on this node, "" when it is not."""
+    ``group`` the ``labeller.labels`` group that turns it off, ``missing`` (from the probe) why
+    the value it is made of is missing on this node, "" when it is not, and ``meaning`` what its value
+    says (the labels reference, docs/reference/labels.md)."""
 
     pattern: str
     upstream: str
@@ -172,6 +173,7 @@ class KeyDoc:
     group: str = ""
     writer: str = "gpu-labeller"
     missing: Callable[[Inventory], str] | None = None
+    meaning: str = ""
 
     @property
     def regex(self) -> re.Pattern[str]:

@@ -10,8 +10,9 @@ split over slices of at most 128 devices. Pure: no I/O, no client.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -64,16 +65,65 @@ class Attribute:
 
 
 @dataclass(frozen=True)
+class RequestPolicy:
+    """How claims consume a capacity of a device that allows multiple allocations (Kubernetes 1.34's
+    ``DeviceCapacity.requestPolicy``, feature gate ``DRAConsumableCapacity``), in its ``validRange``
+    form: a request that asks none consumes ``default``; one that asks less than ``min`` consumes
+    ``min``, one between is rounded up to ``min + n * step``, one above ``max`` does not fit the device.
+    The API's rules (``pkg/apis/resource/validation``) hold by construction: ``min <= default <= max
+    <= the capacity``, ``min + step <= the capacity``, ``default`` and ``max`` are ``min`` plus whole steps."""
+
+    default: int
+    min: int
+    max: int | None = None
+    step: int | None = None
+
+    def document(self) -> dict[str, Any]:
+        valid_range = {"min": quantity(self.min)}
+        if self.max is not None:
+            valid_range["max"] = quantity(self.max)
+        if self.step is not None:
+            valid_range["step"] = quantity(self.step)
+        return {"default": quantity(self.default), "validRange": valid_range}
+
+
+@dataclass(frozen=True)
 class Capacity:
-    """One device capacity: a count or a number of bytes, with where it came from."""
+    """One device capacity: a count or a number of bytes, with where it came from; with a
+    ``request_policy``, consumed by each claim that shares the device (``DraDevice.allow_multiple_allocations``)."""
 
     value: int
     backend: str
     source: str
     rule: str = ""
+    request_policy: RequestPolicy | None = None
 
     def document(self) -> dict[str, Any]:
-        return {"value": quantity(self.value)}
+        if self.request_policy is None:
+            return {"value": quantity(self.value)}
+        return {"value": quantity(self.value), "requestPolicy": self.request_policy.document()}
+
+
+# What Kubernetes 1.34 accepts as a DeviceTaint's effect (DRADeviceTaints, alpha); 1.35 adds None.
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """A taint of a published device (``Device.taints``): ``key`` a qualified name in the driver's
+    domain, ``value`` a label value (may be empty), ``effect`` one of ``TAINT_EFFECTS``. The API server
+    stamps ``timeAdded`` when a taint comes without one; the publisher keeps the stamp of a taint it
+    published before."""
+
+    key: str
+    effect: str
+    value: str = ""
+
+    def document(self) -> dict[str, Any]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
 
 
 @dataclass(frozen=True)
@@ -84,24 +134,33 @@ class DraDevice:
     ``capacity`` are keyed by their name as published (short names belong to the driver's domain,
     qualified ones such as ``resource.kubernetes.io/pciBusID`` are Kubernetes' own). ``physical`` is
     the device plugin's view of the same unit: what preparing a claim gives the container, and whose
-    ``health_key`` the health checks report."""
+    ``health_key`` the health checks report. ``allow_multiple_allocations``: several claims may be
+    allocated the device at once, each consuming part of its capacities (``Capacity.request_policy``):
+    Kubernetes 1.34's consumable capacity, ``sharing.memory`` in DRA. ``taints`` say why the device
+    should not be used (the DRA plugin's health taints, ``labeller.draplugin.taints``)."""
 
     name: str
     physical: PhysicalDevice
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
+    allow_multiple_allocations: bool = False
+    taints: tuple[DeviceTaint, ...] = ()
 
     @property
     def health_key(self) -> str:
         return self.physical.health_key
 
     def document(self) -> dict[str, Any]:
-        """The API's Device, attributes and capacities in name order."""
+        """The API's Device, attributes and capacities in name order, then its taints."""
         out: dict[str, Any] = {"name": self.name}
         if self.attributes:
             out["attributes"] = {key: self.attributes[key].document() for key in sorted(self.attributes)}
         if self.capacity:
             out["capacity"] = {key: self.capacity[key].document() for key in sorted(self.capacity)}
+        if self.allow_multiple_allocations:
+            out["allowMultipleAllocations"] = True
+        if self.taints:
+            out["taints"] = [taint.document() for taint in self.taints]
         return out
 
 
@@ -172,9 +231,15 @@ def resource_slices(node_name: str, devices_by_driver: Mapping[str, Sequence[Dra
     return slices
 
 
-def healthy(devices_by_driver: Mapping[str, Sequence[DraDevice]], unhealthy: Collection[str]
-            ) -> dict[str, list[DraDevice]]:
-    """The devices whose physical device is not in ``unhealthy`` (health keys, as the plugin's health
-    board reports them): an unhealthy device leaves the slice, as it leaves the device plugin's list."""
-    return {driver: [d for d in devices if d.health_key not in unhealthy]
-            for driver, devices in devices_by_driver.items()}
+def exclusive(devices: Sequence[DraDevice]) -> list[DraDevice]:
+    """The devices as each is allocated to one claim at a time: without ``allow_multiple_allocations``
+    and request policies (what an API server without ``DRAConsumableCapacity`` keeps of them)."""
+    return [dataclasses.replace(d, allow_multiple_allocations=False, capacity={
+        key: dataclasses.replace(c, request_policy=None) for key, c in d.capacity.items()})
+        if d.allow_multiple_allocations else d for d in devices]
+
+
+def untainted(devices: Sequence[DraDevice]) -> list[DraDevice]:
+    """The devices without taints (what is published where the API server drops ``Device.taints``,
+    ``DRADeviceTaints`` off): an unhealthy device leaves the slice, as it leaves the device plugin's list."""
+    return [d for d in devices if not d.taints]

@@ -29,6 +29,9 @@ Sharing (NVIDIA's config format, applied to any vendor's resource; one case per 
 
 A vendor the config serves through DRA (``labeller.dra.vendors``) offers nothing here: each of its
 groups is withheld with that reason, and its GPUs are the DRA plugin's (``labeller.resourceslices``).
+``sharing.memory`` applies there too (``memory_shared_devices``): each GPU it would share publishes
+``allowMultipleAllocations`` and a ``memory`` capacity claims consume in the config's unit, so the
+scheduler itself places claims by memory (Kubernetes 1.34's consumable capacity).
 
 Where GFD's labels contradict what NVIDIA's plugin advertises, gpu-labeller labels what is
 advertised (docs/deviations.md). The cases, all decided by the groups NVIDIA's package returns:
@@ -44,13 +47,15 @@ advertised (docs/deviations.md). The cases, all decided by the groups NVIDIA's p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 
-from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource
+from labeller.config import Config, ConfigError, DeviceSelector, MemorySharing, SharedResource, Sharing
 from labeller.gpushare import RESOURCE_COUNT, RESOURCE_MEM
 from labeller.inventory import Inventory
 from labeller.offer import (MAX_DEVICES_PER_RESOURCE, AdvertisedDevice, DeviceGroup, Held, Offer, PhysicalDevice,
                             Resource, replica_id)
+from labeller.resourceslices import DraDevice, RequestPolicy
 from labeller.vendor import Vendor
 
 # (a resource with MPS replicas) -> why it cannot be served by MPS now and whether that may change, or None
@@ -94,16 +99,14 @@ def too_many(name: str, count: int, how: str, fix: str) -> str:
             f"kubelet takes for one resource; {fix}")
 
 
-def replicated(group: DeviceGroup, devices: list[PhysicalDevice], config: Config) -> Resource:
-    """The replicas of ``devices``; ConfigError, before building them, when they are more than the kubelet takes."""
-    sharing = config.sharing
-    replicas = sharing.replicas_for(group.base)
-    name = sharing.advertised_name(group.base)
+def replicated(group: DeviceGroup, devices: list[PhysicalDevice], entry: SharedResource, sharing: Sharing) -> Resource:
+    """The replicas of ``devices`` as ``entry`` (the group's sharing entry) asks; ConfigError, before building them,
+    when they are more than the kubelet takes."""
+    replicas, name = entry.replicas, entry.advertised_name(sharing.rename_by_default)
     problem = too_many(name, len(devices) * replicas, f"{len(devices)} x {replicas} replicas",
                        f"lower replicas to {max(1, MAX_DEVICES_PER_RESOURCE // len(devices))} or less")
     if problem:
-        entry = sharing.entry(group.base)
-        raise ConfigError(f"{entry.where if entry is not None else 'sharing'}: {problem}")
+        raise ConfigError(f"{entry.where}: {problem}")
     advertised = tuple(AdvertisedDevice(replica_id(p.visible_id, n), p, n) for p in devices for n in range(replicas))
     return Resource(name, group.base, group.vendor, advertised, replicas, sharing.strategy)
 
@@ -159,6 +162,36 @@ def memory_shared(group: DeviceGroup, memory: MemorySharing) -> tuple[list[Resou
                      1, "memory")], held
 
 
+MEMORY = "memory"  # the capacity both vendors' DRA drivers publish a device's bytes of memory as
+
+
+def memory_policy(memory_bytes: int, memory: MemorySharing) -> RequestPolicy:
+    """How claims consume a GPU's ``memory`` capacity under ``sharing.memory``: whole units of the
+    config's (a claim asking 1500Mi of a GiB node takes 2Gi), at most the GPU's memory floored to
+    units (what ``aliyun.com/gpu-mem`` offers of it); a claim that asks for no memory takes all of
+    that, so it holds the GPU alone, as on a node that does not share. No step where the GPU holds a
+    single unit (the API wants ``min + step`` within the capacity)."""
+    unit = memory.unit_bytes
+    whole_units = memory_bytes // unit * unit
+    return RequestPolicy(default=whole_units, min=unit, max=whole_units, step=unit if whole_units >= 2 * unit else None)
+
+
+def memory_shared_devices(devices: Sequence[DraDevice], memory: MemorySharing) -> list[DraDevice]:
+    """``sharing.memory`` in DRA: each whole GPU memory sharing would share (``memory_problem``) and
+    whose driver publishes its ``memory`` allows multiple allocations, its memory consumed by
+    ``memory_policy``; the others (MIG devices, a GPU of unknown memory) stay exclusive."""
+    out = []
+    for device in devices:
+        capacity = device.capacity.get(MEMORY)
+        if capacity is None or capacity.value < memory.unit_bytes or memory_problem(device.physical, memory):
+            out.append(device)
+            continue
+        shared = dataclasses.replace(capacity, request_policy=memory_policy(capacity.value, memory))
+        out.append(dataclasses.replace(device, capacity={**device.capacity, MEMORY: shared},
+                                       allow_multiple_allocations=True))
+    return out
+
+
 def share(group: DeviceGroup, config: Config, mps: MpsGate, memory_base: str | None
           ) -> tuple[list[Resource], list[Held]]:
     """The resources ``group`` becomes under the sharing config, and those held back. ``memory_base``:
@@ -171,7 +204,7 @@ def share(group: DeviceGroup, config: Config, mps: MpsGate, memory_base: str | N
         return [whole(group.base, group.vendor, group.devices)], []
     picked, rest = select(group, entry)
     whole_part = [whole(group.base, group.vendor, rest)] if rest else []
-    shared = replicated(group, picked, config)
+    shared = replicated(group, picked, entry, config.sharing)
     if config.sharing.strategy == "mps":
         return mps_shared(whole_part, shared, mps)
     return time_sliced(whole_part, shared)

@@ -5,15 +5,16 @@ gpushare's device plugin, scheduler extender and kubectl plugin, NVIDIA's and AM
 A flag either sets a config key (``key``: a flag or its env var beats the config file, as upstream),
 or is gpu-labeller's own option under another name (``alias_of``), or asks for something
 gpu-labeller does not do: then a warning names it, unless its value asks for what gpu-labeller
-does anyway (``neutral``). Plain data: the command line declares the options from it
-(labeller/commands/upstream.py), docs/migrating.md lists it and a test holds the two together.
-Also here: the config keys of NVIDIA's format that are read and not honoured, and Go durations.
+does anyway (``neutral``). A flag that sets a key is declared with the key (``KeyFlag``, in the
+config table: labeller.configtable), the others here (``UNKEYED_FLAGS``). Plain data: the command
+line declares the options from both (labeller/commands/upstream.py), docs/migrating.md lists them
+and a test holds the two together. Also here: Go durations.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -88,140 +89,124 @@ class UpstreamFlag:
         return f"{self.shown}={shown} ({TOOL_NAMES[self.tool]}) is not honoured by gpu-labeller: {self.note}"
 
 
+@dataclass(frozen=True)
+class KeyFlag:
+    """An upstream flag or env var that sets a config key, declared with the key, which gives it its kind."""
+
+    tool: Tool
+    names: tuple[str, ...]
+    env: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ("run",)
+    note: str = ""
+
+    def bound(self, key: str, kind: Kind) -> UpstreamFlag:
+        return UpstreamFlag(self.tool, self.names, self.env, kind, key=key, commands=self.commands, note=self.note)
+
+
+def go_names(name: str) -> tuple[str, str]:
+    """A flag of Go's flag package: -name, also --name (-name=value, -name value)."""
+    return f"-{name}", f"--{name}"
+
+
 def _amd_kind(kind: str) -> UpstreamFlag:
-    return UpstreamFlag("amd", (f"-{kind}", f"--{kind}"), commands=("run", "labels"), neutral=True,
+    return UpstreamFlag("amd", go_names(kind), commands=RUN_AND_LABELS, neutral=True,
                         note="gpu-labeller writes every AMD label kind it can read; labeller.labels.amd and "
                              "amdBeta turn whole families off")
 
 
 def _go(tool: Tool, name: str, commands: tuple[str, ...], kind: Kind = "bool", neutral: Any = None,
-        note: str = "", key: str | None = None, env: tuple[str, ...] = ()) -> UpstreamFlag:
-    """A flag of Go's flag package: -name, also --name (-name=value, -name value)."""
-    return UpstreamFlag(tool, (f"-{name}", f"--{name}"), env, kind, key=key, commands=commands, neutral=neutral,
-                        note=note)
+        note: str = "") -> UpstreamFlag:
+    """A flag of Go's flag package that sets no key."""
+    return UpstreamFlag(tool, go_names(name), (), kind, commands=commands, neutral=neutral, note=note)
 
 
-_RUN_AND_LABELS = ("run", "labels")
-_PLUGIN = ("device-plugin",)
-_DRA = ("dra-plugin",)
-_NOT_DISCOVERY = "gpu-labeller finds NVIDIA GPUs through NVML and the PCI scan (as 'auto')"
-_NO_CONTAINER_ROOT = "gpu-labeller reads the driver's files under --host-root and flags.nvidiaDriverRoot"
+RUN_AND_LABELS = ("run", "labels")  # the commands that take GFD's and AMD's labeller's flags
+DEVICE_PLUGIN = ("device-plugin",)
+DRA_PLUGIN = ("dra-plugin",)
+NOT_DISCOVERY = "gpu-labeller finds NVIDIA GPUs through NVML and the PCI scan (as 'auto')"
+NO_CONTAINER_ROOT = "gpu-labeller reads the driver's files under --host-root and flags.nvidiaDriverRoot"
 _LOGS = "gpu-labeller logs to stderr; the root options --log-level and --log-format set what and how"
 _VERBOSITY = "give the root option --log-level debug (gpu-labeller --log-level debug <command>)"
 _NO_KUBELET_QUERY = "the plugin reads the pods bound to its node from the API server, not the kubelet"
 _HEALTH_HTTP = "gpu-labeller serves /healthz, /readyz and /metrics over HTTP on --metrics-bind:--metrics-port"
 _NOT_RATE_LIMITED = "the client is not rate limited (a few requests a minute)"
 
-UPSTREAM_FLAGS: tuple[UpstreamFlag, ...] = (
+# The flags that set no config key (those that do are declared with their key).
+UNKEYED_FLAGS: tuple[UpstreamFlag, ...] = (
     # --- GFD (cmd/gpu-feature-discovery/main.go): gpu-labeller run
-    UpstreamFlag("gfd", ("--mig-strategy",), ("GFD_MIG_STRATEGY", "MIG_STRATEGY"), ("none", "single", "mixed"),
-                 key="flags.migStrategy", commands=_RUN_AND_LABELS),
     UpstreamFlag("gfd", ("--fail-on-init-error",), ("GFD_FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"), neutral=False,
                  note="run never exits on a failed probe: it logs it, keeps the labels it can vouch for and probes "
                       "again (--once exits 1 instead)"),
-    UpstreamFlag("gfd", ("--oneshot",), ("GFD_ONESHOT",), key="flags.gfd.oneshot"),
-    UpstreamFlag("gfd", ("--no-timestamp",), ("GFD_NO_TIMESTAMP",), key="flags.gfd.noTimestamp",
-                 commands=_RUN_AND_LABELS),
-    UpstreamFlag("gfd", ("--sleep-interval",), ("GFD_SLEEP_INTERVAL",), "duration", key="flags.gfd.sleepInterval"),
-    UpstreamFlag("gfd", ("--output-file", "-o"), ("GFD_OUTPUT_FILE",), "str", key="flags.gfd.outputFile",
-                 note="GFD's alias --output is gpu-labeller's --output (where the labels go)"),
-    UpstreamFlag("gfd", ("--machine-type-file",), ("GFD_MACHINE_TYPE_FILE",), "str", key="flags.gfd.machineTypeFile",
-                 commands=_RUN_AND_LABELS),
-    UpstreamFlag("gfd", ("--config-file",), ("CONFIG_FILE",), "str", alias_of="--config", commands=_RUN_AND_LABELS),
+    UpstreamFlag("gfd", ("--config-file",), ("CONFIG_FILE",), "str", alias_of="--config", commands=RUN_AND_LABELS),
     UpstreamFlag("gfd", ("--use-node-feature-api",), ("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
                  neutral=False, note="give --output nodefeature"),
     UpstreamFlag("gfd", ("--device-discovery-strategy",), ("DEVICE_DISCOVERY_STRATEGY",),
-                 ("auto", "nvml", "tegra", "vfio"), neutral="auto", note=_NOT_DISCOVERY),
+                 ("auto", "nvml", "tegra", "vfio"), neutral="auto", note=NOT_DISCOVERY),
     UpstreamFlag("gfd", ("--driver-root-ctr-path", "--container-driver-root"),
                  ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"), "str", neutral="/driver-root",
-                 note=_NO_CONTAINER_ROOT),
+                 note=NO_CONTAINER_ROOT),
     UpstreamFlag("gfd", ("--pod-name",), ("POD_NAME",), "str",
                  note="the NodeFeature object gets no owner reference: cleanup removes it"),
     UpstreamFlag("gfd", ("--kube-api-qps",), ("KUBE_API_QPS",), "str", note=_NOT_RATE_LIMITED),
     UpstreamFlag("gfd", ("--kube-api-burst",), ("KUBE_API_BURST",), "int", note=_NOT_RATE_LIMITED),
     # --- NVIDIA's device plugin (cmd/nvidia-device-plugin/main.go): gpu-labeller device-plugin
-    UpstreamFlag("plugin", ("--mig-strategy",), ("MIG_STRATEGY",), ("none", "single", "mixed"),
-                 key="flags.migStrategy", commands=("device-plugin", "resources")),
-    UpstreamFlag("plugin", ("--fail-on-init-error",), ("FAIL_ON_INIT_ERROR",), key="flags.failOnInitError",
-                 commands=_PLUGIN,
-                 note="the default is false here (true in NVIDIA's plugin): the plugin waits for the driver"),
-    UpstreamFlag("plugin", ("--driver-root", "--nvidia-driver-root"), ("NVIDIA_DRIVER_ROOT",), "str",
-                 key="flags.nvidiaDriverRoot", commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--dev-root", "--nvidia-dev-root"), ("NVIDIA_DEV_ROOT",), "str",
-                 key="flags.nvidiaDevRoot", commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--pass-device-specs",), ("PASS_DEVICE_SPECS",), key="flags.plugin.passDeviceSpecs",
-                 commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--device-list-strategy",), ("DEVICE_LIST_STRATEGY",), "list",
-                 key="flags.plugin.deviceListStrategy", commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--device-id-strategy",), ("DEVICE_ID_STRATEGY",), ("uuid", "index"),
-                 key="flags.plugin.deviceIDStrategy", commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--cdi-annotation-prefix",), ("CDI_ANNOTATION_PREFIX",), "str",
-                 key="flags.plugin.cdiAnnotationPrefix", commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--nvidia-cdi-hook-path", "--nvidia-ctk-path"), ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-                 "str", key="flags.plugin.nvidiaCTKPath", commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--mps-root",), ("MPS_ROOT",), "str", key="flags.mpsRoot", commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--shared-devices-allocation-policy",), ("SHARED_DEVICES_ALLOCATION_POLICY",),
-                 ("distributed", "packed"), key="flags.plugin.sharedDevicesAllocationPolicy", commands=_PLUGIN),
     UpstreamFlag("plugin", ("--kubelet-socket",), ("KUBELET_SOCKET",), "str", alias_of="--kubelet-socket",
-                 commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--config-file",), ("CONFIG_FILE",), "str", alias_of="--config", commands=_PLUGIN),
-    UpstreamFlag("plugin", ("--gdrcopy-enabled",), ("GDRCOPY_ENABLED",), commands=_PLUGIN, neutral=False,
+                 commands=DEVICE_PLUGIN),
+    UpstreamFlag("plugin", ("--config-file",), ("CONFIG_FILE",), "str", alias_of="--config", commands=DEVICE_PLUGIN),
+    UpstreamFlag("plugin", ("--gdrcopy-enabled",), ("GDRCOPY_ENABLED",), commands=DEVICE_PLUGIN, neutral=False,
                  note="containers get no GDRCopy device nodes"),
-    UpstreamFlag("plugin", ("--gds-enabled",), ("GDS_ENABLED",), commands=_PLUGIN, neutral=False,
+    UpstreamFlag("plugin", ("--gds-enabled",), ("GDS_ENABLED",), commands=DEVICE_PLUGIN, neutral=False,
                  note="containers get no NVIDIA_GDS=enabled"),
-    UpstreamFlag("plugin", ("--mofed-enabled",), ("MOFED_ENABLED",), commands=_PLUGIN, neutral=False,
+    UpstreamFlag("plugin", ("--mofed-enabled",), ("MOFED_ENABLED",), commands=DEVICE_PLUGIN, neutral=False,
                  note="containers get no NVIDIA_MOFED=enabled"),
     UpstreamFlag("plugin", ("--driver-root-ctr-path", "--container-driver-root"),
-                 ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"), "str", commands=_PLUGIN,
-                 neutral="/driver-root", note=_NO_CONTAINER_ROOT),
+                 ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"), "str", commands=DEVICE_PLUGIN,
+                 neutral="/driver-root", note=NO_CONTAINER_ROOT),
     UpstreamFlag("plugin", ("--device-discovery-strategy",), ("DEVICE_DISCOVERY_STRATEGY",), ("auto", "nvml", "tegra"),
-                 commands=_PLUGIN, neutral="auto", note=_NOT_DISCOVERY),
-    UpstreamFlag("plugin", ("--resource-name-prefix",), ("RESOURCE_NAME_PREFIX",), "str", commands=_PLUGIN,
+                 commands=DEVICE_PLUGIN, neutral="auto", note=NOT_DISCOVERY),
+    UpstreamFlag("plugin", ("--resource-name-prefix",), ("RESOURCE_NAME_PREFIX",), "str", commands=DEVICE_PLUGIN,
                  neutral="nvidia.com", note="resources are named nvidia.com/...; rename them with the sharing config"),
-    UpstreamFlag("plugin", ("--imex-channel-ids",), ("IMEX_CHANNEL_IDS",), "list", commands=_PLUGIN,
+    UpstreamFlag("plugin", ("--imex-channel-ids",), ("IMEX_CHANNEL_IDS",), "list", commands=DEVICE_PLUGIN,
                  neutral=(), note="containers get no IMEX channels"),
-    UpstreamFlag("plugin", ("--imex-required",), ("IMEX_REQUIRED",), commands=_PLUGIN, neutral=False,
+    UpstreamFlag("plugin", ("--imex-required",), ("IMEX_REQUIRED",), commands=DEVICE_PLUGIN, neutral=False,
                  note="containers get no IMEX channels"),
-    UpstreamFlag("plugin", ("--cdi-feature-flags",), ("CDI_FEATURE_FLAGS",), "list", commands=_PLUGIN,
+    UpstreamFlag("plugin", ("--cdi-feature-flags",), ("CDI_FEATURE_FLAGS",), "list", commands=DEVICE_PLUGIN,
                  neutral=(), note="the CDI specs are written with no feature flags"),
-    UpstreamFlag("plugin", ("--cdi-disable-hooks",), ("CDI_DISABLE_HOOKS",), "list", commands=_PLUGIN,
+    UpstreamFlag("plugin", ("--cdi-disable-hooks",), ("CDI_DISABLE_HOOKS",), "list", commands=DEVICE_PLUGIN,
                  neutral=(), note="the CDI specs carry one hook, nvidia-ctk's update-ldcache, when the host has "
                                   "flags.plugin.nvidiaCTKPath"),
     # --- AMD's k8s-node-labeller (cmd/k8s-node-labeller/main.go, Go flags: -vram): gpu-labeller run
-    UpstreamFlag("amd", ("-firmware", "--firmware"), key="labeller.labels.firmware", commands=_RUN_AND_LABELS),
     *(_amd_kind(kind) for kind in ("family", "driver-version", "driver-src-version", "device-id", "product-name",
                                    "vram", "simd-count", "cu-count", "compute-memory-partition",
                                    "compute-partitioning-supported", "memory-partitioning-supported")),
     UpstreamFlag("amd", (), ("DS_NODE_NAME",), "str", alias_of="--node-name"),
     # --- AMD's device plugin (cmd/k8s-device-plugin/main.go, Go flags): gpu-labeller device-plugin
-    _go("amd-plugin", "resource_naming_strategy", (*_PLUGIN, "resources"), ("single", "mixed"),
-        key="labeller.amd.resourceNamingStrategy"),
-    _go("amd-plugin", "pulse", _PLUGIN, "int", neutral=positive,
+    _go("amd-plugin", "pulse", DEVICE_PLUGIN, "int", neutral=positive,
         note="gpu-labeller always checks device health (AMD's 0 turns its checks off); DP_DISABLE_HEALTHCHECKS=all "
              "turns every check off"),
     # --- glog's flags (github.com/golang/glog), which AMD's and gpushare's device plugins parse
-    _go("glog", "logtostderr", _PLUGIN, neutral=True, note=_LOGS),
-    _go("glog", "alsologtostderr", _PLUGIN, neutral=True, note=_LOGS),
-    _go("glog", "stderrthreshold", _PLUGIN, "str", neutral=glog_info, note=_LOGS),
-    UpstreamFlag("glog", ("-v", "--v"), kind="int", commands=_PLUGIN, neutral=0, note=_VERBOSITY),
-    _go("glog", "vmodule", _PLUGIN, "str", note=_LOGS),
-    _go("glog", "log_dir", _PLUGIN, "str", neutral="", note=_LOGS),
-    _go("glog", "log_link", _PLUGIN, "str", neutral="", note=_LOGS),
-    _go("glog", "logbuflevel", _PLUGIN, "int", note=_LOGS),
-    _go("glog", "log_backtrace_at", _PLUGIN, "str", neutral="", note=_LOGS),
+    _go("glog", "logtostderr", DEVICE_PLUGIN, neutral=True, note=_LOGS),
+    _go("glog", "alsologtostderr", DEVICE_PLUGIN, neutral=True, note=_LOGS),
+    _go("glog", "stderrthreshold", DEVICE_PLUGIN, "str", neutral=glog_info, note=_LOGS),
+    UpstreamFlag("glog", ("-v", "--v"), kind="int", commands=DEVICE_PLUGIN, neutral=0, note=_VERBOSITY),
+    _go("glog", "vmodule", DEVICE_PLUGIN, "str", note=_LOGS),
+    _go("glog", "log_dir", DEVICE_PLUGIN, "str", neutral="", note=_LOGS),
+    _go("glog", "log_link", DEVICE_PLUGIN, "str", neutral="", note=_LOGS),
+    _go("glog", "logbuflevel", DEVICE_PLUGIN, "int", note=_LOGS),
+    _go("glog", "log_backtrace_at", DEVICE_PLUGIN, "str", neutral="", note=_LOGS),
     # --- gpushare's device plugin (cmd/nvidia/main.go, Go flags): gpu-labeller device-plugin
-    _go("gpushare", "memory-unit", _PLUGIN, ("GiB", "MiB"),
+    _go("gpushare", "memory-unit", DEVICE_PLUGIN, ("GiB", "MiB"),
         note="gpu-labeller shares GPUs by memory when the config says sharing.memory (unit: GiB or MiB; the chart's "
              "devicePlugin.memorySharing)"),
-    _go("gpushare", "mps", _PLUGIN, neutral=False, note="MPS is the config's sharing.mps"),
-    _go("gpushare", "health-check", _PLUGIN, neutral=True, note="gpu-labeller always checks device health"),
-    _go("gpushare", "query-kubelet", _PLUGIN, neutral=False, note=_NO_KUBELET_QUERY),
-    _go("gpushare", "kubelet-address", _PLUGIN, "str", neutral="0.0.0.0", note=_NO_KUBELET_QUERY),
-    _go("gpushare", "kubelet-port", _PLUGIN, "int", neutral=10250, note=_NO_KUBELET_QUERY),
-    _go("gpushare", "client-cert", _PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
-    _go("gpushare", "client-key", _PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
-    _go("gpushare", "token", _PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
-    _go("gpushare", "timeout", _PLUGIN, "int", neutral=10, note=_NO_KUBELET_QUERY),
+    _go("gpushare", "mps", DEVICE_PLUGIN, neutral=False, note="MPS is the config's sharing.mps"),
+    _go("gpushare", "health-check", DEVICE_PLUGIN, neutral=True, note="gpu-labeller always checks device health"),
+    _go("gpushare", "query-kubelet", DEVICE_PLUGIN, neutral=False, note=_NO_KUBELET_QUERY),
+    _go("gpushare", "kubelet-address", DEVICE_PLUGIN, "str", neutral="0.0.0.0", note=_NO_KUBELET_QUERY),
+    _go("gpushare", "kubelet-port", DEVICE_PLUGIN, "int", neutral=10250, note=_NO_KUBELET_QUERY),
+    _go("gpushare", "client-cert", DEVICE_PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
+    _go("gpushare", "client-key", DEVICE_PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
+    _go("gpushare", "token", DEVICE_PLUGIN, "str", neutral="", note=_NO_KUBELET_QUERY),
+    _go("gpushare", "timeout", DEVICE_PLUGIN, "int", neutral=10, note=_NO_KUBELET_QUERY),
     # --- gpushare's scheduler extender (cmd/main.go, env only): gpu-labeller scheduler-extender
     UpstreamFlag("gpushare-extender", (), ("PORT",), "int", alias_of="--port", commands=("scheduler-extender",)),
     UpstreamFlag("gpushare-extender", (), ("LOG_LEVEL",), "str", commands=("scheduler-extender",), note=_VERBOSITY),
@@ -231,54 +216,50 @@ UPSTREAM_FLAGS: tuple[UpstreamFlag, ...] = (
     UpstreamFlag("gpushare-inspect", ("-d",), kind="switch", commands=("inspect",), neutral=True,
                  note="inspect always lists each GPU's pods"),
     # --- NVIDIA's and AMD's DRA drivers (cmd/gpu-kubelet-plugin, cmd/gpu-kubeletplugin): gpu-labeller dra-plugin
-    UpstreamFlag("dra", ("--cdi-root",), ("CDI_ROOT",), "str", alias_of="--cdi-spec-dir", commands=_DRA),
+    UpstreamFlag("dra", ("--cdi-root",), ("CDI_ROOT",), "str", alias_of="--cdi-spec-dir", commands=DRA_PLUGIN),
     UpstreamFlag("dra", ("--kubelet-registrar-directory-path",), ("KUBELET_REGISTRAR_DIRECTORY_PATH",), "str",
-                 alias_of="--registry-dir", commands=_DRA),
+                 alias_of="--registry-dir", commands=DRA_PLUGIN),
     UpstreamFlag("dra", ("--kubelet-plugins-directory-path",), ("KUBELET_PLUGINS_DIRECTORY_PATH",), "str",
-                 alias_of="--plugins-dir", commands=_DRA),
-    UpstreamFlag("dra", ("--healthcheck-port",), ("HEALTHCHECK_PORT",), "int", commands=_DRA, neutral=-1,
+                 alias_of="--plugins-dir", commands=DRA_PLUGIN),
+    UpstreamFlag("dra", ("--healthcheck-port",), ("HEALTHCHECK_PORT",), "int", commands=DRA_PLUGIN, neutral=-1,
                  note=_HEALTH_HTTP),
-    UpstreamFlag("dra", ("--kube-api-qps",), ("KUBE_API_QPS",), "str", commands=_DRA, note=_NOT_RATE_LIMITED),
-    UpstreamFlag("dra", ("--kube-api-burst",), ("KUBE_API_BURST",), "int", commands=_DRA, note=_NOT_RATE_LIMITED),
-    UpstreamFlag("dra", ("--feature-gates",), ("FEATURE_GATES",), "str", commands=_DRA, neutral="",
+    UpstreamFlag("dra", ("--kube-api-qps",), ("KUBE_API_QPS",), "str", commands=DRA_PLUGIN, note=_NOT_RATE_LIMITED),
+    UpstreamFlag("dra", ("--kube-api-burst",), ("KUBE_API_BURST",), "int", commands=DRA_PLUGIN, note=_NOT_RATE_LIMITED),
+    UpstreamFlag("dra", ("--feature-gates",), ("FEATURE_GATES",), "str", commands=DRA_PLUGIN, neutral="",
                  note="gpu-labeller has no feature gates: what it serves follows the config"),
-    UpstreamFlag("nvidia-dra", ("--nvidia-driver-root", "--host_driver-root"),
-                 ("NVIDIA_DRIVER_ROOT", "HOST_DRIVER_ROOT"), "str", key="flags.nvidiaDriverRoot", commands=_DRA),
-    UpstreamFlag("nvidia-dra", ("--nvidia-cdi-hook-path",), ("NVIDIA_CDI_HOOK_PATH",), "str",
-                 key="flags.plugin.nvidiaCTKPath", commands=_DRA),
-    UpstreamFlag("nvidia-dra", ("--container-driver-root",), ("DRIVER_ROOT_CTR_PATH",), "str", commands=_DRA,
-                 neutral="/driver-root", note=_NO_CONTAINER_ROOT),
-    UpstreamFlag("nvidia-dra", ("--namespace",), ("NAMESPACE",), "str", commands=_DRA, neutral=anything,
+    UpstreamFlag("nvidia-dra", ("--container-driver-root",), ("DRIVER_ROOT_CTR_PATH",), "str", commands=DRA_PLUGIN,
+                 neutral="/driver-root", note=NO_CONTAINER_ROOT),
+    UpstreamFlag("nvidia-dra", ("--namespace",), ("NAMESPACE",), "str", commands=DRA_PLUGIN, neutral=anything,
                  note="the DRA plugin creates no namespaced objects"),
-    UpstreamFlag("nvidia-dra", ("--image-name",), ("IMAGE_NAME",), "str", commands=_DRA,
+    UpstreamFlag("nvidia-dra", ("--image-name",), ("IMAGE_NAME",), "str", commands=DRA_PLUGIN,
                  note="the DRA plugin starts no other pods (NVIDIA's uses its image for ComputeDomain daemons)"),
     UpstreamFlag("nvidia-dra", ("--additional-xids-to-ignore",), ("ADDITIONAL_XIDS_TO_IGNORE",), "str",
-                 commands=_DRA, neutral="",
+                 commands=DRA_PLUGIN, neutral="",
                  note="give the XIDs to ignore in DP_DISABLE_HEALTHCHECKS (a comma list), as for the device plugin"),
-    UpstreamFlag("nvidia-dra", ("--http-endpoint",), ("HTTP_ENDPOINT",), "str", commands=_DRA, neutral="",
+    UpstreamFlag("nvidia-dra", ("--http-endpoint",), ("HTTP_ENDPOINT",), "str", commands=DRA_PLUGIN, neutral="",
                  note=_HEALTH_HTTP),
-    UpstreamFlag("nvidia-dra", ("--metrics-path",), ("METRICS_PATH",), "str", commands=_DRA, neutral="/metrics",
+    UpstreamFlag("nvidia-dra", ("--metrics-path",), ("METRICS_PATH",), "str", commands=DRA_PLUGIN, neutral="/metrics",
                  note=_HEALTH_HTTP),
     # --- klog's flags (k8s.io/component-base/logs), which both DRA drivers take, each with an env var
-    UpstreamFlag("klog", ("-v", "--v"), ("V",), "int", commands=_DRA, neutral=0, note=_VERBOSITY),
-    UpstreamFlag("klog", ("--vmodule",), ("VMODULE",), "str", commands=_DRA, neutral="", note=_LOGS),
-    UpstreamFlag("klog", ("--logging-format",), ("LOGGING_FORMAT",), "str", commands=_DRA, note=_LOGS),
-    UpstreamFlag("klog", ("--log-flush-frequency",), ("LOG_FLUSH_FREQUENCY",), "str", commands=_DRA,
+    UpstreamFlag("klog", ("-v", "--v"), ("V",), "int", commands=DRA_PLUGIN, neutral=0, note=_VERBOSITY),
+    UpstreamFlag("klog", ("--vmodule",), ("VMODULE",), "str", commands=DRA_PLUGIN, neutral="", note=_LOGS),
+    UpstreamFlag("klog", ("--logging-format",), ("LOGGING_FORMAT",), "str", commands=DRA_PLUGIN, note=_LOGS),
+    UpstreamFlag("klog", ("--log-flush-frequency",), ("LOG_FLUSH_FREQUENCY",), "str", commands=DRA_PLUGIN,
                  note="every log line is written at once"),
-    UpstreamFlag("klog", ("--log-text-split-stream",), ("LOG_TEXT_SPLIT_STREAM",), commands=_DRA, neutral=False,
+    UpstreamFlag("klog", ("--log-text-split-stream",), ("LOG_TEXT_SPLIT_STREAM",), commands=DRA_PLUGIN, neutral=False,
                  note=_LOGS),
-    UpstreamFlag("klog", ("--log-text-info-buffer-size",), ("LOG_TEXT_INFO_BUFFER_SIZE",), "str", commands=_DRA,
+    UpstreamFlag("klog", ("--log-text-info-buffer-size",), ("LOG_TEXT_INFO_BUFFER_SIZE",), "str", commands=DRA_PLUGIN,
                  neutral="0", note="every log line is written at once"),
-    UpstreamFlag("klog", ("--log-json-split-stream",), ("LOG_JSON_SPLIT_STREAM",), commands=_DRA, neutral=False,
+    UpstreamFlag("klog", ("--log-json-split-stream",), ("LOG_JSON_SPLIT_STREAM",), commands=DRA_PLUGIN, neutral=False,
                  note=_LOGS),
-    UpstreamFlag("klog", ("--log-json-info-buffer-size",), ("LOG_JSON_INFO_BUFFER_SIZE",), "str", commands=_DRA,
+    UpstreamFlag("klog", ("--log-json-info-buffer-size",), ("LOG_JSON_INFO_BUFFER_SIZE",), "str", commands=DRA_PLUGIN,
                  neutral="0", note="every log line is written at once"),
 )
 
 
-def flags_for(command: str) -> tuple[UpstreamFlag, ...]:
-    """The upstream flags ``command`` declares (not the ones that are another name of its own options)."""
-    return tuple(f for f in UPSTREAM_FLAGS if command in f.commands and f.alias_of is None)
+def flags_for(command: str, flags: Iterable[UpstreamFlag]) -> tuple[UpstreamFlag, ...]:
+    """The ``flags`` ``command`` declares (not the ones that are another name of its own options)."""
+    return tuple(f for f in flags if command in f.commands and f.alias_of is None)
 
 
 def overrides_and_warnings(given: Mapping[UpstreamFlag, Any]) -> tuple[Overrides, list[str]]:
@@ -312,40 +293,6 @@ def overlay(raw: Any, overrides: Overrides) -> Any:
             where = child
         where[last] = list(value) if isinstance(value, tuple) else value
     return document
-
-
-# --- config keys of NVIDIA's format that gpu-labeller reads and does not honour ---------------------
-# key -> (the value that asks for what gpu-labeller does anyway, or NOTHING, and why)
-NOTHING = object()  # no value is neutral: any value is a warning
-UNHONOURED_KEYS: dict[str, tuple[Any, str]] = {
-    "flags.gdrcopyEnabled": (False, "containers get no GDRCopy device nodes"),
-    "flags.gdsEnabled": (False, "containers get no NVIDIA_GDS=enabled"),
-    "flags.mofedEnabled": (False, "containers get no NVIDIA_MOFED=enabled"),
-    "flags.useNodeFeatureAPI": (False, "give run --output nodefeature"),
-    "flags.deviceDiscoveryStrategy": ("auto", _NOT_DISCOVERY),
-    "flags.plugin.containerDriverRoot": (NOTHING, _NO_CONTAINER_ROOT),
-    "resources": (NOTHING, "resource names come from the vendors and the sharing config (NVIDIA's plugin ignores "
-                           "this section too)"),
-    "imex": (NOTHING, "containers get no IMEX channels"),
-}
-
-
-def _value_at(raw: Mapping[str, Any], dotted: str) -> Any:
-    """The value of the dotted key in ``raw``; None when it is not there."""
-    where: Any = raw
-    for part in dotted.split("."):
-        if not isinstance(where, Mapping):
-            return None
-        where = where.get(part)
-    return where
-
-
-def unhonoured_keys(raw: Any) -> list[str]:
-    """One line for each key of the config document ``raw`` that gpu-labeller reads and does not honour."""
-    if not isinstance(raw, Mapping):
-        return []
-    return [f"{key}: not honoured by gpu-labeller: {why}" for key, (neutral, why) in UNHONOURED_KEYS.items()
-            if (value := _value_at(raw, key)) is not None and value != neutral]
 
 
 # --- Go durations (GFD's sleepInterval) -----------------------------------------------------------

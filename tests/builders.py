@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from labeller import sharing
-from labeller.config import Config, LabelGroups, parse_config
+from labeller.config import Config, parse_config
 from labeller.discovery import discover
 from labeller.inventory import BackendReport, Inventory, PciGpu
 from labeller.labels import LabelSet
@@ -60,8 +60,8 @@ def discover_node(root: Path, nvml: ModuleType | None = None, config: Config | N
 
 
 def groups(**label_groups: bool) -> Config:
-    """The default config with some label groups switched."""
-    return Config(labels=replace(LabelGroups(), **label_groups))
+    """The default config with some label groups (``labeller.labels``) switched: ``groups(amdBeta=False)``."""
+    return parse_config({"labeller": {"labels": label_groups}}, RESOURCE_NAMES)
 
 
 # --- host trees -----------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Fixtures every test package shares: the fake API server over real HTTP, a kubeconfig for it, and a
-short directory for device plugin sockets."""
+short directory for device plugin sockets. And the two tiers (tests/tiers.py): each collected test is
+marked ``integration`` or left a unit test, a plain ``python -m pytest`` runs the unit tier, and a unit
+test runs under the guard that fails it if it starts a process, opens a socket or waits on real time."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import pytest
 import structlog
 
 from tests.fakes.apiserver import FakeApiServer
+from tests.tiers import (  # noqa: F401 - the tiers' hooks, found here by name
+    pytest_collection_modifyitems, pytest_configure, pytest_report_collectionfinish, pytest_runtest_call,
+    pytest_runtest_setup, pytest_runtest_teardown)
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """The flags and env vars of the tools gpu-labeller replaces on gpu-labeller's commands (the table:
-labeller.upstream). They are hidden from --help (one line at its end points to docs/migrating.md) and
-never offered by "did you mean"; a given one sets its config key over the config file, or is one
-warning naming it."""
+labeller.config.upstream_flags, those of labeller.upstream and those declared with a config key).
+They are hidden from --help (one line at its end points to docs/migrating.md) and never offered by
+"did you mean"; a given one sets its config key over the config file, or is one warning naming it."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import click
 import structlog
 
 from labeller.commands.params import format_duration
-from labeller.config import MIN_SLEEP_INTERVAL_S
+from labeller.config import MIN_SLEEP_INTERVAL_S, upstream_flags
 from labeller.host import NodeOptions
 from labeller.upstream import UpstreamFlag, flags_for, go_duration, overrides_and_warnings
+from vendors import RESOURCE_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = structlog.get_logger("gpu_labeller.upstream")
@@ -96,7 +97,7 @@ def upstream_options(command: str) -> Callable[[F], F]:
     """The upstream flags ``command`` takes; place it below the node options (the command gets their
     config keys in ``node_options.overrides``; each one not honoured is logged once as a warning). A
     command without node options takes only flags that set no config key."""
-    flags = flags_for(command)
+    flags = flags_for(command, upstream_flags(RESOURCE_NAMES))
     declared = [flag for flag in flags if flag.names]
 
     def decorate(func: F) -> F:

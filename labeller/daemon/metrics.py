@@ -1,4 +1,4 @@
-"""Prometheus metrics of the labelling daemon, in their own registry (served by labeller.runtime)."""
+"""Prometheus metrics of the labelling daemon, in their own registry (served by labeller.process.httpserver)."""
 
 from __future__ import annotations
 

@@ -10,10 +10,14 @@ inventory and offer into the DRA devices of each vendor the config serves throug
 - a driver new to the plugin gets its sockets (``server.DriverSockets``: registration with the
   kubelet, the DRA service), its checkpoint and its claim preparer; a driver no longer there (the
   config moved its vendor back to the device plugin) loses them, and its slices are deleted;
-- the healthy devices of every driver are published (``publisher.SlicePublisher``), and published
-  again whenever a health check marks a device Unhealthy or Healthy again (the device plugin's health
-  board and the vendors' checkers, ``labeller.process.health``): an unhealthy device leaves its
-  slice, and a claim that names it is refused.
+- the devices of every driver are published (``publisher.SlicePublisher``), and published again
+  whenever a health check marks a device Unhealthy or Healthy again (the device plugin's health
+  board and the vendors' checkers, ``labeller.process.health``): an unhealthy device stays in its
+  slice with device taints saying why, and one gone from the probe stays a while tainted NoExecute
+  (``labeller.draplugin.taints``). A claim that names an unhealthy device is refused;
+- fields of a feature gate the API server has off are dropped by it; the publisher says so and the
+  plugin publishes without that feature from then on (``gates.GateFallbacks``: one line per gate).
+  Without DRADeviceTaints, that is an unhealthy device left out of its slice instead of tainted.
 
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
@@ -27,6 +31,8 @@ at the sockets every ``tick_seconds`` instead.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
 import threading
@@ -40,22 +46,27 @@ import structlog
 from labeller.config import ConfigError
 from labeller.draplugin.cdi import ClaimSpecs
 from labeller.draplugin.checkpoint import Checkpoint
+from labeller.draplugin.configs import DriverConfigs
+from labeller.draplugin.gates import GateFallbacks
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
 from labeller.draplugin.publisher import SliceApi, SlicePublisher
 from labeller.draplugin.server import DraService, DriverSockets
+from labeller.draplugin.taints import DEFAULT_HOLD_S, GATE, Gone, published
 from labeller.host import Host
 from labeller.inotify import DirectoryWatch
 from labeller.inventory import Inventory, ProbeError
 from labeller.process.health import HEALTHY, POLL_SECONDS, UNHEALTHY, HealthBoard, HealthChecks
-from labeller.resourceslices import DraDevice, healthy
+from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
+from labeller.vendor.dra import ConfigSettings
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
+DEFAULT_MPS_ROOT = Path("/run/gpu-labeller/mps")
 
 Obj = dict[str, Any]
 
@@ -73,10 +84,13 @@ class DraSettings:
     registry_dir: Path = DEFAULT_REGISTRY_DIR
     cdi_spec_dir: Path = DEFAULT_CDI_SPEC_DIR
     recovery_seconds: float = 60.0
+    gone_hold_seconds: float = DEFAULT_HOLD_S  # a device gone from the probe stays published tainted at least this long
     health_poll_seconds: float = POLL_SECONDS
     tick_seconds: float = 0.5  # how often the sockets are looked at where inotify cannot tell
     # the health switches the device plugin reads too (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
     health_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    # what claims' opaque configs need: the MPS daemons' root, NVIDIA's tools
+    configs: ConfigSettings = field(default_factory=lambda: ConfigSettings(DEFAULT_MPS_ROOT))
 
 
 @dataclass
@@ -85,6 +99,7 @@ class _Driver:
 
     sockets: DriverSockets
     snapshot: Devices
+    preparer: Preparer | None = None
 
 
 def failed_vendors(inventory: Inventory) -> set[str]:
@@ -100,8 +115,11 @@ class DraPlugin:
         self.metrics = metrics or DraMetrics()
         self.board = HealthBoard((), settings.recovery_seconds)
         self.board.listeners.append(self._on_health_change)
+        self.board.fault_listeners.append(self._on_fault)
         self._stop = threading.Event()
-        self.publisher = SlicePublisher(api, settings.node_name, self.metrics, self._stop)
+        self.gates = GateFallbacks()
+        self.publisher = SlicePublisher(api, settings.node_name, self.metrics, self._stop, on_dropped=self._on_dropped)
+        self.gone = Gone(settings.gone_hold_seconds)  # kept only while the API server keeps taints
         self.drivers: dict[str, _Driver] = {}
         self._devices: dict[str, list[DraDevice]] = {}  # what the last probe found, unhealthy devices included
         self._lock = threading.Lock()  # ``_devices`` and the publishing of it, between the loop and health threads
@@ -133,10 +151,16 @@ class DraPlugin:
     def inputs_polled(self) -> bool:
         """Whether the loop must look at ``probe_inputs`` on a schedule: something in them can change
         with no one waking it (NVIDIA's MPS readiness goes stale; a profile file inotify cannot watch;
-        a vendor's hardware stamp while no health monitor polls it)."""
+        a vendor's hardware stamp while no health monitor polls it; a device gone from the probe whose
+        hold ends)."""
         watching = self.watch is not None and self.watch.watching
         return (self.host.offer_inputs() is not None or (self.host.simulation is not None and not watching)
-                or not self._health.polls_stamps)
+                or not self._health.polls_stamps or bool(self.gone.devices()))
+
+    def gone_due(self) -> object:
+        """The devices gone from the probe that the next probe drops (``Gone.due``): one more is a
+        reason to probe now (``probe_inputs``), not at the next ``--probe-interval``."""
+        return tuple(self.gone.due(functools.partial(self._held, self.drivers)))
 
     def _watch_directories(self) -> None:
         """What wakes the loop: the registration directory, each driver's socket directory, and the
@@ -150,6 +174,7 @@ class DraPlugin:
 
     def probe(self) -> str | None:
         self.probes += 1
+        self.metrics.probes.inc()
         try:
             inventory = self.host.probe()
             offer = self.host.offer(inventory)
@@ -235,6 +260,17 @@ class DraPlugin:
                               driver=driver, error=str(exc.strerror or exc))
         found = {driver: devices for driver, devices in found.items() if driver in drivers}
         with self._lock:
+            if GATE in self.gates.off:  # no taint to publish a gone device with: it is simply gone
+                self.gone.clear()
+            else:
+                went, dropped = self.gone.update(self._devices, found, functools.partial(self._held, drivers))
+                for driver, name in went:
+                    log.warning("device gone from the probe: published tainted NoExecute while it may be in use",
+                                driver=driver, device=name, reason="device-gone",
+                                hold_s=self.settings.gone_hold_seconds)
+                for driver, name in dropped:
+                    log.info("device gone from the probe no longer published: no claim here holds it",
+                             driver=driver, device=name, reason="device-gone")
             self._devices = {driver: list(devices) for driver, devices in found.items()}
         physical = {d.physical for devices in found.values() for d in devices}
         self.board.track(p.health_key for p in physical)
@@ -250,41 +286,82 @@ class DraPlugin:
 
     def _start_driver(self, driver: str, snapshot: Devices) -> _Driver:
         vendor = self._vendor(driver)
-        checkpoint = Checkpoint(self.settings.plugins_dir, driver, self.settings.node_name)
+        configs = DriverConfigs(driver, vendor.dra.configs if vendor.dra is not None else None, self.settings.configs)
+        checkpoint = Checkpoint(self.settings.plugins_dir, driver, self.settings.node_name, configs.read_applied)
         specs = ClaimSpecs(self.settings.cdi_spec_dir, driver)
         entry: _Driver | None = None
 
         def current() -> Devices:
             assert entry is not None
-            return entry.snapshot
+            return self._as_published(driver, entry.snapshot)
 
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
-                            current)
+                            current, configs)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
-        entry = _Driver(sockets, snapshot)
+        entry = _Driver(sockets, snapshot, preparer)
         sockets.start()
         return entry
 
+    def _as_published(self, driver: str, snapshot: Devices) -> Devices:
+        """What a prepare sees of the driver's devices: as published, under the feature gates the API
+        server has off (a GPU published exclusive is prepared as one)."""
+        if not self.gates.off:
+            return snapshot
+        view = self.gates.apply({driver: list(snapshot.by_name.values())})[driver]
+        return dataclasses.replace(snapshot, by_name={d.name: d for d in view})
+
+    def _taint_keys(self, driver: str) -> Mapping[str, str]:
+        dra = self._vendor(driver).dra
+        return dra.taint_keys if dra is not None else {}
+
+    @staticmethod
+    def _held(drivers: Mapping[str, _Driver], driver: str, name: str) -> bool:
+        """A claim prepared on this node holds device ``name`` of ``driver``."""
+        preparer = drivers[driver].preparer if driver in drivers else None
+        return preparer is not None and preparer.holds.holding(name)
+
     def _publish(self) -> None:
-        """Publish every driver's healthy devices (the loop's thread, or a health check's)."""
+        """Publish every driver's devices, the unhealthy ones tainted or left out (the loop's thread, a
+        health check's, or the publisher's)."""
         with self._lock:
-            unhealthy = self.board.unhealthy_keys()
-            published = healthy(self._devices, unhealthy)
-            self.publisher.publish(published)
+            faults = self.board.faults()
+            keys = {driver: self._taint_keys(driver) for driver in self._devices}
+            gone = self.gone.devices()
+            self.publisher.publish(self.gates.apply(published(self._devices, faults, keys, gone=gone)))
             for driver, devices in self._devices.items():
-                self.metrics.devices.labels(driver=driver, health=HEALTHY).set(len(published[driver]))
-                self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(len(devices) - len(published[driver]))
+                well = sum(1 for d in devices if d.health_key not in faults)
+                self.metrics.devices.labels(driver=driver, health=HEALTHY).set(well)
+                self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(
+                    len(devices) - well + len(gone.get(driver, ())))
+
+    def _on_dropped(self, driver: str, fields: frozenset[str]) -> None:
+        """The API server did not keep these fields (the publisher's worker): publish again without the
+        feature gates that turned out off (``labeller.draplugin.gates``)."""
+        if self.gates.dropped(driver, fields):
+            for gate in self.gates.off:
+                self.metrics.gates_off.labels(gate=gate).set(1)
+            self._publish()
 
     # --- health -----------------------------------------------------------------------------------
 
-    def _on_health_change(self, key: str, is_healthy: bool, reason: str) -> None:
+    def _devices_of(self, key: str) -> list[tuple[str, str]]:
+        """(driver, device name) of every device whose health key is ``key``."""
         with self._lock:
-            names = [(driver, d.name) for driver, devices in self._devices.items()
-                     for d in devices if d.health_key == key]
-        for driver, name in names:
+            return [(driver, d.name) for driver, devices in self._devices.items() for d in devices
+                    if d.health_key == key]
+
+    def _on_health_change(self, key: str, is_healthy: bool, reason: str) -> None:
+        for driver, name in self._devices_of(key):
             (log.info if is_healthy else log.warning)("device health changed", driver=driver, device=name,
                                                       health=HEALTHY if is_healthy else UNHEALTHY, reason=reason)
+        self._publish()
+
+    def _on_fault(self, key: str, reason: str) -> None:
+        """An unhealthy device has a fault of another kind or code (an XID, then lost): its taints change."""
+        for driver, name in self._devices_of(key):
+            log.warning("unhealthy device has another fault", driver=driver, device=name, health=UNHEALTHY,
+                        reason=reason)
         self._publish()
 
     # --- lifecycle ----------------------------------------------------------------------------------
@@ -303,13 +380,15 @@ class DraPlugin:
         self.board.close()
 
 
-def probe_inputs(host: Host, board: HealthBoard | None = None) -> Callable[[], object]:
+def probe_inputs(host: Host, board: HealthBoard | None = None,
+                 pending: Callable[[], object] = lambda: None) -> Callable[[], object]:
     """What the loop looks at between probes (whenever it is woken, and every second while
     ``DraPlugin.inputs_polled``), each a cheap stamp: the offer's inputs (NVIDIA's MPS readiness
     file), a simulated profile file's identity, each vendor's hardware stamp (``Discovery.changes``:
-    KFD's topology generation) and the hardware changes reported to the health board (a MIG
-    reconfiguration NVML reports, a stamp the health monitor saw move). A change in any is a probe
-    now; the periodic probe is only a safety net."""
+    KFD's topology generation), the hardware changes reported to the health board (a MIG
+    reconfiguration NVML reports, a stamp the health monitor saw move) and ``pending`` (what the
+    next probe would drop: ``DraPlugin.gone_due``). A change in any is a probe now; the periodic
+    probe is only a safety net."""
 
     def inputs() -> object:
         stamp = None
@@ -320,7 +399,8 @@ def probe_inputs(host: Host, board: HealthBoard | None = None) -> Callable[[], o
             except OSError:
                 pass
         hardware = tuple(v.discovery.changes(host.host_root) for v in host.vendors if v.discovery.changes is not None)
-        return host.offer_inputs(), stamp, hardware, board.hardware_changes if board is not None else 0
+        return (host.offer_inputs(), stamp, hardware, board.hardware_changes if board is not None else 0,
+                pending())
 
     return inputs
 

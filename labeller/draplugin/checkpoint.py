@@ -21,13 +21,26 @@ Anything else (a FIFO, a directory, a link, a huge file, bad JSON, a foreign CDI
 with a warning, and the claim is prepared again from the API. Temporary files a killed plugin left
 (``.<uid>.json.*.tmp``) are removed at start.
 
-Record format, version 2 (version 1, without ``shareID`` and ``adminAccess``, is still read: its
-devices are exclusive)::
+Record format, version 4 (version 3, without ``consumedCapacity`` and with a shared device's CDI ID
+not naming its share, version 2, without ``configs`` either, and version 1, without ``shareID`` and
+``adminAccess`` either, are still read: nothing was applied, and a version 1 claim's devices are
+exclusive)::
 
-    {"version": 2, "driver": "gpu.nvidia.com", "uid": "<claim UID>", "namespace": "ns", "name": "claim",
+    {"version": 4, "driver": "gpu.nvidia.com", "uid": "<claim UID>", "namespace": "ns", "name": "claim",
      "devices": [{"requests": ["gpu"], "pool": "<node>", "device": "gpu-0",
-                  "cdiDeviceIDs": ["k8s.gpu-labeller.io/gpu=<claim UID>-gpu-0"],
-                  "shareID": null, "adminAccess": false}]}
+                  "cdiDeviceIDs": ["k8s.gpu-labeller.io/gpu=<claim UID>-gpu-0-<share ID>"],
+                  "shareID": "<share ID>", "adminAccess": false, "consumedCapacity": {"memory": "4Gi"}}],
+     "configs": [{"devices": ["gpu-0"], "applied": {"kind": "GpuConfig", "strategy": "TimeSlicing",
+                                                    "interval": "Long", "gpus": ["GPU-..."]}}]}
+
+A device allocated as a share (a ``shareID``: consumable capacity) is listed once per share, with
+the capacity the share consumes; its CDI device names the share, so two shares of one device in one
+claim are two CDI devices.
+
+``configs`` says what each opaque config applied to which of the claim's devices, as the vendor's
+``ConfigHandler.apply`` recorded it (and ``ConfigApi.read_applied`` reads it back, or the record is
+not the plugin's): unprepare undoes it, and a restarted plugin recovers it (an MPS daemon found or
+started again).
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ from __future__ import annotations
 import errno
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,19 +56,22 @@ from typing import Any
 
 import structlog
 
-from labeller import ownfiles
+from labeller import ownfiles, quantity
 from labeller.draplugin.cdi import cdi_id
 from labeller.labels import is_dns_label, is_dns_subdomain
+from labeller.vendor.dra import Applied
 
 log = structlog.get_logger(__name__)
 
 DIRECTORY = "claims"
-VERSION = 2
-READABLE = (1, 2)
+VERSION = 4
+READABLE = (1, 2, 3, 4)
 RECORD_LIMIT = 64 * 1024  # bytes; a claim of 32 devices (the API's most) is under 8 KiB
 UID = re.compile(r"[0-9A-Za-z][-0-9A-Za-z]{0,127}")
 _RECORD = re.compile(rf"({UID.pattern})\.json")
 _STALE = re.compile(rf"\.{UID.pattern}\.json\..+\.tmp")
+# a capacity's name: a C identifier, optionally after a DNS subdomain and a slash
+_CAPACITY = re.compile(r"([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?/)?[A-Za-z_][A-Za-z0-9_]{0,31}")
 # a request's name, or "<request>/<subrequest>" for one of a firstAvailable list
 _REQUEST = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?")
 
@@ -70,6 +86,25 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     share_id: str | None = None  # set when every allocation of the device to the claim may share it
     admin: bool = False  # allocated for admin access: it holds the device from no one
+    # what a share consumes of the device's capacities, as the allocation says: (capacity, quantity), by name
+    consumed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        """What the claim holds: the device, or one share of it."""
+        return self.device, self.share_id
+
+
+@dataclass(frozen=True)
+class AppliedConfig:
+    """What one opaque config applied to some devices of the claim (by name)."""
+
+    devices: tuple[str, ...]
+    applied: Applied
+
+
+# (a record's applied config, the claim's UID) -> it, read back by the vendor; ValueError when it is not one
+ReadApplied = Callable[[Mapping[str, Any], str], Applied]
 
 
 @dataclass(frozen=True)
@@ -78,6 +113,7 @@ class PreparedClaim:
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
+    configs: tuple[AppliedConfig, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -86,8 +122,10 @@ class PreparedClaim:
         return {"version": VERSION, "driver": driver, "uid": self.uid, "namespace": self.namespace,
                 "name": self.name,
                 "devices": [{"requests": list(d.requests), "pool": d.pool, "device": d.device,
-                             "cdiDeviceIDs": list(d.cdi_ids), "shareID": d.share_id, "adminAccess": d.admin}
-                            for d in self.devices]}
+                             "cdiDeviceIDs": list(d.cdi_ids), "shareID": d.share_id, "adminAccess": d.admin,
+                             "consumedCapacity": dict(d.consumed)}
+                            for d in self.devices],
+                "configs": [{"devices": list(c.devices), "applied": dict(c.applied.record)} for c in self.configs]}
 
 
 class BadRecord(ValueError):
@@ -101,7 +139,7 @@ def _field(doc: dict[str, Any], key: str, kind: type, where: str = "") -> Any:
     return value
 
 
-def parse(data: bytes, uid: str, driver: str, pool: str) -> PreparedClaim:
+def parse(data: bytes, uid: str, driver: str, pool: str, read_applied: ReadApplied | None = None) -> PreparedClaim:
     """The claim a record holds; BadRecord unless it is exactly what this plugin writes for ``uid``."""
     try:
         doc = json.loads(data)
@@ -120,9 +158,29 @@ def parse(data: bytes, uid: str, driver: str, pool: str) -> PreparedClaim:
     if not entries:
         raise BadRecord("no devices")
     devices = [_device(entry, uid, pool, doc["version"], f"devices[{i}].") for i, entry in enumerate(entries)]
-    if len({d.device for d in devices}) != len(devices):
-        raise BadRecord("a device listed twice")
-    return PreparedClaim(uid, namespace, name, tuple(devices))
+    if len({d.key for d in devices}) != len(devices):
+        raise BadRecord("a device (or a share of one) listed twice")
+    configs = _configs(doc, uid, {d.device for d in devices}, read_applied) if doc["version"] >= 3 else ()
+    return PreparedClaim(uid, namespace, name, tuple(devices), configs)
+
+
+def _configs(doc: dict[str, Any], uid: str, names: set[str], read: ReadApplied | None) -> tuple[AppliedConfig, ...]:
+    out = []
+    for i, entry in enumerate(_field(doc, "configs", list)):
+        where = f"configs[{i}]."
+        if not isinstance(entry, dict) or set(entry) != {"devices", "applied"}:
+            raise BadRecord(f"{where[:-1]} is not a JSON object of devices and applied")
+        devices = _field(entry, "devices", list, where)
+        if not devices or not all(isinstance(d, str) and d in names for d in devices):
+            raise BadRecord(f"{where}devices {json.dumps(devices)[:120]} are not the claim's")
+        applied = _field(entry, "applied", dict, where)
+        if read is None:
+            raise BadRecord(f"{where}applied: the driver applies no config")
+        try:
+            out.append(AppliedConfig(tuple(devices), read(applied, uid)))
+        except ValueError as exc:
+            raise BadRecord(f"{where}applied: {str(exc)[:200]}") from None
+    return tuple(out)
 
 
 def _device(entry: Any, uid: str, pool: str, version: int, where: str) -> PreparedDevice:
@@ -136,16 +194,28 @@ def _device(entry: Any, uid: str, pool: str, version: int, where: str) -> Prepar
     requests = _field(entry, "requests", list, where)
     if not requests or not all(isinstance(r, str) and _REQUEST.fullmatch(r) for r in requests):
         raise BadRecord(f"{where}requests {json.dumps(requests)[:80]} are not requests' names")
-    ids = _field(entry, "cdiDeviceIDs", list, where)
-    if ids != [cdi_id(uid, device)]:
-        raise BadRecord(f"{where}cdiDeviceIDs {json.dumps(ids)[:120]} are not the plugin's for {device}")
     share_id, admin = None, False
+    consumed: tuple[tuple[str, str], ...] = ()
     if version >= 2:
         share_id = entry.get("shareID")
         if share_id is not None and not (isinstance(share_id, str) and UID.fullmatch(share_id)):
             raise BadRecord(f"{where}shareID {json.dumps(share_id)[:80]} is not a UID")
         admin = _field(entry, "adminAccess", bool, where)
-    return PreparedDevice(tuple(requests), pool, device, tuple(ids), share_id, admin)
+    if version >= 4:
+        consumed = _consumed(_field(entry, "consumedCapacity", dict, where), where)
+    ids = _field(entry, "cdiDeviceIDs", list, where)
+    if ids != [cdi_id(uid, device, share_id if version >= 4 else None)]:
+        raise BadRecord(f"{where}cdiDeviceIDs {json.dumps(ids)[:120]} are not the plugin's for {device}")
+    return PreparedDevice(tuple(requests), pool, device, tuple(ids), share_id, admin, consumed)
+
+
+def _consumed(value: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
+    """A share's consumed capacities: capacity names to quantities of at least 0."""
+    for name, amount in value.items():
+        parsed = quantity.parse(amount) if isinstance(amount, str) else None
+        if not _CAPACITY.fullmatch(name) or parsed is None or parsed < 0:
+            raise BadRecord(f"{where}consumedCapacity {json.dumps(value)[:120]} is not capacities and quantities")
+    return tuple(sorted(value.items()))
 
 
 class Checkpoint:
@@ -153,8 +223,8 @@ class Checkpoint:
     one claim must not overlap (the preparer holds the claim's lock); calls for different claims may.
     OSError from the constructor when the directory cannot be made or is not one."""
 
-    def __init__(self, plugins_dir: Path, driver: str, pool: str) -> None:
-        self.plugins_dir, self.driver, self.pool = plugins_dir, driver, pool
+    def __init__(self, plugins_dir: Path, driver: str, pool: str, read_applied: ReadApplied | None = None) -> None:
+        self.plugins_dir, self.driver, self.pool, self.read_applied = plugins_dir, driver, pool, read_applied
         self.directory = plugins_dir / driver / DIRECTORY
         with self._open() as fd:
             stale = ownfiles.remove_stale(fd, _STALE)
@@ -180,7 +250,7 @@ class Checkpoint:
         name = f"{uid}.json"
         try:
             data = ownfiles.read(fd, name, RECORD_LIMIT)
-            return None if data is None else parse(data, uid, self.driver, self.pool)
+            return None if data is None else parse(data, uid, self.driver, self.pool, self.read_applied)
         except (ownfiles.NotOurs, ownfiles.TooLarge, BadRecord) as exc:
             problem = str(exc)
         except OSError as exc:

@@ -15,8 +15,8 @@ from labeller.commands.options import (BadInput, discovery_options, endpoint_opt
                                        parent_must_exist)
 from labeller.commands.params import Duration
 from labeller.commands.upstream import EPILOG, upstream_options
-from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DraPlugin,
-                                   DraSettings, probe_inputs)
+from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_MPS_ROOT, DEFAULT_PLUGINS_DIR,
+                                   DEFAULT_REGISTRY_DIR, DraPlugin, DraSettings, probe_inputs)
 from labeller.draplugin.checkpoint import DIRECTORY
 from labeller.draplugin.metrics import DraMetrics
 from labeller.host import NodeOptions, open_host
@@ -26,6 +26,7 @@ from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
 from labeller.runtime import defer_signals
+from labeller.vendor.dra import ConfigSettings
 from vendors import VENDORS
 
 log = structlog.get_logger(__name__)
@@ -59,9 +60,19 @@ log = structlog.get_logger(__name__)
               help="How often the node is probed in full, besides the changes it watches (within a second: "
                    "NVML's MIG reconfiguration events, KFD's topology generation, the profile file): a safety "
                    "net for a change no one reports. [env: DRA_PROBE_INTERVAL]")
+@click.option("--mps-root", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_MPS_ROOT,
+              show_default=True, envvar="DRA_MPS_ROOT",
+              help="Host directory of the MPS control daemons of claims whose config shares a GPU by MPS: "
+                   "<dir>/<daemon ID>/pipe and log, and <dir>/shm, their /dev/shm (mounted there in the plugin "
+                   "and in the claims' containers). [env: DRA_MPS_ROOT]")
+@click.option("--mps-control", default="nvidia-cuda-mps-control", show_default=True, envvar="MPS_CONTROL",
+              help="The nvidia-cuda-mps-control binary (looked up on PATH). [env: MPS_CONTROL]")
+@click.option("--nvidia-smi", default="nvidia-smi", show_default=True, envvar="NVIDIA_SMI",
+              help="The nvidia-smi binary that sets a GPU's time slice and compute mode. [env: NVIDIA_SMI]")
 @upstream_options("dra-plugin")
 def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path, metrics_port: int, metrics_bind: str,
-               cdi_spec_dir: Path, health_recovery_seconds: float, probe_interval: float) -> None:
+               cdi_spec_dir: Path, health_recovery_seconds: float, probe_interval: float, mps_root: Path,
+               mps_control: str, nvidia_smi: str) -> None:
     """Publish this node's GPUs as ResourceSlices and prepare their claims (kubelet DRA plugin, v1).
 
     One driver per vendor present that the config serves through DRA (labeller.dra.vendors):
@@ -72,12 +83,18 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     published as ResourceSlices; unhealthy devices leave them until healthy again. Nothing is written
     while nothing changes. A prepared claim gets a CDI spec file in --cdi-spec-dir and an entry in
     the driver's checkpoint (<--plugins-dir>/<driver>/claims/), so a restart loses nothing.
+    A claim's opaque configs for the driver (NVIDIA's resource.nvidia.com/v1beta1 GpuConfig and
+    MigDeviceConfig, AMD's gpu.resource.amd.com/v1alpha1 GpuConfig) are decoded strictly and applied:
+    a time slice set with nvidia-smi, an MPS control daemon per config under --mps-root; a config
+    that cannot be honoured fails the claim's prepare, naming the key and the value.
     SIGHUP: re-read the config and probe again. SIGTERM or SIGINT: remove the sockets, exit 0.
     Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
     """
     defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     node_name = node_options.node_name
+    if not mps_root.is_absolute():
+        raise BadInput(f"{given_as('mps_root', mps_root)}: must be an absolute path (claims' containers mount from it)")
     if not node_name:
         raise BadInput("the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME")
     parent_must_exist(plugins_dir, "plugins_dir")
@@ -88,14 +105,16 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     metrics = DraMetrics()
     follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_dra"), stop)
     settings = DraSettings(node_name=node_name, plugins_dir=plugins_dir, registry_dir=registry_dir,
-                           cdi_spec_dir=cdi_spec_dir, recovery_seconds=health_recovery_seconds)
+                           cdi_spec_dir=cdi_spec_dir, recovery_seconds=health_recovery_seconds,
+                           configs=ConfigSettings(mps_root, mps_control=mps_control, nvidia_smi=nvidia_smi))
     with open_host(node_options, selection) as host:
         if follower is not None:
             follower.apply(host)
         plugin = DraPlugin(host, settings, api, metrics)
         loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval),
                            config=ConfigSource(host, node_options.config_path, follower),
-                           inputs=probe_inputs(host, plugin.board), inputs_polled=plugin.inputs_polled)
+                           inputs=probe_inputs(host, plugin.board, plugin.gone_due),
+                           inputs_polled=plugin.inputs_polled)
         endpoints = Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: plugin.ready)
         try:
             code = serve(loop, endpoints, "metrics server listening", node=node_name)

@@ -27,6 +27,11 @@ class DraMetrics:
                                 ["driver"], registry=r)
         self.devices = Gauge("gpu_labeller_dra_devices", "Devices by driver and health (published: the healthy ones).",
                              ["driver", "health"], registry=r)
+        self.probes = Counter("gpu_labeller_dra_probes_total", "Probes of the node (each compares the devices found "
+                              "with what is published).", registry=r)
+        self.gates_off = Gauge("gpu_labeller_dra_feature_gate_off", "1 for a feature gate the API server has off, "
+                               "found from the fields it dropped (published without that feature).", ["gate"],
+                               registry=r)
         self.slice_writes = Counter("gpu_labeller_dra_slice_writes_total",
                                     "ResourceSlice writes by verb (create, update, delete) and outcome (ok, failed).",
                                     ["verb", "outcome"], registry=r)

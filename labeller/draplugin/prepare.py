@@ -4,22 +4,32 @@ Preparing a claim: check the names the kubelet gives (namespace a DNS-1123 label
 subdomain, a UID; nothing else ever reaches an API path), read the ResourceClaim (its UID must
 match), take the ``status.allocation.devices.results`` of this driver (none: refused), check that
 each device is one of this node's (its pool is the node's), healthy, and held by no other prepared
-claim (``Holds``), write the claim's CDI spec file, record the claim in the checkpoint, and answer
-the CDI device IDs of exactly those devices. Anything wrong fails that claim alone, with a message
-naming the device; the other claims of the call are prepared.
+claim (``Holds``; a share of a device, consumable capacity, is held with what it consumes, and the
+shares of a device never pass its capacities: ``labeller.draplugin.shares``), decode its opaque
+configs for the driver and match them to the devices (``labeller.draplugin.configs``), apply them
+(``ConfigHandler.apply``: a time slice set, an MPS daemon started), write the claim's CDI spec file
+(with what the configs add, and a share's gpushare environment), record the claim and
+what was applied in the checkpoint, and answer the CDI device IDs of exactly those devices. Anything
+wrong fails that claim alone, with a message naming the device or the config's entry, key and value
+(what was applied by then is undone); the other claims of the call are prepared.
 
 A claim already in the checkpoint is answered from it without reading the API (the kubelet calls
 again after a restart, and for every pod that shares the claim): it is prepared once. Unpreparing
-removes the spec file and the checkpoint entry; a claim unknown to the checkpoint is fine (already
-unprepared, or prepared by a process that died before writing it: its spec file, named by the UID,
-is removed all the same). Only regular files are removed: a symlink or anything else at a claim's
-file name is left alone and logged. The kubelet unprepares a shared claim after its last pod on the node.
+undoes what its configs applied (the last claim time-slicing a GPU sets it back to Default, its MPS
+daemons stop; with no record, whatever the vendor still finds of the claim, such as an MPS daemon a
+killed plugin started and never recorded), then removes the spec file and the checkpoint entry;
+what cannot be undone fails the unprepare, files kept, for the kubelet to try again. A claim
+unknown to the checkpoint is fine (already unprepared, or prepared by a process that died before
+writing it: its spec file, named by the UID, is removed all the same). Only regular files are
+removed: a symlink or anything else at a claim's file name is left alone and logged. The kubelet
+unprepares a shared claim after its last pod on the node.
 
 Calls for different claims run concurrently; calls for the same claim one at a time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -31,11 +41,15 @@ import structlog
 
 from labeller import ownfiles
 from labeller.config import Config
-from labeller.draplugin.cdi import ClaimSpecs, cdi_id, claim_spec
-from labeller.draplugin.checkpoint import UID, Checkpoint, PreparedClaim, PreparedDevice
+from labeller.draplugin import shares
+from labeller.draplugin.cdi import ClaimSpecs, SpecDevice, cdi_id, cdi_name, claim_spec
+from labeller.draplugin.checkpoint import UID, AppliedConfig, Checkpoint, PreparedClaim, PreparedDevice
+from labeller.draplugin.configs import DriverConfigs, Group
 from labeller.labels import is_dns_label, is_dns_subdomain
 from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
+from labeller.sharing import MEMORY
+from labeller.vendor.dra import ConfigRefused, Share
 
 log = structlog.get_logger(__name__)
 
@@ -94,19 +108,22 @@ class Holds:
     """Which prepared claims hold each device of the driver: what the checkpoint holds at start,
     then every claim prepared or unprepared since. A device held exclusively by one claim is refused
     to another, unless both allocations may share it (both carry a ``shareID``: consumable capacity
-    of a device that allows multiple allocations); an admin-access allocation holds nothing and is
+    of a device that allows multiple allocations), and the shares of a device never consume more
+    than its capacities (``shares.over_capacity``); an admin-access allocation holds nothing and is
     refused nothing, as upstream's scheduler counts it."""
 
     def __init__(self, claims: Iterable[PreparedClaim]) -> None:
         self._lock = threading.Lock()
         self._claims: dict[str, PreparedClaim] = {}
-        self._holders: dict[str, dict[str, PreparedDevice]] = {}  # device -> claim UID -> its allocation
+        # device -> (claim UID, share ID) -> that allocation of the device
+        self._holders: dict[str, dict[tuple[str, str | None], PreparedDevice]] = {}
         for claim in claims:
             self._put(claim)
 
-    def take(self, claim: PreparedClaim) -> list[str]:
+    def take(self, claim: PreparedClaim, capacities: Mapping[str, Mapping[str, int]] | None = None) -> list[str]:
         """Hold ``claim``'s devices for it (replacing what it held), or, when another claim holds one
-        of them, nothing: the conflicts, one per device."""
+        of them or its shares would pass a device's ``capacities`` (device -> capacity -> total), nothing:
+        why, one line per device."""
         with self._lock:
             conflicts = []
             for device in claim.devices:
@@ -114,14 +131,21 @@ class Holds:
                 if others:
                     more = f" and {len(others) - 1} other(s)" if len(others) > 1 else ""
                     conflicts.append(f"device {device.device} is prepared for claim {others[0]} "
-                                     f"({others[0].uid}){more}")
+                                     f"({others[0].uid}){more}, and the allocations do not both allow sharing it")
+            for name, totals in sorted((capacities or {}).items()):
+                mine = [d for d in claim.devices if d.device == name and not d.admin]
+                theirs = [(self._claims[uid], held) for (uid, _), held in self._holders.get(name, {}).items()
+                          if uid != claim.uid]
+                conflicts += shares.over_capacity(name, mine, theirs, totals)
             if not conflicts:
                 self._put(claim)
-            return conflicts
+            return list(dict.fromkeys(conflicts))
 
     def _conflicting(self, uid: str, device: PreparedDevice) -> list[PreparedClaim]:
         holders = self._holders.get(device.device, {})
-        return [self._claims[other] for other, held in holders.items() if other != uid and not _may_share(device, held)]
+        found = dict.fromkeys(other for (other, _), held in holders.items()
+                              if other != uid and not _may_share(device, held))
+        return [self._claims[other] for other in found]
 
     def restore(self, uid: str, claim: PreparedClaim | None) -> None:
         """What ``uid`` holds is ``claim``'s devices again (a prepare that failed after ``take``), or nothing."""
@@ -135,17 +159,32 @@ class Holds:
         with self._lock:
             self._drop(uid)
 
+    def others(self, uid: str, device: str) -> tuple[str, ...]:
+        """The other claims (UIDs) that hold ``device``, admin access left out."""
+        with self._lock:
+            return tuple(dict.fromkeys(other for (other, _), held in self._holders.get(device, {}).items()
+                                       if other != uid and not held.admin))
+
+    def claim(self, uid: str) -> PreparedClaim | None:
+        with self._lock:
+            return self._claims.get(uid)
+
+    def holding(self, device: str) -> bool:
+        """A prepared claim holds ``device`` (admin access included)."""
+        with self._lock:
+            return device in self._holders
+
     def _put(self, claim: PreparedClaim) -> None:
         self._drop(claim.uid)
         self._claims[claim.uid] = claim
         for device in claim.devices:
-            self._holders.setdefault(device.device, {})[claim.uid] = device
+            self._holders.setdefault(device.device, {})[(claim.uid, device.share_id)] = device
 
     def _drop(self, uid: str) -> None:
         claim = self._claims.pop(uid, None)
         for device in claim.devices if claim is not None else ():
             holders = self._holders[device.device]
-            holders.pop(uid, None)
+            holders.pop((uid, device.share_id), None)
             if not holders:
                 del self._holders[device.device]
 
@@ -156,11 +195,20 @@ def _may_share(wanted: PreparedDevice, held: PreparedDevice) -> bool:
 
 class Preparer:
     def __init__(self, driver: str, pool: str, vendor: Vendor, read_claim: ClaimReader, checkpoint: Checkpoint,
-                 specs: ClaimSpecs, devices: Callable[[], Devices]) -> None:
+                 specs: ClaimSpecs, devices: Callable[[], Devices], configs: DriverConfigs) -> None:
         self.driver, self.pool, self.vendor = driver, pool, vendor
         self.read_claim, self.checkpoint, self.specs, self.devices = read_claim, checkpoint, specs, devices
+        self.configs = configs
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
-        self.holds = Holds(checkpoint.claims())
+        prepared = checkpoint.claims()
+        self.holds = Holds(prepared)
+        for claim in prepared:
+            for applied in claim.configs:  # what a previous process applied: known again, its daemons found
+                try:
+                    configs.handler.recover(claim.uid, applied.applied)
+                except Exception:  # a bug here must not keep the driver from serving its other claims
+                    log.exception("what a prepared claim's config applied could not be recovered",
+                                  reason="config-not-recovered", driver=driver, uid=claim.uid)
 
     def _lock(self, uid: str) -> threading.Lock:
         return self._stripes[zlib.crc32(uid.encode()) % LOCK_STRIPES]
@@ -180,23 +228,82 @@ class Preparer:
             if done is None:
                 self.holds.release(claim.uid)  # its record was moved aside: it holds nothing now
             now = self.devices()
-            prepared = self._prepare(claim, now)
-            conflicts = self.holds.take(prepared)
+            prepared, groups = self._prepare(claim, now)
+            totals = {d.device: shares.capacities(now.by_name[d.device]) for d in prepared.devices if d.consumed}
+            conflicts = self.holds.take(prepared, totals)
             if conflicts:
-                raise ClaimError(f"{self.driver}: claim {claim}: {'; '.join(conflicts)}, and the allocations do not "
-                                 "both allow sharing it")
+                raise ClaimError(f"{self.driver}: claim {claim}: {'; '.join(conflicts)}")
             try:
-                self._write(claim, prepared, now)
+                applied = self._apply(claim, prepared, groups, now)
+                prepared = dataclasses.replace(prepared, configs=tuple(applied))
+                try:
+                    self._write(claim, prepared, now)
+                except ClaimError:
+                    self._undo(claim, applied, quiet=True)
+                    raise
             except ClaimError:
                 self.holds.restore(claim.uid, done)
                 raise
+            if applied:
+                self.holds.restore(claim.uid, prepared)  # with what it applied, for unprepare
             return prepared
+
+    def _apply(self, claim: ClaimRef, prepared: PreparedClaim, groups: list[Group], now: Devices
+               ) -> list[AppliedConfig]:
+        """Apply each config to its devices (with what the claim holds of those it shares); ClaimError
+        (what was applied undone) when one cannot be, or when a device no config covers cannot be
+        given without one (``ConfigHandler.blocked``)."""
+        covered = {name for group in groups for name in group.devices}
+        plain = [now.by_name[name] for name in dict.fromkeys(d.device for d in prepared.devices if not d.admin)
+                 if name not in covered]
+        if (why := self.configs.blocked(claim.uid, plain)) is not None:
+            raise ClaimError(f"{self.driver}: claim {claim}: {why}")
+        held = {d.device: self.holds.others(claim.uid, d.device) for d in prepared.devices if d.consumed}
+        share_of = {name: Share(sum(shares.amount(d, MEMORY) for d in prepared.devices if d.device == name), others)
+                    for name, others in held.items()}
+        done: list[AppliedConfig] = []
+        for group in groups:
+            try:
+                applied = self.configs.handler.apply(claim.uid, group.config.config,
+                                                     [now.by_name[name] for name in group.devices],
+                                                     {n: share_of[n] for n in group.devices if n in share_of})
+            except ConfigRefused as exc:
+                self._undo(claim, done, quiet=True)
+                raise ClaimError(f"{self.driver}: claim {claim}: {group.config.where}: {exc}") from None
+            done.append(AppliedConfig(group.devices, applied))
+        return done
+
+    def _undo(self, claim: ClaimRef, applied: list[AppliedConfig] | tuple[AppliedConfig, ...], quiet: bool) -> None:
+        """Undo ``applied``, last first; ClaimError naming what could not be undone (with ``quiet``: logged)."""
+        problems = []
+        for config in reversed(applied):
+            try:
+                self.configs.handler.undo(claim.uid, config.applied)
+            except ConfigRefused as exc:
+                problems.append(f"{config.applied.record.get('kind')} of {', '.join(config.devices)}: {exc}")
+        if problems and quiet:
+            log.error("a config applied to a claim that failed was not undone", reason="config-not-undone",
+                      driver=self.driver, claim=str(claim), uid=claim.uid, error="; ".join(problems))
+        elif problems:
+            raise ClaimError(f"{self.driver}: claim {claim}: cannot undo its configs: {'; '.join(problems)}")
 
     def _write(self, claim: ClaimRef, prepared: PreparedClaim, now: Devices) -> None:
         """The claim's CDI spec file, then its checkpoint record; ClaimError (neither written) when one cannot be."""
-        devices = [now.by_name[d.device] for d in prepared.devices]
+        extra: dict[str, list[Mapping[str, Any]]] = {}
+        for config in prepared.configs:
+            for name in config.devices if config.applied.edits else ():
+                extra.setdefault(name, []).append(config.applied.edits)
+        memory = now.config.sharing.memory
+        per_share, claim_env = shares.environment(prepared.devices, now.by_name, memory.unit_bytes if memory else None)
+        devices = []
+        for held in prepared.devices:
+            edits = list(extra.get(held.device, ()))
+            if held.key in per_share:
+                edits.append({"env": [f"{key}={value}" for key, value in sorted(per_share[held.key].items())]})
+            devices.append(SpecDevice(cdi_name(claim.uid, held.device, held.share_id), now.by_name[held.device],
+                                      tuple(edits)))
         try:
-            self.specs.write(claim.uid, claim_spec(claim.uid, self.vendor, devices, now.config, now.host_root))
+            self.specs.write(claim.uid, claim_spec(self.vendor, devices, now.config, now.host_root, claim_env))
         except (OSError, ValueError) as exc:
             raise ClaimError(f"{self.driver}: claim {claim}: cannot write its CDI spec "
                              f"{self.specs.path(claim.uid)}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -210,13 +317,14 @@ class Preparer:
             raise ClaimError(f"{self.driver}: claim {claim}: cannot write its checkpoint "
                              f"{self.checkpoint.path(claim.uid)}: {exc.strerror or exc}") from None
 
-    def _prepare(self, claim: ClaimRef, now: Devices) -> PreparedClaim:
-        """What preparing ``claim`` answers, from its allocation; ClaimError when it cannot be prepared."""
-        results = self._allocated(claim)
+    def _prepare(self, claim: ClaimRef, now: Devices) -> tuple[PreparedClaim, list[Group]]:
+        """What preparing ``claim`` answers, from its allocation, and the configs its devices get;
+        ClaimError when it cannot be prepared."""
+        allocation, results = self._allocated(claim)
         if not results:
             raise ClaimError(f"{self.driver}: claim {claim}: no device of {self.driver} allocated")
         problems: list[str] = []
-        chosen: dict[str, list[Obj]] = {}
+        chosen: dict[tuple[str, str | None], list[Obj]] = {}
         for result in results:
             name = str(result.get("device", ""))
             pool = str(result.get("pool", ""))
@@ -230,23 +338,31 @@ class Preparer:
                 problems.append(f"device {name} is unhealthy")
             elif share_id is not None and not (isinstance(share_id, str) and UID.fullmatch(share_id)):
                 problems.append(f"device {name}: shareID {str(share_id)[:64]!r} is not a UID")
+            elif (problem := shares.problem(name, result, device)) is not None:
+                problems.append(problem)
             else:
-                chosen.setdefault(name, []).append(result)
+                chosen.setdefault((name, share_id), []).append(result)
         if problems:
             raise ClaimError(f"{self.driver}: claim {claim}: {'; '.join(problems)}")
-        return PreparedClaim(claim.uid, claim.namespace, claim.name,
-                             tuple(self._device(claim.uid, name, allocated) for name, allocated in chosen.items()))
+        try:
+            groups = self.configs.groups(allocation, results, now.by_name)
+        except ConfigRefused as exc:
+            raise ClaimError(f"{self.driver}: claim {claim}: {exc}") from None
+        devices = tuple(self._device(claim.uid, name, share_id, allocated)
+                        for (name, share_id), allocated in chosen.items())
+        return PreparedClaim(claim.uid, claim.namespace, claim.name, devices), groups
 
-    def _device(self, uid: str, name: str, allocated: list[Obj]) -> PreparedDevice:
-        """One device as prepared, from its allocation results in the claim: it may be shared when
-        every one of them carries a shareID, it is admin access when every one is."""
-        share_ids = [r.get("shareID") for r in allocated]
+    def _device(self, uid: str, name: str, share_id: str | None, allocated: list[Obj]) -> PreparedDevice:
+        """One device, or one share of it, as prepared, from its allocation results in the claim (a
+        share has one): it may be shared when it is a share, it is admin access when every result is."""
+        consumed = shares.consumed(allocated[0]) or () if share_id is not None else ()
         return PreparedDevice(tuple(str(r.get("request", "")) for r in allocated), self.pool, name,
-                              (cdi_id(uid, name),), share_ids[0] if None not in share_ids else None,
-                              all(r.get("adminAccess") is True for r in allocated))
+                              (cdi_id(uid, name, share_id),), share_id,
+                              all(r.get("adminAccess") is True for r in allocated), consumed)
 
-    def _allocated(self, claim: ClaimRef) -> list[Obj]:
-        """This driver's allocation results in the claim; ClaimError when it cannot be read or is not allocated."""
+    def _allocated(self, claim: ClaimRef) -> tuple[Obj, list[Obj]]:
+        """The claim's allocation and this driver's results in it; ClaimError when it cannot be read or
+        is not allocated."""
         try:
             obj = self.read_claim(claim.namespace, claim.name)
         except Exception as exc:  # noqa: BLE001 - the adapter's errors say what happened (not found, forbidden, no answer)
@@ -258,14 +374,24 @@ class Preparer:
         allocation = (obj.get("status") or {}).get("allocation")
         if not allocation:
             raise ClaimError(f"{self.driver}: claim {claim}: not allocated")
+        if not isinstance(allocation, dict):
+            raise ClaimError(f"{self.driver}: claim {claim}: status.allocation is not an object")
         results = (allocation.get("devices") or {}).get("results") or []
-        return [r for r in results if isinstance(r, dict) and r.get("driver") == self.driver]
+        return allocation, [r for r in results if isinstance(r, dict) and r.get("driver") == self.driver]
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Undo ``prepare`` (nothing to do is fine); ClaimError when a file cannot be removed. A file
         of the claim that is not a regular file is not the plugin's: left alone, and logged."""
         _check_uid(claim)
         with self._lock(claim.uid):
+            prepared = self.holds.claim(claim.uid)
+            if prepared is not None:
+                self._undo(claim, prepared.configs, quiet=False)
+            else:
+                try:
+                    self.configs.forget(claim.uid)
+                except ConfigRefused as exc:
+                    raise ClaimError(f"{self.driver}: claim {claim}: cannot undo its configs: {exc}") from None
             for what, remove in (("CDI spec", self.specs.remove), ("checkpoint record", self.checkpoint.remove)):
                 try:
                     remove(claim.uid)

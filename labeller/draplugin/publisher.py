@@ -20,6 +20,19 @@ started again: its slices on this node are deleted (uid preconditions) and it is
 generation 1, with one warning per such repair (``reason``: generation-exhausted, write-refused).
 A transient failure (5xx, 429, no answer) is only retried.
 
+Fields the server does not keep. An API server drops the fields of an alpha feature gate it does not
+enable (``allowMultipleAllocations`` without ``DRAConsumableCapacity``, a device's ``taints`` without
+``DRADeviceTaints``, ...) from what it stores, and answers the write with the slice as stored. After
+each write of a pool the fields of our slices that the answers lack (``dropped``: paths such as
+``devices[].allowMultipleAllocations``) go to ``on_dropped(driver, paths)``, once per write that lost
+some: the one place where the plugin learns which gates the server has off, for every feature that
+publishes gated fields (``labeller.draplugin.gates``). What the server kept counts as ours (no write
+loop); the listener decides what to publish instead.
+
+A taint's ``timeAdded`` is the server's stamp (``Device.taints``, the DRA plugin's health taints): a
+taint published again (the same device, key, value and effect) keeps the stamp it has, and the stamp
+alone is never a difference.
+
 So stale slices of a driver for this node are replaced at start, an external delete (a kubelet that
 starts deletes its node's slices) is repaired as soon as the watch says so, a driver published
 before and not now has its slices removed, and slices of other drivers or nodes are never touched.
@@ -51,6 +64,8 @@ log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
+# (driver, the fields of its slices' specs the server did not keep, as ``dropped`` names them)
+FieldsDropped = Callable[[str, frozenset[str]], None]
 
 INT64_MAX = 2**63 - 1  # the largest pool generation the API can hold
 REFUSED = (400, 422)  # answers that say the same request will never be accepted
@@ -88,15 +103,62 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def _quantities(holder: Obj, *keys: str) -> None:
+    """``holder``'s quantities at ``keys`` (a list of them too) as values, in place."""
+    for key in keys:
+        value = holder.get(key)
+        if isinstance(value, str):
+            holder[key] = quantity(value)
+        elif isinstance(value, list):
+            holder[key] = [quantity(v) if isinstance(v, str) else v for v in value]
+
+
 def content(spec: Obj) -> Any:
-    """What a slice says, for comparing: its spec without the pool's generation, quantities as values."""
+    """What a slice says, for comparing: its spec without the pool's generation and the taints' stamps,
+    quantities as values."""
     spec = copy.deepcopy(spec)
     (spec.get("pool") or {}).pop("generation", None)
     for device in spec.get("devices") or []:
         for capacity in (device.get("capacity") or {}).values():
-            if isinstance(capacity, dict) and isinstance(capacity.get("value"), str):
-                capacity["value"] = quantity(capacity["value"])
+            if not isinstance(capacity, dict):
+                continue
+            _quantities(capacity, "value")
+            policy = capacity.get("requestPolicy")
+            if isinstance(policy, dict):
+                _quantities(policy, "default", "validValues")
+                if isinstance(policy.get("validRange"), dict):
+                    _quantities(policy["validRange"], "min", "max", "step")
+        for taint in device.get("taints") or []:
+            if isinstance(taint, dict):
+                taint.pop("timeAdded", None)
     return _canonical(spec)
+
+
+def dropped(written: Any, kept: Any, path: str = "") -> set[str]:
+    """The fields of ``written`` that ``kept`` lacks (both as ``content`` gives them): their paths, keys
+    joined by dots and a list's items as ``[]`` (``devices[].allowMultipleAllocations``,
+    ``devices[].capacity.memory.requestPolicy``); a field missing whole is named, not what it held.
+    A value the server changed is not dropped."""
+    found: set[str] = set()
+    if isinstance(written, dict) and isinstance(kept, dict):
+        for key, value in written.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key not in kept:
+                found.add(where)
+            else:
+                found |= dropped(value, kept[key], where)
+    elif isinstance(written, list) and isinstance(kept, list):
+        for ours, theirs in zip(written, kept):
+            found |= dropped(ours, theirs, f"{path}[]")
+    return found
+
+
+def _stamps(slices: Iterable[Obj]) -> dict[tuple[str, str, str, str], str]:
+    """(device, key, value, effect) -> timeAdded of every taint in these slices."""
+    return {(str(device.get("name")), str(taint.get("key")), str(taint.get("value") or ""), str(taint.get("effect"))):
+            taint["timeAdded"]
+            for s in slices for device in (s.get("spec") or {}).get("devices") or []
+            for taint in device.get("taints") or [] if isinstance(taint, dict) and taint.get("timeAdded")}
 
 
 def _rv(obj: Obj) -> int:
@@ -117,9 +179,10 @@ class SlicePublisher:
 
     def __init__(self, api: SliceApi, node_name: str, metrics: DraMetrics, stop: threading.Event, *,
                  layout: SliceLayout = resource_slices, permissions: PermissionLog | None = None,
-                 watch_timeout_s: int = 300) -> None:
+                 watch_timeout_s: int = 300, on_dropped: FieldsDropped | None = None) -> None:
         self.api, self.node_name, self.metrics, self.stop = api, node_name, metrics, stop
         self.layout = layout
+        self.on_dropped = on_dropped
         self.permissions = permissions or PermissionLog()
         self.reflector = Reflector("resourceslices", lambda: api.list_resource_slices(node_name=node_name),
                                    lambda rv, timeout: api.watch_resource_slices(rv, node_name=node_name,
@@ -303,16 +366,23 @@ class SlicePublisher:
         generation = max(top, self._generations.get(driver, 0)) + 1
         if generation > INT64_MAX:  # only ever what this process wrote before and is gone: it no longer counts
             generation = top + 1
+        lost: set[str] = set()
+        stamps = _stamps(live.values())
         for slice_ in wanted:
             body = copy.deepcopy(slice_)
             body["spec"]["pool"]["generation"] = generation
+            for device in body["spec"].get("devices") or []:
+                for taint in device.get("taints") or []:
+                    stamp = stamps.get((device["name"], taint["key"], taint.get("value", ""), taint["effect"]))
+                    if stamp is not None and "timeAdded" not in taint:
+                        taint["timeAdded"] = stamp
             existing = live.get(_name(body))
             if existing is None:
                 answer = self._write("create", functools.partial(self.api.create_resource_slice, body))
             else:
                 body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
                 answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body), body))
-            self._remember(body, answer)
+            lost |= self._remember(body, answer)
         self._generations[driver] = generation  # only once written: a refused write takes no generation
         names = {_name(s) for s in wanted}
         stale = {name: s for name, s in live.items() if name not in names}
@@ -320,6 +390,8 @@ class SlicePublisher:
         self._written(driver)
         log.info("ResourceSlices published", driver=driver, node=self.node_name, generation=generation,
                  slices=len(wanted), devices=sum(len(s["spec"]["devices"]) for s in wanted), removed=len(stale))
+        if lost and self.on_dropped is not None:
+            self.on_dropped(driver, frozenset(lost))
 
     def _delete(self, slices: dict[str, Obj]) -> None:
         """Delete these slices, each only while it is the one seen (a uid precondition)."""
@@ -344,14 +416,17 @@ class SlicePublisher:
         self.metrics.slice_writes.labels(verb=verb, outcome="ok").inc()
         return answer
 
-    def _remember(self, written: Obj, answer: Obj) -> None:
+    def _remember(self, written: Obj, answer: Obj) -> set[str]:
         """The server's answer to a write is the newest view of that slice, unless the watch already
         told of something newer: a later change, or its deletion (someone deleted it as soon as it was
-        written, and the watch was quicker than the answer)."""
+        written, and the watch was quicker than the answer). What it kept of the write is what counts
+        as ours from now on; the fields it did not keep are returned (``dropped``)."""
         name = _name(written)
+        ours, kept = content(written["spec"]), content(answer.get("spec") or {})
         with self._lock:
             current = self._live.get(name)
             newest = _rv(current) if current is not None else max(self._deleted_at.get(name, 0), self._listed_at)
             if _rv(answer) > newest:
                 self._live[name] = answer
-            self._echo[name] = (content(written["spec"]), content(answer.get("spec") or {}))
+            self._echo[name] = (ours, kept)
+        return dropped(ours, kept)

@@ -28,16 +28,16 @@ from labeller.commands.options import BadInput, kubeconfig_option
 from labeller.commands.params import Duration, format_duration
 from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.errors import InputError
-from labeller.runtime import (HealthServer, HttpLimits, defer_signals, raise_open_files_limit, run_until_signalled,
-                              server_tls,
-                              start_http_server)
+from labeller.process.httpserver import (HealthServer, HttpLimits, raise_open_files_limit, server_tls,
+                                         start_http_server)
+from labeller.runtime import defer_signals, run_until_signalled
 
 log = structlog.get_logger("gpu_labeller.extender")
 
 DEFAULT_PORT = 39999  # gpushare's
 POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP handlers' reads
-# Room for the scheduler beside a thousand clients that hold connections open (they are closed at the
-# request timeout); measured at about 60 KiB each, within the chart's 256Mi limit.
+# Connections open at once: a socket each (one without a request holds no thread); when all are taken, an
+# idle one is closed for a new one, so clients that never authenticate cannot keep the scheduler out.
 MAX_CONNECTIONS = 1024
 SPARE_FILES = 128  # the listening sockets, the API connections, the log, the certificates
 
@@ -71,22 +71,28 @@ SPARE_FILES = 128  # the listening sockets, the API connections, the log, the ce
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=HttpLimits.max_body_bytes, show_default=True,
               help="Largest request body read; a longer one is answered 413.")
 @click.option("--request-timeout", type=Duration(minimum=0.1), default=format_duration(HttpLimits.request_timeout_s),
-              show_default=True, help="Time a client has to send one request (TLS handshake, headers, body); also how "
-                                      "long an idle connection stays open.")
+              show_default=True, help="Time a client has to send one request (headers and body) from its first byte; "
+                                      "also how long a connection stays open without a request.")
+@click.option("--tls-handshake-timeout", type=Duration(minimum=0.1),
+              default=format_duration(HttpLimits.tls_handshake_timeout_s), show_default=True,
+              help="Time a client has to finish the TLS handshake; a connection that has not is closed.")
 @click.option("--max-connections", type=click.IntRange(1), default=MAX_CONNECTIONS, show_default=True,
-              help="Connections served at once (about 60 KiB each); one more is closed as soon as it is accepted.")
+              help="Connections open at once. When all are taken, an idle one is closed for a new one: the one longest "
+                   "in its TLS handshake, else the one longest without a request; when every one has a request in "
+                   "flight, the new one is closed.")
 @click.option("--watch-timeout", type=Duration(minimum=1), default="300s", show_default=True,
               help="Length of one watch request (watches are resumed).")
 @upstream_options("scheduler-extender")
 def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str | None, tls_key_file: str | None,
                        client_ca_file: str | None, metrics_port: int | None, kubeconfig: str | None, policy: str,
                        bind_wait: float, assume_timeout: float, scheduler_names: tuple[str, ...], max_body_bytes: int,
-                       request_timeout: float, max_connections: int, watch_timeout: float) -> None:
+                       request_timeout: float, tls_handshake_timeout: float, max_connections: int,
+                       watch_timeout: float) -> None:
     """Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible: filter, prioritize, bind."""
     defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout, scheduler_names=scheduler_names)
     limits = HttpLimits(max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
-                        max_connections=max_connections)
+                        max_connections=max_connections, tls_handshake_timeout_s=tls_handshake_timeout)
     raise_open_files_limit(max_connections + SPARE_FILES)
     tls_files = (tls_cert_file, tls_key_file, client_ca_file)
     if any(tls_files) and not all(tls_files):

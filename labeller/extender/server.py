@@ -20,7 +20,7 @@ from labeller import gpushare
 from labeller.extender.binder import Binder, BindError
 from labeller.extender.cache import ShareCache
 from labeller.extender.metrics import Metrics
-from labeller.runtime import Answer
+from labeller.process.httpserver import Answer
 
 log = structlog.get_logger("gpu_labeller.extender")
 
@@ -40,7 +40,7 @@ class Extender:
         self.cache, self.binder, self.metrics = cache, binder, metrics
 
     def __call__(self, method: str, path: str, body: bytes) -> Answer | None:
-        """The HTTP application (see labeller.runtime.App)."""
+        """The HTTP application (see labeller.process.httpserver.App)."""
         if not path.startswith(PREFIX + "/"):
             return None
         verb, _, rest = path[len(PREFIX) + 1:].partition("/")

@@ -9,7 +9,6 @@ import click
 import structlog
 
 from labeller.process.follow import ConfigMetrics, follow_own_node
-from labeller.mps.control import Tools
 from labeller.mps.service import Metrics, MpsService
 from labeller.host import NodeOptions, open_host
 from labeller.commands.options import discovery_options, endpoint_options, own_node_options
@@ -18,6 +17,7 @@ from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
 from labeller.runtime import defer_signals
+from vendors.nvidia.mpscontrol import Tools
 
 log = structlog.get_logger(__name__)
 

@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from labeller.config import ConfigError
 from labeller.inventory import ProbeError
-from labeller.mps.control import Tools
-from labeller.mps.supervisor import Plan, Supervisor, plans
+from labeller.mps.supervisor import Supervisor, Wanted, plans
 from labeller.host import Host
+from vendors.nvidia.mpscontrol import Tools
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +33,7 @@ class Metrics:
             self.starts.labels(resource=name).inc(daemon.starts - before.get(name, 0))
 
 
-def wanted(node: Host) -> list[Plan]:
+def wanted(node: Host) -> list[Wanted]:
     """Probe the node and return the daemons its config needs; ProbeError or ConfigError when it cannot tell."""
     if node.config.sharing.strategy != "mps":
         return []

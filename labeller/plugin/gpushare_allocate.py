@@ -197,12 +197,8 @@ class MemoryAllocator:
         match = self._matcher.find(len(ids), self._unit)
         gpu = self._gpu(match)
         edits = self._allocate([gpu])
-        edits.envs.update({
-            gpushare.ENV_IDX: str(match.gpu_index),
-            gpushare.ENV_POD: str(gpushare.pod_request(match.pod)),
-            gpushare.ENV_CONTAINER: str(match.units),
-            gpushare.ENV_DEV: str(self._units[gpu.health_key]),
-        })
+        edits.envs.update({gpushare.ENV_POD: str(gpushare.pod_request(match.pod)),
+                           **gpushare.share_environment(match.gpu_index, match.units, self._units[gpu.health_key])})
         pod, node = gpushare.pod_key(match.pod), self._matcher.node
         picked = {d.physical.health_key for i in ids if (d := self.resource.device(i)) is not None}
         if picked != {gpu.health_key}:

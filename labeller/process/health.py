@@ -29,7 +29,7 @@ import structlog
 
 from labeller.offer import PhysicalDevice
 from labeller.vendor import Vendor
-from labeller.vendor.plugin import Checker
+from labeller.vendor.plugin import Checker, Fault
 
 log = structlog.get_logger(__name__)
 
@@ -47,20 +47,27 @@ def checks_enabled(env: Mapping[str, str]) -> bool:
 
 
 HealthListener = Callable[[str, bool, str], None]  # (health key, healthy, reason)
+FaultListener = Callable[[str, str], None]  # (health key, its new reason)
 
 
 class HealthBoard:
-    """Thread-safe health of every key; ``generation`` grows on every change."""
+    """Thread-safe health of every key; ``generation`` grows on every change. ``listeners`` are told
+    when a key turns Unhealthy or Healthy; ``fault_listeners`` when a key already Unhealthy is marked
+    for a fault of a kind it was not marked for yet, or another code of it (``Fault``: an XID, then
+    the GPU lost; XID 48, then 79); ``faults`` says the reasons of each unhealthy key, the latest of
+    each kind. They are forgotten when the key recovers."""
 
     def __init__(self, keys: Iterable[str], recovery_seconds: float, clock: Callable[[], float] = time.monotonic):
         self._keys = frozenset(keys)
         self._recovery = recovery_seconds
         self._clock = clock
         self._last_bad: dict[str, float] = {}
+        self._faults: dict[str, dict[str, str]] = {}  # unhealthy key -> fault kind -> the latest reason of it
         self._cond = threading.Condition()
         self._closed = False
         self.generation = 0
         self.listeners: list[HealthListener] = []
+        self.fault_listeners: list[FaultListener] = []
         self.hardware_changes = 0  # grows with every ``hardware_changed``
         self.hardware_listeners: list[Callable[[str], None]] = []
 
@@ -85,6 +92,7 @@ class HealthBoard:
             self._keys = frozenset(keys)
             for key in set(self._last_bad) - self._keys:
                 del self._last_bad[key]
+                self._faults.pop(key, None)
             self.generation += 1
             self._cond.notify_all()
 
@@ -92,21 +100,35 @@ class HealthBoard:
         with self._cond:
             return frozenset(self._last_bad)
 
+    def faults(self) -> dict[str, tuple[str, ...]]:
+        """Every unhealthy key with its reasons: the latest of each kind of fault, in kind order."""
+        with self._cond:
+            return {key: tuple(reason for _, reason in sorted(self._faults.get(key, {}).items()))
+                    for key in self._last_bad}
+
     def mark_unhealthy(self, keys: Iterable[str], reason: str) -> None:
         now = self._clock()
-        changed = []
+        changed, refaulted = [], []
         with self._cond:
             for key in keys:
                 if key not in self._keys:
                     continue
+                kinds = self._faults.setdefault(key, {})
+                kind, code = Fault.kind_of(reason)
                 if key not in self._last_bad:
                     changed.append(key)
+                elif kind not in kinds or Fault.kind_of(kinds[kind])[1] != code:
+                    refaulted.append(key)
+                kinds[kind] = reason
                 self._last_bad[key] = now
             if changed:
                 self.generation += 1
                 self._cond.notify_all()
         for key in changed:
             self._tell(key, False, reason)
+        for key in refaulted:
+            for fault_listener in self.fault_listeners:
+                fault_listener(key, reason)
 
     def answering(self, keys: Iterable[str]) -> None:
         """The devices answered normally: recover those that have been quiet long enough."""
@@ -119,6 +141,7 @@ class HealthBoard:
                 since = self._last_bad.get(key)
                 if since is not None and now - since >= self._recovery:
                     del self._last_bad[key]
+                    self._faults.pop(key, None)
                     recovered.append(key)
             if recovered:
                 self.generation += 1

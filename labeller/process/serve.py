@@ -10,7 +10,8 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from labeller.process.loop import ProcessLoop
-from labeller.runtime import run_until_signalled, start_http_server
+from labeller.process.httpserver import start_http_server
+from labeller.runtime import run_until_signalled
 
 log = structlog.get_logger(__name__)
 

@@ -6,10 +6,13 @@
    ``plugin.PluginParts``: Allocate, health checks, CDI spec, for the device plugin alone).
 3. ``mps``: ``Mps``, for a vendor whose GPUs MPS can share (optional).
 4. ``dra``: ``Dra``, its devices as its Dynamic Resource Allocation driver names them (optional).
+5. ``settings``: its keys of the config file (``labeller.configtable.Section``), declared in its package
+   and read as ``config.section(<its settings class>)``.
 
 A vendor is one package, ``vendors/<name>/``, whose ``__init__`` builds its ``Vendor`` from these;
 adding one means that package plus one entry in ``vendors.VENDORS``. The model never imports a
-vendor package: the commands hand it the registry (and config parsing its ``ResourceNames``).
+vendor package: the commands hand it the registry (and config parsing its ``ResourceNames``, which
+carries the vendors' config keys).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from labeller.config import Config, ResourceNames
+from labeller.configtable import Section
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling
 from labeller.vendor.dra import Dra
@@ -32,6 +36,7 @@ class Vendor:
     devices: Devices
     mps: Mps | None  # None: MPS cannot share its GPUs
     dra: Dra | None = None  # None: it has no DRA driver
+    settings: Section = Section()  # its keys of the config file; none by default
 
     def offer_inputs(self, config: Config) -> object:
         """What its offer reads besides the probe (``Mps.offer_inputs``); None for a vendor without MPS."""
@@ -48,4 +53,5 @@ def resource_names(vendors: Sequence[Vendor], short_names: Vendor) -> ResourceNa
         mps_shareable=tuple(m.shareable for m in mps),
         mps_shares=" or ".join(m.shares for m in mps),
         dra_vendors=tuple(v.name for v in vendors if v.dra is not None),
+        settings=tuple(v.settings for v in vendors),
     )

@@ -62,8 +62,36 @@ def name_cdi_devices(edits: ContainerEdits, names: Sequence[str], strategies: Se
         edits.cdi_devices.extend(names)
 
 
+class Fault(str):
+    """Why a checker marked a device Unhealthy: the text it logs, and which kind of fault that is, for
+    whoever says more than "unhealthy" (the DRA plugin's device taints: a key per kind, the XID as value).
+
+    ``kind`` is one of ``KINDS``: ``xid`` (a critical XID; ``code`` is its number), ``lost`` (the
+    device stopped answering, or its KFD node is gone), ``unmonitored`` (its events cannot be watched,
+    so its health is unknown). A plain ``str`` reason is a fault of no particular kind (``kind_of``)."""
+
+    kind: str
+    code: int | None
+
+    XID, LOST, UNMONITORED, OTHER = "xid", "lost", "unmonitored", "other"
+    KINDS = (XID, LOST, UNMONITORED, OTHER)
+
+    def __new__(cls, text: str, kind: str, code: int | None = None) -> Fault:
+        if kind not in cls.KINDS:
+            raise ValueError(f"fault kind {kind!r} is not one of {', '.join(cls.KINDS)}")
+        fault = super().__new__(cls, text)
+        fault.kind, fault.code = kind, code
+        return fault
+
+    @staticmethod
+    def kind_of(reason: str) -> tuple[str, int | None]:
+        """(kind, code) of any reason a checker gave."""
+        return (reason.kind, reason.code) if isinstance(reason, Fault) else (Fault.OTHER, None)
+
+
 class HealthReporter(Protocol):
-    """Where health checks report (the plugin's health board)."""
+    """Where health checks report (the plugin's health board); ``reason`` is a ``Fault`` where the
+    checker knows the kind."""
 
     def healthy(self, key: str) -> bool: ...
 

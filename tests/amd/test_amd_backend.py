@@ -489,7 +489,6 @@ def test_without_kfd_the_drm_cards_still_give_device_family_product_and_driver(t
     assert discover_node(root).partial  # KFD may still be initialising: nothing is removed
 
 
-@pytest.mark.slow
 def test_cli_labels_a_node_without_kfd_from_its_drm_cards(tmp_path: Path) -> None:
     root = no_kfd_node(tmp_path)
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--host-root", str(root)],

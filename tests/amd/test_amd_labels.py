@@ -149,9 +149,9 @@ def test_groups_off() -> None:
     beta_only = label_set_of(inv, groups(amd=False)).labels
     beta_only.pop("amd.com/gpu.present")  # rules.py's own presence label, on while either group is
     assert beta_only and all(k.startswith("beta.amd.com/") for k in beta_only)
-    new_only = amd_only(label_set_of(inv, groups(amd_beta=False)).labels)
+    new_only = amd_only(label_set_of(inv, groups(amdBeta=False)).labels)
     assert new_only and all(k.startswith("amd.com/") for k in new_only)
-    assert label_set_of(inv, groups(amd=False, amd_beta=False)).labels == {}
+    assert label_set_of(inv, groups(amd=False, amdBeta=False)).labels == {}
 
 
 def test_firmware_labels_are_opt_in_and_beta_only() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from labeller.config import Config
 from tests.builders import MI210, PATIENCE_S, amd_labels_of, amd_probe_of, pci_scan, promptly
+from tests.core.cli import in_process
 from vendors.amd import simulate as amd_sim
 from vendors.simulate import builtin_profiles, load_profile, resolve, simulated_node
 
@@ -117,7 +118,6 @@ def test_mi300x_spx_profile_gives_the_real_label_set() -> None:
     assert all(len([t for _, t in g.nodes[0].links if t == 11]) == 7 for g in inventory.gpus)
 
 
-@pytest.mark.slow
 def test_cli_labels_simulate_mi300x_cpx_end_to_end() -> None:
     result = subprocess.run([sys.executable, "-m", "labeller.cli", "labels", "--simulate", "mi300x-x8-cpx"],
                             capture_output=True, text=True, timeout=PATIENCE_S, check=True)
@@ -135,14 +135,8 @@ def test_cli_labels_simulate_mi300x_cpx_end_to_end() -> None:
 FIRMWARE_ON = "version: v1\nlabeller:\n  labels:\n    firmware: true\n"
 
 
-def gpu_labeller(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True,
-                          timeout=PATIENCE_S)
-
-
-@pytest.mark.slow
 def test_builtin_firmware_profile_replays_the_real_debugfs_capture() -> None:
-    result = gpu_labeller("labels", "--simulate", "mi25-firmware")
+    result = in_process("labels", "--simulate", "mi25-firmware")
     assert result.returncode == 0, result.stderr
     firmware = {line for line in result.stdout.splitlines() if ".firmware." in line}
     # The capture (tests/fixtures/amd/debugfs-firmware-info) in AMD's decimal form, e.g. MEC 0x160 -> 352.
@@ -158,11 +152,10 @@ def test_builtin_firmware_profile_replays_the_real_debugfs_capture() -> None:
                        / "amdgpu_firmware_info").read_text()
 
 
-@pytest.mark.slow
 def test_probe_says_why_there_is_no_firmware_data(tmp_path: Path) -> None:
     config = tmp_path / "firmware.yaml"
     config.write_text(FIRMWARE_ON)
-    result = gpu_labeller("probe", "--simulate", "mi300x-x8-spx", "--config", str(config))
+    result = in_process("probe", "--simulate", "mi300x-x8-spx", "--config", str(config))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     (problem,) = next(r for r in document["reports"] if r["backend"] == "amd")["problems"]
@@ -170,7 +163,7 @@ def test_probe_says_why_there_is_no_firmware_data(tmp_path: Path) -> None:
         "/sys/kernel/debug/dri does not exist: debugfs must be mounted there and read as uid 0 "
         "(the Helm chart does both when config.labeller.labels.firmware is true)")
     assert document["partial"] is True  # firmware labels written earlier are kept, not removed
-    labels = gpu_labeller("labels", "--simulate", "mi300x-x8-spx", "--config", str(config)).stdout
+    labels = in_process("labels", "--simulate", "mi300x-x8-spx", "--config", str(config)).stdout
     assert "amd.com/gpu.cu-count=304" in labels and ".firmware." not in labels
 
 

@@ -10,7 +10,11 @@ Budgets (issue 20):
   - 0 ResourceSlice writes while idle (the issue: 10 idle minutes; ``--idle 600``);
   - plugin RSS <= 80 MiB (after the claims, and after the idle time).
 
-    python tests/bench/bench_dra.py [--claims 1000] [--idle 60] [--profile dgx-h100]
+With ``--memory-unit GiB`` the node shares its GPUs by memory (issue 30: ``sharing.memory`` in DRA,
+the API server with ``DRAConsumableCapacity``, or without it with ``--gate-off``): the kept claims
+are shares (a ``consumedCapacity`` each), and the writes it took to publish are printed.
+
+    python tests/bench/bench_dra.py [--claims 1000] [--idle 60] [--profile dgx-h100] [--memory-unit GiB [--gate-off]]
 """
 
 from __future__ import annotations
@@ -74,14 +78,18 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle to count writes over")
     parser.add_argument("--profile", default="dgx-h100")
+    parser.add_argument("--memory-unit", choices=("GiB", "MiB"), help="share the GPUs by memory (sharing.memory)")
+    parser.add_argument("--gate-off", action="store_true", help="the API server without DRAConsumableCapacity")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="drab", dir="/tmp"))
     registry, plugins, cdi = work / "reg", work / "plugins", work / "cdi"
-    with FakeApiServer() as api, FakeDraKubelet(registry) as kubelet:
+    gates = ["DRAConsumableCapacity"] if args.memory_unit and not args.gate_off else []
+    with FakeApiServer(feature_gates=gates) as api, FakeDraKubelet(registry) as kubelet:
         api.create_node(NODE)
         kubeconfig = api.write_kubeconfig(work / "kubeconfig")
         config = work / "config.yaml"
-        config.write_text("version: v1\nlabeller: {dra: {vendors: [nvidia, amd]}}\n")
+        memory = f"sharing: {{memory: {{unit: {args.memory_unit}}}}}\n" if args.memory_unit else ""
+        config.write_text(f"version: v1\nlabeller: {{dra: {{vendors: [nvidia, amd]}}}}\n{memory}")
         started = time.monotonic()
         process = subprocess.Popen(
             [sys.executable, "-m", "labeller.cli", "--log-level", "warning", "dra-plugin", "--simulate", args.profile,
@@ -99,6 +107,12 @@ def main() -> None:
             print(f"{args.profile}: {len(devices)} {driver} devices; "
                   f"start -> slices published {published * 1000:.0f} ms, "
                   f"-> registered with the kubelet {registered * 1000:.0f} ms (interpreter start included)")
+            if args.memory_unit:
+                shared = [d["name"] for s in api.slices(NODE, driver) for d in s["spec"]["devices"]
+                          if d.get("allowMultipleAllocations")]
+                print(f"sharing.memory ({args.memory_unit}), DRAConsumableCapacity "
+                      f"{'off' if args.gate_off else 'on'}: {len(shared)} of {len(devices)} devices published for "
+                      f"shares; {slice_writes(api)} ResourceSlice writes to publish")
 
             def claims(prefix: str, shared: bool) -> list[Claim]:
                 """One device each; ``shared``: allocated as consumable capacity allocates a device that
@@ -107,6 +121,8 @@ def main() -> None:
                 made = []
                 for i in range(args.claims):
                     share = {"shareID": str(uuid.uuid4())} if shared else {}
+                    if shared and args.memory_unit and not args.gate_off:
+                        share["consumedCapacity"] = {"memory": "16Mi"}  # 1,000 shares fit 8 GPUs
                     obj = api.create_resource_claim(f"{prefix}-{i}", results=[
                         {"request": "gpu", "driver": driver, "pool": NODE, "device": devices[i % len(devices)],
                          **share}])

@@ -19,7 +19,7 @@ from labeller.cli import LazyGroup
 from labeller.cluster.connect import NoCredentials, connect
 from labeller.errors import InputError
 from tests.builders import config_map_volume
-from tests.core.cli import error_line, gpu_labeller
+from tests.core.cli import error_line, in_process
 from tests.fakes.apiserver import FakeApiServer
 
 OUTSIDE_A_CLUSTER = ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "NODE_NAME")
@@ -86,7 +86,7 @@ def test_every_command_that_connects_says_why_it_cannot_in_one_line(command: lis
                                                                       outside_a_cluster: dict[str, str]) -> None:
     missing = tmp_path / "nope"
     args = [*command, str(missing)] if command[-1] == "--kubeconfig" else [*command, "--kubeconfig", str(missing)]
-    result = gpu_labeller(*args, env=outside_a_cluster)
+    result = in_process(*args, env=outside_a_cluster)
     assert result.returncode == 2
     assert error_line(result) == f"Error: {missing}: cannot read kubeconfig: No such file or directory"
 
@@ -94,8 +94,8 @@ def test_every_command_that_connects_says_why_it_cannot_in_one_line(command: lis
 def test_device_plugin_following_its_node_label_without_credentials(tmp_path: Path,
                                                                     outside_a_cluster: dict[str, str]) -> None:
     configs = config_map_volume(tmp_path / "configs", {"default": {"version": "v1"}})
-    result = gpu_labeller("device-plugin", "--simulate", "dgx-h100", "--socket-dir", str(tmp_path), "--config-dir",
-                          str(configs), "--node-name", "n1", env=outside_a_cluster)
+    result = in_process("device-plugin", "--simulate", "dgx-h100", "--socket-dir", str(tmp_path), "--config-dir",
+                        str(configs), "--node-name", "n1", env=outside_a_cluster)
     assert result.returncode == 2
     line = error_line(result)
     assert line.startswith("Error: no Kubernetes credentials: no kubeconfig (no --kubeconfig, no KUBECONFIG, no "

@@ -12,9 +12,8 @@ import pytest
 
 from labeller.cluster.kube import Kube, KubeError, Unavailable
 from labeller.errors import ClusterError
-from tests.core.cli import error_line, gpu_labeller
+from tests.core.cli import error_line, gpu_labeller, in_process
 
-pytestmark = pytest.mark.slow  # the command line as processes
 
 OK, FAILURE, BAD_INPUT = 0, 1, 2
 
@@ -82,7 +81,7 @@ def test_run_once_against_a_cluster_it_cannot_reach_exits_1_naming_the_server(tm
 
 @pytest.mark.parametrize("command", [["labels", "--simulate", "dgx-h100"], ["profiles"]], ids=lambda c: c[0])
 def test_a_dry_run_command_that_works_exits_0(command: list[str]) -> None:
-    assert gpu_labeller(*command).returncode == OK
+    assert in_process(*command).returncode == OK
 
 
 @pytest.mark.parametrize("command", [["labels", "--simulate", "no-such-profile"],
@@ -90,5 +89,5 @@ def test_a_dry_run_command_that_works_exits_0(command: list[str]) -> None:
                                      ["run", "--once", "--node-name", ""]],
                          ids=lambda c: c[0])
 def test_bad_input_exits_2_with_one_line(command: list[str]) -> None:
-    result = gpu_labeller(*command)
+    result = in_process(*command)
     assert result.returncode == BAD_INPUT and error_line(result)

@@ -23,7 +23,7 @@ MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labelle
          "labeller.sharing", "labeller.vendor", "labeller.vendor.discovery", "labeller.vendor.devices",
          "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare",
          "labeller.namedconfigs", "labeller.resourceslices", "labeller.vendor.dra", "labeller.upstream",
-         "labeller.quantity"}
+         "labeller.quantity", "labeller.configtable"}
 
 
 def module_name(path: Path) -> str:

@@ -1,7 +1,7 @@
 """Bad input, as a user meets it: one line on stderr naming the file and the problem, exit code 2.
 
 Config files, profiles (and the paths and templates inside them), kubeconfigs, node names,
-credentials, durations and ports, each through the real CLI.
+credentials, durations and ports, each through the CLI (in this process where only what it prints counts).
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import PATIENCE_S
-from tests.core.cli import error_line, gpu_labeller
+from tests.core.cli import error_line, gpu_labeller, in_process
 
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 BINARY = b"\x7fELF\x02\x01\x01\x00\x00\x00\xff\xfe\x00garbage"
 TEMPLATE_GPU = ('{{name: Tesla T4, uuid: "{uuid}", pci_bus_id: "0000:{{i:02x}}:00.0", memory_bytes: 15843721216, '
@@ -32,9 +30,9 @@ def nvidia_profile(tmp_path: Path, uuid: str) -> Path:
     return path
 
 
-def refused(*args: str, **popen: object) -> str:
+def refused(*args: str, env: dict[str, str] | None = None) -> str:
     """Run the CLI, check that it exited 2 with nothing on stdout, and return its one error line."""
-    result = gpu_labeller(*args, **popen)
+    result = in_process(*args, env=env)
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert result.stdout == ""
     return error_line(result)
@@ -237,8 +235,7 @@ def test_run_with_its_metrics_port_in_use(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        line = refused(*features_file_run(tmp_path, "--metrics-bind", "127.0.0.1", "--metrics-port", str(port)),
-                       timeout=PATIENCE_S)
+        line = refused(*features_file_run(tmp_path, "--metrics-bind", "127.0.0.1", "--metrics-port", str(port)))
     assert line == f"Error: --metrics-port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 
@@ -255,19 +252,19 @@ def test_run_reads_durations_in_any_unit(tmp_path: Path, interval: str, expiry_s
 
 @pytest.mark.parametrize("option", ["--interval", "--start-jitter"])
 def test_run_refuses_a_time_that_is_not_a_duration(tmp_path: Path, option: str) -> None:
-    result = gpu_labeller(*features_file_run(tmp_path, "--once", option, "soon"))
+    result = in_process(*features_file_run(tmp_path, "--once", option, "soon"))
     assert result.returncode == 2 and not (tmp_path / "gpu-labeller").exists()
     assert f"Invalid value for '{option}': 'soon' is not a duration like 60, 60s, 500ms or 2m" in result.stderr
 
 
 @pytest.mark.parametrize("asked", ["dgx-h10", "DGX-H100", "dgx_h100"])
 def test_a_mistyped_profile_name_suggests_the_built_in_one(asked: str) -> None:
-    result = gpu_labeller("labels", "--simulate", asked)
+    result = in_process("labels", "--simulate", asked)
     line = error_line(result)
     assert result.returncode == 2 and f"Error: {asked}: no such profile" in line
     assert line.endswith("did you mean dgx-h100? (gpu-labeller profiles lists them all)"), line
 
 
 def test_a_profile_name_like_none_lists_the_built_in_ones() -> None:
-    result = gpu_labeller("labels", "--simulate", "qqqq")
+    result = in_process("labels", "--simulate", "qqqq")
     assert result.returncode == 2 and "(built-in: a100-mig-single, " in error_line(result)

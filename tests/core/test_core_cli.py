@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 from labeller import __version__
-from tests.core.cli import gpu_labeller
+from tests.core.cli import gpu_labeller, in_process
 from tests.builders import PATIENCE_S, add_pci_device, config_map_volume, empty_node
-
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 
 def test_version() -> None:
@@ -25,13 +23,13 @@ def test_version() -> None:
 
 def test_labels_for_a_mounted_host_root(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x20B0, 0x030200)
-    result = gpu_labeller("labels", "--host-root", str(tmp_path))
+    result = in_process("labels", "--host-root", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "nvidia.com/gpu.present=true" in result.stdout.splitlines()
 
 
 def test_a_node_without_gpus_gets_no_labels(tmp_path: Path) -> None:
-    result = gpu_labeller("labels", "--host-root", str(empty_node(tmp_path)), "--format", "json")
+    result = in_process("labels", "--host-root", str(empty_node(tmp_path)), "--format", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {}
 
@@ -41,7 +39,7 @@ def test_a_node_without_gpus_gets_no_labels(tmp_path: Path) -> None:
                          ids=lambda c: " ".join(c) if isinstance(c, list) else "")
 def test_a_node_without_gpus_says_so_on_stderr_and_names_simulate(command: list[str], stdout: str,
                                                                     tmp_path: Path) -> None:
-    result = gpu_labeller("--log-format", "console", *command, "--host-root", str(empty_node(tmp_path)))
+    result = in_process("--log-format", "console", *command, "--host-root", str(empty_node(tmp_path)))
     assert (result.returncode, result.stdout) == (0, stdout), result.stderr
     [line] = result.stderr.splitlines()
     assert "no GPU found" in line and "--simulate" in line and "gpu-labeller profiles" in line
@@ -74,7 +72,7 @@ def test_run_once_does_not_wait_a_start_jitter(tmp_path: Path) -> None:
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
-    result = gpu_labeller("labels", "--host-root", str(tmp_path), "--config", str(config))
+    result = in_process("labels", "--host-root", str(tmp_path), "--config", str(config))
     assert result.returncode == 2
     assert result.stdout == ""
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
@@ -83,7 +81,7 @@ def test_bad_config_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
 
 
 def test_unknown_profile_names_the_built_in_ones() -> None:
-    result = gpu_labeller("labels", "--simulate", "no-such-node")
+    result = in_process("labels", "--simulate", "no-such-node")
     assert result.returncode == 2
     assert "no-such-node: no such profile" in result.stderr and "Traceback" not in result.stderr
 
@@ -92,14 +90,14 @@ def test_output_file_is_written_atomically(tmp_path: Path) -> None:
     add_pci_device(tmp_path, "0000:c1:00.0", 0x1002, 0x74A1, 0x038000)
     (tmp_path / "out").mkdir()
     out = tmp_path / "out" / "labels.txt"
-    result = gpu_labeller("labels", "--host-root", str(tmp_path), "--format", "nfd", "--output", str(out))
+    result = in_process("labels", "--host-root", str(tmp_path), "--format", "nfd", "--output", str(out))
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     assert "amd.com/gpu.present=true" in out.read_text().splitlines()
 
 
 def test_probe_explains_why_a_backend_found_nothing(tmp_path: Path) -> None:
-    result = gpu_labeller("probe", "--host-root", str(empty_node(tmp_path)))
+    result = in_process("probe", "--host-root", str(empty_node(tmp_path)))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     reports = {r["backend"]: r for r in document["reports"]}

@@ -7,6 +7,8 @@ import pytest
 
 from labeller.config import ConfigError, load_config, parse_config, parse_document
 from vendors import RESOURCE_NAMES
+from vendors.amd.settings import AmdSettings
+from vendors.nvidia.settings import NvidiaSettings
 
 NVIDIA_EXAMPLE = """
 version: v1
@@ -37,9 +39,9 @@ def test_nvidia_device_plugin_config_is_read_unchanged(tmp_path: Path) -> None:
     path.write_text(NVIDIA_EXAMPLE)
     config = load_config(path, RESOURCE_NAMES)
     assert config.mig_strategy == "mixed"
-    assert config.plugin.device_id_strategy == "index"
+    assert config.section(NvidiaSettings).device_id_strategy == "index"
     assert config.plugin.device_list_strategy == ("envvar", "cdi-cri")
-    assert config.plugin.nvidia_dev_root == "/run/nvidia/driver"
+    assert config.section(NvidiaSettings).dev_root == "/run/nvidia/driver"
     assert config.sharing.strategy == "time-slicing"
     assert config.sharing.replicas_for("nvidia.com/gpu") == 10
     assert config.sharing.replicas_for("amd.com/gpu") == 1
@@ -91,14 +93,15 @@ def test_memory_sharing_is_read_with_gib_by_default() -> None:
 
 
 def test_amd_resource_naming_strategy() -> None:
-    assert parse_config(None, RESOURCE_NAMES).amd_resource_naming == "single"
+    assert parse_config(None, RESOURCE_NAMES).section(AmdSettings).resource_naming == "single"
     mixed = parse_config({"labeller": {"amd": {"resourceNamingStrategy": "mixed"}}}, RESOURCE_NAMES)
-    assert mixed.amd_resource_naming == "mixed"
+    assert mixed.section(AmdSettings).resource_naming == "mixed"
 
 
 def test_label_groups() -> None:
     config = parse_config({"labeller": {"labels": {"amdBeta": False, "timestamp": True}}}, RESOURCE_NAMES)
-    assert config.labels.amd_beta is False and config.labels.timestamp is True and config.labels.nvidia is True
+    nvidia, amd = config.section(NvidiaSettings), config.section(AmdSettings)
+    assert amd.beta_labels is False and nvidia.timestamp_label is True and nvidia.labels is True
 
 
 @pytest.mark.parametrize(
@@ -215,7 +218,7 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
     path.write_text("version: v1\nimex: &groups {nvidia: false, amd: false}\n"
                     "labeller:\n  labels:\n    <<: *groups\n    amd: true\n")
     config = load_config(path, RESOURCE_NAMES)
-    assert config.labels.nvidia is False and config.labels.amd is True
+    assert config.section(NvidiaSettings).labels is False and config.section(AmdSettings).labels is True
 
 
 def test_a_binary_file_is_named_not_decoded(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from labeller.config import MAX_DEVICE_REFS, MAX_REPLICAS, MAX_SHARED_RESOURCES, ConfigError, parse_config
 from labeller.offer import MAX_DEVICES_PER_RESOURCE
 from tests.builders import AT_ONCE_S, nvidia, nvidia_gpu, offer_of
-from tests.core.cli import error_line, gpu_labeller
+from tests.core.cli import error_line, in_process
 from vendors import RESOURCE_NAMES
 
 
@@ -87,11 +87,10 @@ def test_memory_units_that_would_overflow_the_kubelets_message_are_refused() -> 
         f"more than the {MAX_DEVICES_PER_RESOURCE} the kubelet takes for one resource; use unit: GiB")
 
 
-@pytest.mark.slow
 def test_mib_memory_sharing_on_eight_h100s_is_one_line_not_a_dropped_registration(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\nsharing:\n  memory:\n    unit: MiB\n")
-    result = gpu_labeller("resources", "--simulate", "dgx-h100", "--config", str(config))
+    result = in_process("resources", "--simulate", "dgx-h100", "--config", str(config))
     assert result.returncode == 2, result.stderr[-2000:]
     assert error_line(result) == (
         f"Error: {config}: sharing.memory.unit: aliyun.com/gpu-mem would be advertised as 652472 devices (one per "

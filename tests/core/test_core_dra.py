@@ -16,12 +16,14 @@ import yaml
 from click.testing import CliRunner
 
 from labeller.cli import main
-from labeller.config import parse_document
+from labeller.config import MemorySharing, parse_document
+from labeller.draplugin import taints
 from labeller.explain import catalog, find
 from labeller.host import Host, NodeOptions, open_host
 from labeller.labels import KeyDoc
 from labeller.offer import Offer
-from labeller.resourceslices import DraDevice, healthy, resource_slices
+from labeller.resourceslices import DraDevice, resource_slices, untainted
+from labeller.sharing import memory_policy
 from tests.fakes.apiserver import ApiError, NodeStore, SliceStore
 from vendors import RESOURCE_NAMES, VENDORS
 from vendors.amd.labels import product_name_value, vram_gib_label
@@ -79,9 +81,11 @@ def test_labels_resources_and_slices_describe_the_same_devices(profile: str) -> 
     slices = resource_slices("node", by_driver)
     assert sum(len(s["spec"]["devices"]) for s in slices) == len(devices)
     assert len({d.name for d in devices}) == len(devices), "device names are unique"
-    for driver, found in by_driver.items():  # an unhealthy device leaves its slice, and only it
+    for driver, found in by_driver.items():  # an unhealthy device is tainted, and only it (left out without taints)
         dropped = found[0]
-        assert [d.name for d in healthy(by_driver, {dropped.health_key})[driver]] == [d.name for d in found[1:]]
+        tainted = taints.published(by_driver, {dropped.health_key: ["XID 79"]}, {})[driver]
+        assert [d.name for d in tainted if d.taints] == [dropped.name]
+        assert [d.name for d in untainted(tainted)] == [d.name for d in found[1:]]
 
     nvidia = by_driver.get(NVIDIA, [])
     if nvidia:
@@ -160,6 +164,86 @@ def test_the_api_server_refuses_what_no_real_one_takes() -> None:
             {**device, "attributes": {**device["attributes"], **broken}}]}}
         with pytest.raises(ApiError, match=message):
             store.validate(spoilt)
+
+
+def shared_gpu(policy: dict[str, Any] | None = None, allow: Any = True, value: str = "16Gi") -> dict[str, Any]:
+    """A slice of one device with a memory capacity claims consume (``DRAConsumableCapacity``)."""
+    device: dict[str, Any] = {"name": "gpu-0", "capacity": {"memory": {"value": value}}}
+    if allow is not None:
+        device["allowMultipleAllocations"] = allow
+    if policy is not None:
+        device["capacity"]["memory"]["requestPolicy"] = policy
+    return {"metadata": {"name": "s"}, "spec": {"driver": NVIDIA, "nodeName": "n", "devices": [device],
+                                                "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1}}}
+
+
+def test_the_api_server_keeps_consumable_capacity_only_with_its_gate() -> None:
+    """As kube-apiserver v1.34.2 (seen): without DRAConsumableCapacity a create loses the fields, an update
+    keeps them only where the stored slice has them; with it they are kept."""
+    gates: set[str] = set()
+    store = SliceStore(NodeStore(), gates)
+    policy = {"default": "16Gi", "validRange": {"min": "1Gi", "max": "16Gi", "step": "1Gi"}}
+    created = store.create("", shared_gpu(policy))
+    assert created["spec"]["devices"][0] == {"name": "gpu-0", "capacity": {"memory": {"value": "16Gi"}}}
+    gates.add("DRAConsumableCapacity")
+    kept = store.replace("", "s", shared_gpu(policy))
+    assert kept["spec"]["devices"][0]["allowMultipleAllocations"] is True
+    gates.clear()  # the gate turned off again: a slice that uses the fields keeps them
+    assert store.replace("", "s", shared_gpu(policy))["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]
+
+
+@pytest.mark.parametrize(("slice_", "message"), [
+    (shared_gpu({"default": "1Gi"}, allow=None), "requestPolicy: Forbidden: allowMultipleAllocations must be true"),
+    (shared_gpu({"default": "1Gi"}, allow=False), "requestPolicy: Forbidden: allowMultipleAllocations must be true"),
+    (shared_gpu({"validRange": {"min": "1Gi"}}), "requestPolicy.default: Required value: required when validRange"),
+    (shared_gpu({"default": "1Gi", "validRange": {"max": "2Gi"}}), "validRange.min: Required value"),
+    (shared_gpu({"default": "1Gi", "validValues": ["1Gi"], "validRange": {"min": "1Gi"}}),
+     'Forbidden: exactly one policy can be specified, cannot specify "validValues" and "validRange"'),
+    (shared_gpu({"default": "1Gi", "validRange": {"min": "1Gi", "step": "16Gi"}}),
+     'validRange.step: Invalid value: "16Gi": one step'),
+    (shared_gpu({"default": "1536Mi", "validRange": {"min": "1Gi", "step": "1Gi"}}),
+     'validRange.step: Invalid value: "1536Mi": value is not a multiple of a given step (1Gi) from (1Gi)'),
+    (shared_gpu({"default": "3Gi", "validValues": ["2Gi", "1Gi", "32Gi"]}),
+     'validValues[1]: Invalid value: "1Gi": values must be sorted in ascending order'),
+    (shared_gpu({"default": "1", "validValues": [str(i) for i in range(1, 12)]}),
+     "validValues: Too many: 11: must have at most 10 items"),
+    (shared_gpu({"default": "1", "validValues": ["1", "1"]}), 'validValues[1]: Duplicate value: "1"'),
+    (shared_gpu({"default": "8Gi", "validRange": {"min": "4Gi", "max": "2Gi"}}),
+     'validRange.max: Invalid value: "4Gi": min is larger than max: 2Gi'),
+    (shared_gpu({"default": "8Gi", "validRange": {"min": "4Gi", "max": "32Gi"}}),
+     'validRange.max: Invalid value: "32Gi": max is larger than capacity value: 16Gi'),
+])
+def test_the_api_server_refuses_a_request_policy_a_real_one_refuses(slice_: dict[str, Any], message: str) -> None:
+    """kube-apiserver v1.34.2's answers (DRAConsumableCapacity on), as seen on shared/k8s-dra."""
+    store = SliceStore(NodeStore(), {"DRAConsumableCapacity"})
+    with pytest.raises(ApiError, match=re.escape(message)) as refused:
+        store.create("", slice_)
+    assert refused.value.code == 422
+
+
+def test_the_api_server_cannot_decode_what_is_not_a_bool_or_a_quantity() -> None:
+    store = SliceStore(NodeStore(), {"DRAConsumableCapacity"})
+    for slice_, message in ((shared_gpu(allow="yes"), "cannot unmarshal string into Go struct field "
+                             "Device.spec.devices.allowMultipleAllocations of type bool"),
+                            (shared_gpu({"default": "eight"}), "quantities must match the regular expression")):
+        with pytest.raises(ApiError, match=re.escape(message)) as refused:
+            store.create("", slice_)
+        assert refused.value.code == 400
+    assert store.create("", shared_gpu({}))  # an empty policy is a policy
+
+
+def test_a_memory_sharing_nodes_slices_are_what_the_api_server_accepts() -> None:
+    """sharing.memory's policies hold the API's rules, in GiB and in MiB, on a GPU of one unit too."""
+    store = SliceStore(NodeStore(), {"DRAConsumableCapacity"})
+    for unit in ("GiB", "MiB"):  # MiB: one device per GPU in DRA, not one per MiB as for the device plugin
+        config = {"version": "v1", "sharing": {"memory": {"unit": unit}}, "labeller": {"dra": {"vendors": ["nvidia"]}}}
+        devices = derive("t4-x4-gpushare", config).published
+        assert all(d.allow_multiple_allocations for d in devices[NVIDIA])
+        for published in resource_slices("node", devices):
+            store.validate(published)
+    policy = memory_policy(1500 << 20, MemorySharing("GiB"))  # a GPU of one unit: no step
+    assert policy.document() == {"default": "1Gi", "validRange": {"min": "1Gi", "max": "1Gi"}}
+    store.validate(shared_gpu(policy.document(), value="1500Mi"))
 
 
 @pytest.mark.parametrize("profile", PROFILES)

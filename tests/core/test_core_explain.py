@@ -19,8 +19,10 @@ from labeller.host import NodeOptions, open_host
 from labeller.nodelabels import node_labels
 from labeller.sharing import derive
 from tests.builders import label_set_of, mps_ready, nvidia, nvidia_gpu
-from tests.core.cli import gpu_labeller
+from tests.core.cli import in_process
 from vendors import RESOURCE_NAMES, VENDORS
+from vendors.amd.settings import AmdSettings
+from vendors.nvidia.settings import NvidiaSettings
 from vendors.simulate import builtin_profiles
 
 PROFILES = sorted(builtin_profiles())
@@ -37,7 +39,8 @@ def every_label_set(name: str) -> list[tuple[str, LabelSet, Inventory, Config]]:
     """The profile's labels as shipped, with its MPS daemon serving, with every optional group on,
     and under a named config (the state labels)."""
     inventory, config = profile(name)
-    everything = replace(config, labels=replace(config.labels, timestamp=True, firmware=True))
+    everything = (config.with_section(replace(config.section(NvidiaSettings), timestamp_label=True))
+                  .with_section(replace(config.section(AmdSettings), firmware_labels=True)))
     out = []
     for variant, cfg in (("as shipped", config), ("all groups", everything)):
         out.append((variant, label_set_of(inventory, cfg), inventory, cfg))
@@ -151,38 +154,35 @@ def test_an_invalid_value_dropped_is_explained_with_its_source() -> None:
     assert item.provenance is not None and "nvmlDeviceGetName" in item.provenance.source
 
 
-@pytest.mark.slow
 def test_cli_text_json_and_an_unknown_key_with_the_closest() -> None:
-    result = gpu_labeller("explain", "--simulate", "dgx-h100", "--format", "json", "nvidia.com/gpu.product")
+    result = in_process("explain", "--simulate", "dgx-h100", "--format", "json", "nvidia.com/gpu.product")
     assert result.returncode == 0, result.stderr
     [doc] = json.loads(result.stdout)
     assert doc["value"] == "NVIDIA-H100-80GB-HBM3" and doc["backend"] == "nvml" and doc["upstream"].startswith("GFD")
-    result = gpu_labeller("explain", "--simulate", "dgx-h100", "nvidia.com/gpu.prodcut")
+    result = in_process("explain", "--simulate", "dgx-h100", "nvidia.com/gpu.prodcut")
     assert result.returncode == 1
     assert result.stdout == ("nvidia.com/gpu.prodcut: unknown: not a gpu-labeller key; did you mean "
                              "nvidia.com/gpu.product?\n")
-    every = gpu_labeller("explain", "--simulate", "t4-time-slicing")
-    labels = gpu_labeller("labels", "--simulate", "t4-time-slicing")
+    every = in_process("explain", "--simulate", "t4-time-slicing")
+    labels = in_process("labels", "--simulate", "t4-time-slicing")
     assert [line for line in every.stdout.splitlines() if not line.startswith(" ")] == labels.stdout.splitlines()
 
 
-@pytest.mark.slow
 def test_cli_bad_input_is_one_line_and_exit_2() -> None:
-    result = gpu_labeller("explain", "--simulate", "no-such-profile")
+    result = in_process("explain", "--simulate", "no-such-profile")
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
 
 
-@pytest.mark.slow
 def test_state_labels_are_explained_with_named_configs_and_why_not_without(tmp_path: Path) -> None:
     from tests.builders import config_map_volume
 
     configs = config_map_volume(tmp_path / "configs", {"default": "version: v1\n", "ts": "version: v1\n"})
-    result = gpu_labeller("explain", "--simulate", "t4-time-slicing", "--config-dir", str(configs), "--config-name",
+    result = in_process("explain", "--simulate", "t4-time-slicing", "--config-dir", str(configs), "--config-name",
                           "ts", "--format", "json", "nvidia.com/device-plugin.config.applied")
     assert result.returncode == 0, result.stderr
     [doc] = json.loads(result.stdout)
     assert (doc["value"], doc["backend"]) == ("ts", "config") and "'ts' is in force" in doc["source"]
-    without = gpu_labeller("explain", "--simulate", "t4-time-slicing", "nvidia.com/device-plugin.config.state")
+    without = in_process("explain", "--simulate", "t4-time-slicing", "nvidia.com/device-plugin.config.state")
     assert without.returncode == 0
     assert "not produced: written only when configs come from --config-dir" in without.stdout
 

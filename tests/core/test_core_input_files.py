@@ -15,7 +15,6 @@ import pytest
 
 from tests.core.cli import error_line, gpu_labeller
 
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 MEMORY_CAP = 2 << 30  # bytes of address space the CLI may map here: a reader that grows without end fails fast
 

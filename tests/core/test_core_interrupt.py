@@ -12,11 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
 from tests.builders import PATIENCE_S
 
-pytestmark = pytest.mark.slow  # real processes, interrupted
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERRUPTED = 130

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from labeller.gpushare import RESOURCE_COUNT as COUNT_RESOURCE, RESOURCE_MEM as MEMORY_RESOURCE
-from tests.builders import PATIENCE_S, label_set_of, nvidia, nvidia_gpu, offer_of
+from tests.builders import label_set_of, nvidia, nvidia_gpu, offer_of
+from tests.core.cli import in_process
 
 GIB = 1 << 30
 MEMORY = {"sharing": {"memory": {}}}
@@ -102,11 +100,9 @@ def _profile_inventory(profile: str) -> Any:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True,
-                          timeout=PATIENCE_S)
+    return in_process(*args)
 
 
-@pytest.mark.slow
 def test_the_resources_and_labels_commands_agree_on_the_gpushare_profile() -> None:
     labels = json.loads(run_cli("labels", "--simulate", "t4-x4-gpushare", "--format", "json").stdout)
     resources = {r["name"]: r for r in json.loads(
@@ -120,14 +116,12 @@ def test_the_resources_and_labels_commands_agree_on_the_gpushare_profile() -> No
     assert labels["nvidia.com/gpu.sharing-strategy"] == "memory" and labels["gpushare"] == "true"
 
 
-@pytest.mark.slow
 def test_resources_text_says_how_many_memory_units_each_gpu_offers() -> None:
     lines = run_cli("resources", "--simulate", "t4-x4-gpushare").stdout.splitlines()
     assert lines[0] == "aliyun.com/gpu-mem: 56 devices (4 physical, 14 memory units each), socket aliyun-gpu-mem.sock"
     assert "aliyun.com/gpu-count: 4 devices (4 physical), socket aliyun-gpu-count.sock" in lines
 
 
-@pytest.mark.slow
 def test_a_bad_memory_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("version: v1\nflags: {migStrategy: mixed}\nsharing: {memory: {unit: GiB}}\n")

@@ -10,8 +10,9 @@ import click
 import pytest
 
 from labeller.cli import main
-from labeller.upstream import UPSTREAM_FLAGS
+from labeller.config import upstream_flags
 from tests.core.test_core_upstream import sample
+from vendors import RESOURCE_NAMES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "migrating.md"
 COMMANDS = ("run", "labels", "device-plugin", "resources", "dra-plugin", "scheduler-extender", "inspect")
@@ -36,6 +37,7 @@ def rows() -> list[tuple[str, list[str], list[str], list[str]]]:
 
 
 ROWS = rows()
+UPSTREAM_FLAGS = upstream_flags(RESOURCE_NAMES)
 
 
 def command(name: str) -> click.Command:

@@ -21,7 +21,7 @@ from labeller.labels import owns
 from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Chooser, ConfigDir, NoConfig, Selection
 from labeller.host import NodeOptions, open_host
 from tests.builders import AT_ONCE_S, PATIENCE_S, config_map_volume, label_set_of, promptly
-from tests.core.cli import gpu_labeller
+from tests.core.cli import in_process
 from vendors import RESOURCE_NAMES
 
 WHOLE = {"version": "v1"}
@@ -252,16 +252,15 @@ def test_bootstrap_reads_the_label_before_the_first_probe_and_gives_up_in_time(t
 
 # --- the dry run: what a node with a given label would get ---------------------------------------
 
-@pytest.mark.slow
 def test_labels_and_resources_show_what_a_node_labelled_with_the_name_gets(tmp_path: Path) -> None:
     configs = config_map_volume(tmp_path / "configs", {"default": WHOLE, "ts4": TS4})
-    named = gpu_labeller("labels", "--simulate", "dgx-h100", "--config-dir", str(configs), "--config-name", "ts4")
-    direct = gpu_labeller("labels", "--simulate", "dgx-h100", "--config", str(configs / "ts4"))
+    named = in_process("labels", "--simulate", "dgx-h100", "--config-dir", str(configs), "--config-name", "ts4")
+    direct = in_process("labels", "--simulate", "dgx-h100", "--config", str(configs / "ts4"))
     assert named.returncode == direct.returncode == 0, named.stderr + direct.stderr
     assert sorted(named.stdout.splitlines()) == sorted([*direct.stdout.splitlines(), f"{APPLIED_LABEL}=ts4",
                                                         f"{STATE_LABEL}=success"])
     assert "nvidia.com/gpu.replicas=4" in named.stdout.splitlines()
-    resources = gpu_labeller("resources", "--simulate", "dgx-h100", "--config-dir", str(configs))  # the default
+    resources = in_process("resources", "--simulate", "dgx-h100", "--config-dir", str(configs))  # the default
     assert resources.returncode == 0 and resources.stdout.startswith("nvidia.com/gpu: 8 devices (8 physical)")
 
 

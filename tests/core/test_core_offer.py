@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-
 from labeller.config import Config, parse_config
 from labeller.inventory import Inventory
 from labeller.host import NodeOptions, open_host
 from labeller.offer import Offer, Resource
-from tests.builders import PATIENCE_S, label_set_of, mps_ready, offer_of
+from tests.builders import label_set_of, mps_ready, offer_of
+from tests.core.cli import in_process
 from vendors import RESOURCE_NAMES
+from vendors.amd.settings import AmdSettings
 from vendors.nvidia.model import NvidiaInventory
 from vendors.simulate import builtin_profiles
 
@@ -64,7 +63,7 @@ def check_base(labels: dict[str, str], offer: Offer, base: str) -> None:
 
 def check_amd_nodes(labels: dict[str, str], offer: Offer, config: Config) -> None:
     """beta.amd.com/gpu.simd-count.<value>=<count> counts the KFD compute nodes every AMD resource offers."""
-    if not config.labels.amd_beta or not offer.of_vendor("amd"):
+    if not config.section(AmdSettings).beta_labels or not offer.of_vendor("amd"):
         return
     nodes = sum(int(v) for k, v in labels.items() if k.startswith("beta.amd.com/gpu.simd-count."))
     assert nodes == len({d.physical.health_key for r in offer.of_vendor("amd") for d in r.devices})
@@ -83,7 +82,7 @@ def check_nvidia(labels: dict[str, str], resource: Resource, replicas: int | Non
 
 
 def check_amd(labels: dict[str, str], resources: tuple[Resource, ...], config: Config) -> None:
-    if not config.labels.amd_beta or not resources:
+    if not config.section(AmdSettings).beta_labels or not resources:
         return
     (resource,) = resources
     # beta.amd.com/gpu.simd-count.<value>=<count> counts KFD compute nodes: the advertised devices;
@@ -191,7 +190,7 @@ def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str,
         assert all("MIG" in h.reason for h in offer.held), offer.held  # only what MPS can never share
     check_amd_nodes(labels, offer, config)
     # every device the node offers unshared is offered, once, whatever the sharing config
-    naming = {"resourceNamingStrategy": config.amd_resource_naming}
+    naming = {"resourceNamingStrategy": config.section(AmdSettings).resource_naming}
     plain = offer_of(inventory, parse_config({"flags": {"migStrategy": config.mig_strategy},
                                               "labeller": {"amd": naming}}, RESOURCE_NAMES))
     held = {d.physical.health_key for h in offer.held for d in h.resource.devices}
@@ -200,12 +199,11 @@ def test_labels_agree_with_what_is_advertised_when_sharing_subsets(profile: str,
 
 
 def cli(*args: str) -> Any:
-    result = subprocess.run([sys.executable, "-m", "labeller.cli", *args, "--format", "json"], capture_output=True,
-                            text=True, timeout=PATIENCE_S, check=True)
+    result = in_process(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("profile", "config"), [
     ("a100-mig-single", {"flags": {"migStrategy": "none"},
                          "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}),

@@ -13,19 +13,17 @@ import subprocess
 import threading
 from pathlib import Path
 
-import pytest
-
 from tests.builders import PATIENCE_S
-from tests.core.cli import COMMAND, error_line, gpu_labeller
+from tests.core.cli import COMMAND, error_line, gpu_labeller, in_process
 
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 PROFILE = "t4-time-slicing"
 FIRST_LABEL = "nvidia.com/cuda.driver-version.full=535.183.01"
 
 
-def labels_to(path: Path | str, **popen: object) -> subprocess.CompletedProcess[str]:
-    return gpu_labeller("labels", "--simulate", PROFILE, "-o", str(path), **popen)
+def labels_to(path: Path | str) -> subprocess.CompletedProcess[str]:
+    """``labels -o PATH``, in this process (what is written where, and the exit code, are the same)."""
+    return in_process("labels", "--simulate", PROFILE, "-o", str(path))
 
 
 # As root, a regression that replaced the output file instead of writing through would replace
@@ -55,7 +53,7 @@ def stdout_link(tmp_path: Path) -> Path:
 
 
 def expected_text() -> str:
-    result = gpu_labeller("labels", "--simulate", PROFILE)
+    result = in_process("labels", "--simulate", PROFILE)
     assert result.returncode == 0 and result.stdout.startswith(FIRST_LABEL + "\n"), result.stderr
     return result.stdout
 
@@ -128,13 +126,13 @@ def test_a_fifo_is_written_through_to_its_reader(tmp_path: Path) -> None:
 def test_dev_stdout_goes_where_the_shell_sent_it(tmp_path: Path) -> None:
     expected = expected_text()
     for name in (stdout_link(tmp_path), "/dev/fd/1", "/proc/self/fd/1"):
-        piped = labels_to(name)
+        piped = gpu_labeller("labels", "--simulate", PROFILE, "-o", str(name))  # this process's fd 1 is not a shell's
         assert piped.returncode == 0 and piped.stdout == expected, name
         # `>> log`: the shell opened the file for appending; replacing it would lose what was there.
         log = tmp_path / "log"
         log.write_text("earlier line\n")
         with log.open("a") as append:
-            appended = labels_to(name, stdout=append)
+            appended = gpu_labeller("labels", "--simulate", PROFILE, "-o", str(name), stdout=append)
         assert appended.returncode == 0, appended.stderr
         assert log.read_text() == "earlier line\n" + expected, name
     assert os.readlink(tmp_path / "stdout") == "/proc/self/fd/1"

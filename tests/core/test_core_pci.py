@@ -6,8 +6,6 @@ import functools
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,17 +14,13 @@ import pytest
 
 from labeller.config import Config
 from labeller.inventory import ProbeError
-from tests.builders import PATIENCE_S, add_pci_device, discover_node, empty_node, label_set_of, pci_scan, promptly
+from tests.builders import add_pci_device, discover_node, empty_node, label_set_of, pci_scan, promptly
+from tests.core.cli import gpu_labeller, in_process
 from vendors import sysfs
 from vendors.pci import normalise_bdf
 
 DEVICES = "sys/bus/pci/devices"
 HINT = "is the host's /sys mounted at --host-root (HOST_ROOT)?"
-
-
-def gpu_labeller(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "labeller.cli", *args], capture_output=True, text=True,
-                          timeout=PATIENCE_S, env=env)
 
 
 def test_finds_nvidia_and_amd_gpus_and_ignores_other_devices(tmp_path: Path) -> None:
@@ -97,18 +91,16 @@ def test_a_host_root_without_a_pci_device_list_is_a_failed_probe(tmp_path: Path,
     assert "\n" not in message
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("command", ["labels", "probe"])
 def test_cli_on_a_wrong_host_root_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
-    result = gpu_labeller(command, "--host-root", str(tmp_path / "nonexistent"))
+    result = in_process(command, "--host-root", str(tmp_path / "nonexistent"))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"Error: {tmp_path / 'nonexistent' / DEVICES} does not exist: {HINT}\n"
 
 
-@pytest.mark.slow
 def test_cli_reads_the_host_root_from_host_root_env(tmp_path: Path) -> None:
     (tmp_path / DEVICES).mkdir(parents=True)  # an empty hostPath mount, as DirectoryOrCreate leaves it
-    result = gpu_labeller("labels", env={**os.environ, "HOST_ROOT": str(tmp_path)})
+    result = in_process("labels", env={**os.environ, "HOST_ROOT": str(tmp_path)})
     assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
     assert f"{tmp_path / DEVICES} lists no PCI device" in result.stderr
 
@@ -150,7 +142,6 @@ def test_an_oversized_file_where_the_scan_reads_is_reported(tmp_path: Path) -> N
         "cannot tell whether it is a GPU",)
 
 
-@pytest.mark.slow
 def test_cli_probe_with_a_fifo_in_sysfs_answers_promptly_and_reports_it(tmp_path: Path) -> None:
     device = add_pci_device(tmp_path, "0000:18:00.0", 0x10DE, 0x2330, 0x030200)
     (device / "vendor").unlink()
@@ -270,14 +261,13 @@ def test_a_fifo_for_the_dmi_product_name_is_reported_not_read(tmp_path: Path) ->
     assert (dmi.status, dmi.detail) == ("error", f"machine name unreadable: {product_name}: a FIFO, not a regular file")
 
 
-@pytest.mark.slow
 def test_a_simulated_node_without_gpus_is_a_genuine_empty_node(tmp_path: Path) -> None:
     profile = tmp_path / "no-gpu.yaml"
     profile.write_text("name: no-gpu\nmachine: PowerEdge R650\n")
-    result = gpu_labeller("probe", "--simulate", str(profile))
+    result = in_process("probe", "--simulate", str(profile))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     pci = next(r for r in document["reports"] if r["backend"] == "pci")
     assert (pci["status"], pci["detail"]) == ("absent", "0 GPU(s) among 1 PCI device(s)") and not document["partial"]
-    labels = gpu_labeller("labels", "--simulate", str(profile), "--format", "json")
+    labels = in_process("labels", "--simulate", str(profile), "--format", "json")
     assert labels.returncode == 0 and json.loads(labels.stdout) == {}

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from labeller.config import Config, ConfigError, parse_config
+from labeller.draplugin import taints
 from labeller.host import Host
 from labeller.inventory import Inventory, PciGpu
 from labeller.offer import Offer, PhysicalDevice
-from labeller.resourceslices import (MAX_DEVICES_PER_SLICE, Attribute, Capacity, DraDevice, Version, healthy,
-                                     quantity, resource_slices, semver)
+from labeller.resourceslices import (MAX_DEVICES_PER_SLICE, Attribute, Capacity, DraDevice, Version, quantity,
+                                     resource_slices, semver, untainted)
 from tests.builders import nvidia, nvidia_gpu
 from vendors import RESOURCE_NAMES
 from vendors.amd.dra import devices as amd_devices
@@ -82,9 +83,11 @@ def test_a_driver_without_devices_publishes_no_slice() -> None:
 
 
 def test_unhealthy_devices_leave_the_slices_by_their_physical_health_key() -> None:
+    """Without DRADeviceTaints: the devices tainted for their health key's faults are left out."""
     devices = {"gpu.nvidia.com": [device("gpu-0"), device("gpu-1")]}
-    assert [d.name for d in healthy(devices, {"key-gpu-1"})["gpu.nvidia.com"]] == ["gpu-0"]
-    assert [d.name for d in healthy(devices, set())["gpu.nvidia.com"]] == ["gpu-0", "gpu-1"]
+    faults = {"key-gpu-1": ["XID 79"]}
+    assert [d.name for d in untainted(taints.published(devices, faults, {})["gpu.nvidia.com"])] == ["gpu-0"]
+    assert [d.name for d in untainted(taints.published(devices, {}, {})["gpu.nvidia.com"])] == ["gpu-0", "gpu-1"]
 
 
 # --- the vendors' devices ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import yaml
 
 from labeller.snippets import snippet
 from labeller.selectors import Requirement, SelectorError, parse_selector, selector_from_document
-from tests.core.cli import error_line, gpu_labeller
+from tests.core.cli import error_line, in_process
 from vendors.simulate import builtin_profiles
 
 NODE = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
@@ -101,9 +101,8 @@ def test_requirement_text_round_trips() -> None:
 
 # --- the command --------------------------------------------------------------------------------
 
-@pytest.mark.slow
 def test_match_the_near_miss_names_the_closest_existing_value() -> None:
-    result = gpu_labeller("match", "nvidia.com/gpu.product=NVIDIA-H100-80GB")
+    result = in_process("match", "nvidia.com/gpu.product=NVIDIA-H100-80GB")
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert ("near   dgx-h100: nvidia.com/gpu.product=NVIDIA-H100-80GB: has "
@@ -115,27 +114,24 @@ def test_match_the_near_miss_names_the_closest_existing_value() -> None:
     assert result.stderr == ""
 
 
-@pytest.mark.slow
 def test_match_lists_every_matching_profile_and_exits_0() -> None:
-    result = gpu_labeller("match", "amd.com/gpu.present=true,nvidia.com/gpu.present")
+    result = in_process("match", "amd.com/gpu.present=true,nvidia.com/gpu.present")
     assert result.returncode == 0, result.stderr
     assert [line for line in result.stdout.splitlines() if line.startswith("match")] == ["match  mixed-l40s-mi210"]
 
 
-@pytest.mark.slow
 def test_match_a_typo_in_the_key_suggests_the_key() -> None:
-    result = gpu_labeller("match", "nvidia.com/gpu.prodcut=Tesla-T4", "--simulate", "t4-time-slicing")
+    result = in_process("match", "nvidia.com/gpu.prodcut=Tesla-T4", "--simulate", "t4-time-slicing")
     assert result.returncode == 1
     assert "closest existing key: nvidia.com/gpu.product" in result.stdout
 
 
-@pytest.mark.slow
 def test_match_an_affinity_file_against_given_profiles(tmp_path: Path) -> None:
     big = [{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["40000"]}]
     amd = [{"key": "amd.com/gpu.cu-count", "operator": "Gt", "values": ["100"]}]
     path = tmp_path / "affinity.json"
     path.write_text(json.dumps(affinity(big, amd)))
-    result = gpu_labeller("match", "--affinity", str(path), "--simulate", "t4-time-slicing", "--simulate", "dgx-h100",
+    result = in_process("match", "--affinity", str(path), "--simulate", "t4-time-slicing", "--simulate", "dgx-h100",
                           "--simulate", "mi300x-x8-spx", "-v")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -144,11 +140,10 @@ def test_match_an_affinity_file_against_given_profiles(tmp_path: Path) -> None:
                                "nvidia.com/gpu.memory=15109") for line in lines)
 
 
-@pytest.mark.slow
 def test_match_on_a_profiles_dir(tmp_path: Path) -> None:
     source = Path(__file__).resolve().parents[2] / "vendors/profiles/t4-time-slicing.yaml"
     (tmp_path / "mine.yaml").write_text(source.read_text())
-    result = gpu_labeller("match", "nvidia.com/gpu.product=Tesla-T4-SHARED", "--profiles-dir", str(tmp_path))
+    result = in_process("match", "nvidia.com/gpu.product=Tesla-T4-SHARED", "--profiles-dir", str(tmp_path))
     assert result.returncode == 0 and result.stdout.splitlines()[0] == "match  mine", result.stdout
 
 
@@ -169,7 +164,6 @@ def test_affinity_with_min_memory_on_a_node_with_amd_and_nvidia_says_the_amd_gpu
     assert {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["39999"]} in term["matchExpressions"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("args", "problem"), [
     (["nvidia.com/gpu.product in (a"], "expected ',' or ')'"),
     ([], "give a SELECTOR"),
@@ -178,33 +172,31 @@ def test_affinity_with_min_memory_on_a_node_with_amd_and_nvidia_says_the_amd_gpu
     (["a", "--simulate", "dgx-h100", "--kubeconfig", "k"], "not both"),
 ])
 def test_match_bad_input_is_one_line_and_exit_2(args: list[str], problem: str) -> None:
-    result = gpu_labeller("match", *args)
+    result = in_process("match", *args)
     assert result.returncode == 2
     assert problem in error_line(result)
 
 
 # --- snippets -----------------------------------------------------------------------------------
 
-@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["dgx-h100", "t4-time-slicing", "mi300x-x8-spx", "mixed-l40s-mi210",
                                      "a100-mig-single", "rx7900xtx"])
 @pytest.mark.parametrize("fmt", ["selector", "affinity"])
 def test_snippets_are_yaml_that_selects_the_node_they_came_from(tmp_path: Path, profile: str, fmt: str) -> None:
-    result = gpu_labeller("labels", "--simulate", profile, "--format", fmt)
+    result = in_process("labels", "--simulate", profile, "--format", fmt)
     assert result.returncode == 0, result.stderr
     document = yaml.safe_load(result.stdout)
     assert list(document) == (["nodeSelector"] if fmt == "selector" else ["affinity"])
-    labels = json.loads(gpu_labeller("labels", "--simulate", profile, "--format", "json").stdout)
+    labels = json.loads(in_process("labels", "--simulate", profile, "--format", "json").stdout)
     assert selector_from_document(document, "snippet").evaluate(labels).matched
     path = tmp_path / "snippet.yaml"
     path.write_text(result.stdout)
-    matched = gpu_labeller("match", "--affinity", str(path), "--simulate", profile)
+    matched = in_process("match", "--affinity", str(path), "--simulate", profile)
     assert matched.returncode == 0 and matched.stdout.startswith(f"match  {profile}")
 
 
-@pytest.mark.slow
 def test_affinity_with_min_memory_uses_gt_min_minus_one() -> None:
-    result = gpu_labeller("labels", "--simulate", "dgx-h100", "--format", "affinity", "--min-memory", "40000")
+    result = in_process("labels", "--simulate", "dgx-h100", "--format", "affinity", "--min-memory", "40000")
     assert result.returncode == 0, result.stderr
     document = yaml.safe_load(result.stdout)
     [term] = document["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -215,14 +207,13 @@ def test_affinity_with_min_memory_uses_gt_min_minus_one() -> None:
     assert not selector.evaluate({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.memory": "39999"}).matched
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("args", "problem"), [
     (["--simulate", "t4-time-slicing", "--format", "affinity", "--min-memory", "40000"], "less than --min-memory"),
     (["--simulate", "dgx-h100", "--format", "selector", "--min-memory", "1"], "--min-memory needs --format affinity"),
     (["--simulate", "mi210-x8", "--format", "affinity", "--min-memory", "1"], "--min-memory needs"),
 ])
 def test_snippet_bad_input(args: list[str], problem: str) -> None:
-    result = gpu_labeller("labels", *args)
+    result = in_process("labels", *args)
     assert result.returncode == 2 and problem in error_line(result)
 
 
@@ -263,12 +254,11 @@ def test_every_example_of_the_selector_guide_selects_a_builtin_profile() -> None
     assert mixed.evaluate(labels["mixed-l40s-mi210"]).matched and mixed.evaluate(labels["mi300x-x8-spx"]).matched
 
 
-@pytest.mark.slow
 def test_match_labels_the_profiles_with_the_config_given(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
                       "      - {name: nvidia.com/gpu, replicas: 4}\n")
-    shared = gpu_labeller("match", "nvidia.com/gpu.replicas=4", "--simulate", "dgx-h100", "--config", str(config))
+    shared = in_process("match", "nvidia.com/gpu.replicas=4", "--simulate", "dgx-h100", "--config", str(config))
     assert shared.returncode == 0 and shared.stdout.startswith("match  dgx-h100"), shared.stdout
-    whole = gpu_labeller("match", "nvidia.com/gpu.replicas=4", "--simulate", "dgx-h100")
+    whole = in_process("match", "nvidia.com/gpu.replicas=4", "--simulate", "dgx-h100")
     assert whole.returncode == 1

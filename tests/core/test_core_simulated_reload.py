@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import structlog
 
 from labeller.host import Host, NodeOptions, open_host
@@ -84,7 +83,6 @@ def _roots(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith("gpu-labeller-sim-"))
 
 
-@pytest.mark.slow
 def test_a_sigkilled_simulation_leaves_its_root_only_until_the_next_start(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"  # TMPDIR: where roots go instead of /dev/shm, so the test owns the directory
     scratch.mkdir()
@@ -110,7 +108,6 @@ def test_a_sigkilled_simulation_leaves_its_root_only_until_the_next_start(tmp_pa
     assert _roots(scratch) == sorted([f"gpu-labeller-sim-{os.getpid()}-alive", "gpu-labeller-sim-unrelated"])
 
 
-@pytest.mark.slow
 def test_the_daemon_follows_the_profile_file(tmp_path: Path) -> None:
     profile, features = tmp_path / "node.yaml", tmp_path / "features.d" / "gpu-labeller"
     write_yaml(profile, l40s_node(1))

@@ -12,9 +12,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from labeller.cli import main
-from labeller.config import Config, load_config
-from labeller.upstream import UPSTREAM_FLAGS, UpstreamFlag, go_duration, overlay, overrides_and_warnings
+from labeller.config import Config, config_table, load_config, upstream_flags
+from labeller.upstream import UpstreamFlag, go_duration, overlay, overrides_and_warnings
 from vendors import RESOURCE_NAMES
+from vendors.nvidia.settings import NvidiaSettings
+
+UPSTREAM_FLAGS = upstream_flags(RESOURCE_NAMES)
 
 MIG_PROFILE = "a100-mig-single"  # an NVIDIA node whose profile config says migStrategy: single
 AMD_PROFILE = "mi25-firmware"  # an AMD node with firmware versions to label
@@ -228,7 +231,7 @@ def test_gfd_settings_are_read(tmp_path: Path) -> None:
                                       "outputFile: /out/gfd, machineTypeFile: /m}}\n"))
     gfd = load_config(path, RESOURCE_NAMES).gfd
     assert (gfd.oneshot, gfd.sleep_interval_s, gfd.output_file, gfd.machine_type_file) == (True, 90.0, "/out/gfd", "/m")
-    assert load_config(path, RESOURCE_NAMES).labels.timestamp
+    assert load_config(path, RESOURCE_NAMES).section(NvidiaSettings).timestamp_label
 
 
 @pytest.mark.parametrize("interval", ["10", "0s", "5ms", "ten", "[1]", "true"])
@@ -256,8 +259,7 @@ def test_run_takes_gfds_interval_oneshot_and_output_file_where_its_own_options_a
 
 
 def test_each_unhonoured_key_of_nvidias_format_is_named() -> None:
-    from labeller.upstream import unhonoured_keys
-
+    unhonoured_keys = config_table(RESOURCE_NAMES).warnings
     raw = {"version": "v1", "flags": {"deviceDiscoveryStrategy": "tegra", "useNodeFeatureAPI": False,
                                       "plugin": {"containerDriverRoot": "/driver-root"}},
            "imex": {"channelIDs": [0]}, "resources": {"gpus": []}}

@@ -13,15 +13,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from labeller.labels import FIELD_MANAGER
 from tests.builders import PATIENCE_S, wait_for
+from tests.core.cli import in_process
 from tests.daemon.conftest import NODE, OTHERS
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
 
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 GPU_PROFILE = "mi210-x8"  # a built-in simulated node with 8 AMD GPUs
 
@@ -40,8 +38,8 @@ def run_args(kubeconfig: Path, *extra: str, profile: str = GPU_PROFILE) -> list[
 
 
 def run_once(kubeconfig: Path, *extra: str, profile: str = GPU_PROFILE) -> subprocess.CompletedProcess[str]:
-    """``gpu-labeller run --once`` to completion."""
-    return finished(run_args(kubeconfig, "--once", *extra, profile=profile))
+    """``gpu-labeller run --once`` to completion, in this process (the fake API server is here too)."""
+    return in_process("--log-format", "json", *run_options(kubeconfig, "--once", *extra, profile=profile))
 
 
 def finished(args: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
@@ -111,8 +109,7 @@ def test_sighup_reloads_and_reprobes(api: FakeApiServer, kubeconfig: Path, tmp_p
 
 
 def test_once_with_no_such_node_says_so_in_one_error_line_and_waits_for_nothing(kubeconfig: Path) -> None:
-    result = subprocess.run(run_args(kubeconfig, "--once"), capture_output=True, text=True, timeout=PATIENCE_S,
-                            check=False)
+    result = run_once(kubeconfig)
     assert result.returncode == 1
     entries = [json.loads(line) for line in result.stderr.splitlines()]
     assert [(e["level"], e["event"]) for e in entries if e["level"] in ("warning", "error")] == [
@@ -156,7 +153,7 @@ OPERATOR = {"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/mig.config": "al
 
 
 def cleanup(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return finished(cli("cleanup", "--kubeconfig", str(kubeconfig), *args))
+    return in_process("--log-format", "json", "cleanup", "--kubeconfig", str(kubeconfig), *args)
 
 
 def test_admin_labels_survive_run_and_cleanup(api: FakeApiServer, kubeconfig: Path) -> None:

@@ -1,26 +1,21 @@
 """``gpu-labeller nodes`` and ``match --kubeconfig`` against the fake API server (one list per kind),
-and shell completion through click's completion protocol, with and without a cluster."""
+and shell completion through click's completion protocol (in this process), with and without a cluster."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from click.testing import CliRunner
 
+from labeller.cli import main
 from labeller.fleet import fleet_text, node_row, pod_requests
-from tests.builders import PATIENCE_S
-from tests.core.cli import error_line, gpu_labeller
+from tests.core.cli import error_line, in_process
 from tests.fakes.apiserver import FakeApiServer
-
-pytestmark = pytest.mark.slow  # the CLI as processes against the fake API server
 
 
 def profile_labels(profile: str) -> dict[str, str]:
-    result = gpu_labeller("labels", "--simulate", profile, "--format", "json")
+    result = in_process("labels", "--simulate", profile, "--format", "json")
     assert result.returncode == 0, result.stderr
     labels: dict[str, str] = json.loads(result.stdout)
     return labels
@@ -53,10 +48,10 @@ def test_nodes_one_line_per_gpu_node_with_use_and_readiness(tmp_path: Path) -> N
         cluster(api)
         kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
         before = len(api.log.requests)
-        result = gpu_labeller("nodes", "--kubeconfig", kubeconfig, "--format", "json")
+        result = in_process("nodes", "--kubeconfig", kubeconfig, "--format", "json")
         assert result.returncode == 0, result.stderr
         requests = [(r.verb, r.resource) for r in api.log.requests[before:]]
-        text = gpu_labeller("nodes", "--kubeconfig", kubeconfig)
+        text = in_process("nodes", "--kubeconfig", kubeconfig)
     assert sorted(requests) == [("list", "nodes"), ("list", "pods")]
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert sorted(rows) == ["h100-0", "mi300x-0", "t4-0", "unlabelled-0"]
@@ -80,11 +75,11 @@ def test_nodes_one_line_per_gpu_node_with_use_and_readiness(tmp_path: Path) -> N
 def test_nodes_bad_credentials_and_unknown_node_are_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "kubeconfig"
     bad.write_text("not: [a kubeconfig")
-    result = gpu_labeller("nodes", "--kubeconfig", str(bad))
+    result = in_process("nodes", "--kubeconfig", str(bad))
     assert result.returncode == 2 and str(bad) in error_line(result)
     with FakeApiServer() as api:
         cluster(api)
-        result = gpu_labeller("nodes", "--kubeconfig", str(api.write_kubeconfig(tmp_path / "k")), "nope")
+        result = in_process("nodes", "--kubeconfig", str(api.write_kubeconfig(tmp_path / "k")), "nope")
     assert result.returncode == 2 and "no GPU node named nope" in error_line(result)
 
 
@@ -93,9 +88,9 @@ def test_match_on_live_nodes_is_one_list_call(tmp_path: Path) -> None:
         cluster(api)
         kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
         before = len(api.log.requests)
-        result = gpu_labeller("match", "nvidia.com/gpu.product=NVIDIA-H100-80GB", "--kubeconfig", kubeconfig)
+        result = in_process("match", "nvidia.com/gpu.product=NVIDIA-H100-80GB", "--kubeconfig", kubeconfig)
         requests = [(r.verb, r.resource) for r in api.log.requests[before:]]
-        found = gpu_labeller("match", "nvidia.com/gpu.present,nvidia.com/gpu.memory>15000", "--kubeconfig", kubeconfig)
+        found = in_process("match", "nvidia.com/gpu.present,nvidia.com/gpu.memory>15000", "--kubeconfig", kubeconfig)
     assert requests == [("list", "nodes")]
     assert result.returncode == 1
     assert "near   h100-0: nvidia.com/gpu.product=NVIDIA-H100-80GB: has nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3" \
@@ -133,12 +128,11 @@ def test_a_memory_sharing_node_is_nvidia_served_by_its_plugin() -> None:
 def complete(*words: str, env: dict[str, str] | None = None) -> list[str]:
     """What bash completion offers for the last of ``words`` (click's bash_complete protocol)."""
     line = ["gpu-labeller", *words]
-    environment = {**os.environ, "_GPU_LABELLER_COMPLETE": "bash_complete", "COMP_WORDS": " ".join(line),
+    environment = {"_GPU_LABELLER_COMPLETE": "bash_complete", "COMP_WORDS": " ".join(line),
                    "COMP_CWORD": str(len(line) - 1), **(env or {})}
     # as the installed entry point runs it: click names the variable after the program
-    program = [sys.executable, "-c", "from labeller.cli import main; main(prog_name='gpu-labeller')"]
-    result = subprocess.run(program, env=environment, capture_output=True, text=True, timeout=PATIENCE_S, check=False)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
+    result = CliRunner().invoke(main, [], env=environment, prog_name="gpu-labeller")
+    assert result.exit_code == 0 and result.stderr == "", result.stderr
     lines = [line for line in result.stdout.splitlines() if line]
     assert all(line.startswith(("plain,", "file,", "dir,")) for line in lines), result.stdout  # nothing else on stdout
     return [item.split(",", 1)[1] for item in lines if item.startswith("plain,")]

@@ -19,8 +19,6 @@ from tests.daemon.conftest import NODE, Running
 from tests.fakes.apiserver import FakeApiServer
 from vendors.nvidia import mps
 
-pytestmark = pytest.mark.slow  # a daemon following a file in real time
-
 
 @pytest.fixture
 def mps_root() -> Iterator[Path]:

@@ -21,7 +21,6 @@ from tests.daemon.test_daemon_cli import free_port, run_args, run_options
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
 
-pytestmark = pytest.mark.slow  # gpu-labeller run as a process
 
 PROFILE = "dgx-a100-mig-mixed"  # 8 A100: 0-3 whole, 4-5 all 1g.5gb, 6-7 balanced
 WHOLE = {"version": "v1"}

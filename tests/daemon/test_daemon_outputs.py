@@ -14,7 +14,7 @@ import structlog.testing
 from labeller.outputs import render
 from labeller.daemon.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
 from labeller.cluster.kube import Kube, NotFound
-from labeller.runtime import start_http_server
+from labeller.process.httpserver import start_http_server
 from tests.builders import PATIENCE_S, wait_for
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer
@@ -105,7 +105,6 @@ def get(url: str) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-@pytest.mark.slow
 def test_health_ready_and_metrics_endpoints(api: FakeApiServer, start: Start) -> None:
     daemon = start()
     server = start_http_server(0, "127.0.0.1", ready=lambda: daemon.daemon.ready, healthy=daemon.loop.healthy,

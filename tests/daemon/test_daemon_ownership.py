@@ -31,7 +31,6 @@ def ours(api: FakeApiServer) -> dict[str, str]:
     return {k: v for k, v in api.labels(NODE).items() if k not in OTHERS and k not in ADMIN}
 
 
-@pytest.mark.slow
 def test_admin_labels_under_our_prefixes_survive_a_node_with_no_gpus(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     api.set_labels(NODE, dict(ADMIN), manager="kubectl-label")
@@ -48,7 +47,6 @@ def test_admin_labels_under_our_prefixes_survive_a_node_with_no_gpus(api: FakeAp
     assert daemon.metric("gpu_labeller_foreign_labels") == 1
 
 
-@pytest.mark.slow
 def test_a_foreign_key_is_logged_once_with_its_manager_and_counted(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     api.set_labels(NODE, {"nvidia.com/gpu.imex-domain": "x"}, manager="kubectl-label")

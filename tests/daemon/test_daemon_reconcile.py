@@ -122,7 +122,6 @@ def test_a_node_without_gpus_ends_with_none_of_ours_even_after_a_restart(api: Fa
     wait_for(lambda: api.labels(NODE) == OTHERS)
 
 
-@pytest.mark.slow
 def test_api_down_at_start_then_up(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     api.faults.add(Fault(drop=True))
@@ -134,7 +133,6 @@ def test_api_down_at_start_then_up(api: FakeApiServer, start: Start) -> None:
     wait_for(lambda: daemon.daemon.ready)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fault", [Fault(verb="patch", status=503, times=3), Fault(verb="patch", status=409, times=2),
                                    Fault(verb="patch", delay_s=1.5, times=1)], ids=["5xx", "409", "timeout"])
 def test_write_faults_back_off_then_catch_up(api: FakeApiServer, start: Start, fault: Fault) -> None:
@@ -168,7 +166,6 @@ def test_node_not_found_waits_then_labels_it(api: FakeApiServer, start: Start) -
     wait_for(lambda: ours(api) == GPU_LABELS)
 
 
-@pytest.mark.slow
 def test_watch_resumes_after_410_and_dropped_streams(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     start(interval_s=60)

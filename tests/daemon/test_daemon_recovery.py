@@ -13,7 +13,7 @@ import pytest
 import structlog.testing
 
 from labeller.inventory import ProbeError
-from labeller.runtime import start_http_server
+from labeller.process.httpserver import start_http_server
 from labeller.daemon.reconcile import FightGuard
 from labeller.runtime import Backoff
 from tests.builders import AT_ONCE_S, PATIENCE_S, wait_for
@@ -36,7 +36,6 @@ def readyz(port: int) -> int:
         return err.code
 
 
-@pytest.mark.slow
 def test_an_untrusted_probe_keeps_every_label_is_not_ready_and_is_retried(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     probe = FakeProbe()
@@ -60,7 +59,6 @@ def test_an_untrusted_probe_keeps_every_label_is_not_ready_and_is_retried(api: F
         server.close()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["forbidden", "unavailable", "no-answer"])
 def test_failed_writes_are_no_fight_and_the_label_returns_once_writes_work(
         api: FakeApiServer, start: Start, fault: str) -> None:
@@ -103,7 +101,6 @@ def test_a_recreated_node_is_labelled_at_once_whatever_the_backoff(api: FakeApiS
     assert time.monotonic() - began < AT_ONCE_S  # on the watch's ADDED event, not after the 30 s backoff
 
 
-@pytest.mark.slow
 def test_labels_are_repaired_within_a_second_of_the_api_answering_again(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     daemon = start(interval_s=60)
@@ -127,7 +124,6 @@ def test_labels_are_repaired_within_a_second_of_the_api_answering_again(api: Fak
     assert time.monotonic() - began < AT_ONCE_S  # watch retry (<= 1 s) + list + repair, not the 30 s backoff
 
 
-@pytest.mark.slow
 def test_forbidden_list_and_watch_give_one_line_naming_the_service_account(api: FakeApiServer, start: Start) -> None:
     api.user = "system:serviceaccount:gpu-labeller:gpu-labeller"
     api.create_node(NODE, OTHERS)
@@ -166,7 +162,6 @@ def fast_guard() -> FightGuard:
     return FightGuard(burst=3, base_s=0.02, share=0.1, max_s=5.0, peace_s=5.0)
 
 
-@pytest.mark.slow
 def test_after_a_kubectl_loop_stops_our_value_is_back_at_once(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     daemon = start(interval_s=60, fights=fast_guard())
@@ -195,7 +190,6 @@ def revert_at_once(api: FakeApiServer, value: str, stop: threading.Event) -> Non
             api.set_labels(NODE, {KEY: value}, manager="reverter")
 
 
-@pytest.mark.slow
 def test_an_instant_reverter_meets_a_bounded_falling_write_rate(api: FakeApiServer, start: Start) -> None:
     api.create_node(NODE, OTHERS)
     daemon = start(interval_s=60, fights=fast_guard())

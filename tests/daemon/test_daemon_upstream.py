@@ -6,13 +6,9 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 from tests.daemon.conftest import NODE, OTHERS
 from tests.daemon.test_daemon_cli import GPU_PROFILE, cleanup, cli, finished, run_once
 from tests.fakes.apiserver import FakeApiServer
-
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 
 def no_cluster_env(tmp_path: Path) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -65,6 +66,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     # DRA with a containerized NVIDIA driver (its files under flags.nvidiaDriverRoot)
     "dra-driver-root": {"dra": {"enabled": True},
                         "config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver"}}},
+    # A demo: the simulated profile on every component, the Namespace kept for the prune hook on uninstall
+    "simulated": {"createNamespace": True, "simulate": {"profile": "dgx-h100"}},
     "everything": {
         "createNamespace": True, "admissionPolicy": {"enabled": True}, "labeller": {"events": {"enabled": True}},
         "runtimeClassName": "nvidia", "tolerateAllTaints": True, "imagePullSecrets": [{"name": "registry"}],
@@ -111,6 +114,19 @@ def notes(values: dict[str, Any] | None = None, kube_version: str | None = None,
     return _render(json.dumps(values or {}, sort_keys=True), kube_version, api_versions)[1]
 
 
+HOOK = "helm.sh/hook"
+
+
+def installed(objects: list[Obj]) -> list[Obj]:
+    """The objects `helm install` creates: not the hooks (postDeleteCleanup's run on `helm uninstall`)."""
+    return [o for o in objects if HOOK not in (o["metadata"].get("annotations") or {})]
+
+
+def hooks(objects: list[Obj], event: str) -> list[Obj]:
+    """The hook objects Helm creates on ``event`` (post-delete: on `helm uninstall`, after the release's objects)."""
+    return [o for o in objects if event in (o["metadata"].get("annotations") or {}).get(HOOK, "").split(",")]
+
+
 def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
     return [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
 
@@ -149,8 +165,20 @@ def _render_script() -> ModuleType:
 
 def load_render_script() -> ModuleType:
     """deploy/render.py, imported from its path (deploy/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("gpu_labeller_deploy_render", ROOT / "deploy" / "render.py")
+    return _load_script("gpu_labeller_deploy_render", ROOT / "deploy" / "render.py")
+
+
+def load_lock_script() -> ModuleType:
+    """deploy/image/lock.py (the image's lock files), imported from its path."""
+    return _load_script("gpu_labeller_deploy_image_lock", ROOT / "deploy" / "image" / "lock.py")
+
+
+def _load_script(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module

@@ -12,7 +12,7 @@ import helm_python
 import pytest
 
 from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_KEYS, OWNED_PREFIXES
-from tests.deploy import cluster, notes, one, render
+from tests.deploy import cluster, installed, notes, one, render
 from tests.deploy.cel import Policy
 
 Obj = dict[str, Any]
@@ -31,12 +31,13 @@ MEMORY_SHARING = {"config": {"nodeLabel": "", "data": {"whole": {"version": "v1"
 
 def policy_and_binding(values: dict[str, Any] | None = None) -> tuple[Obj, Obj]:
     """The labeller's policy as the chart's defaults install it on a 1.34 cluster."""
-    objects = render(values, **cluster("1.34.0"))
+    objects = installed(render(values, **cluster("1.34.0")))
     return one(objects, "ValidatingAdmissionPolicy"), one(objects, "ValidatingAdmissionPolicyBinding")
 
 
 def policies(objects: list[Obj]) -> list[str]:
-    return sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in KINDS)
+    """The policies `helm install` creates (the prune Job's is a post-delete hook: test_deploy_prune.py)."""
+    return sorted(f"{o['kind']}/{o['metadata']['name']}" for o in installed(objects) if o["kind"] in KINDS)
 
 
 # --- admissionPolicy.enabled: auto (the default), true, false -------------------------------------

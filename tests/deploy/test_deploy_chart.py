@@ -16,6 +16,7 @@ from tests.deploy import (
     KUBE_VERSIONS,
     cluster,
     find,
+    installed,
     kube_version_for,
     labeller_ds,
     one,
@@ -35,7 +36,6 @@ def test_lint_is_clean(name: str, values: dict[str, Any]) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("name", "values"), COMBOS, ids=IDS)
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_every_object_is_valid_kubernetes(name: str, values: dict[str, Any], kube_version: str) -> None:
@@ -64,12 +64,16 @@ def test_namespaced_objects_land_in_the_release_namespace(name: str, values: dic
 
 
 def test_default_render_has_exactly_the_expected_objects() -> None:
-    kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in render())
-    assert kinds == sorted([
+    objects = render()
+    assert sorted(f"{o['kind']}/{o['metadata']['name']}" for o in installed(objects)) == sorted([
         "ServiceAccount/gpu-labeller", "ServiceAccount/gpu-labeller-device-plugin",
         "ClusterRole/gpu-labeller", "ClusterRoleBinding/gpu-labeller", "ConfigMap/gpu-labeller-config",
         "DaemonSet/gpu-labeller", "DaemonSet/gpu-labeller-device-plugin",
     ])
+    # and, for `helm uninstall`, postDeleteCleanup's prune Job (test_deploy_prune.py)
+    assert sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects if o not in installed(objects)) == [
+        "ClusterRole/gpu-labeller-prune", "ClusterRoleBinding/gpu-labeller-prune", "Job/gpu-labeller-prune",
+        "ServiceAccount/gpu-labeller-prune"]
 
 
 def test_create_namespace_renders_the_namespace_with_the_pod_security_level_the_pods_need() -> None:
@@ -100,7 +104,7 @@ def test_plugin_off_renders_no_plugin_objects() -> None:
 def test_policy_is_on_by_default_where_the_cluster_serves_it() -> None:
     # tests/deploy/test_deploy_admission_policy.py has every case of admissionPolicy.enabled
     assert find(render(**cluster("1.29.0")), "ValidatingAdmissionPolicy") == []
-    objects = render(**cluster("1.30.0"))
+    objects = installed(render(**cluster("1.30.0")))
     assert one(objects, "ValidatingAdmissionPolicy")["apiVersion"] == "admissionregistration.k8s.io/v1"
     one(objects, "ValidatingAdmissionPolicyBinding")
 

@@ -124,6 +124,10 @@ def test_dra_plugin_mounts_only_what_it_needs() -> None:
         "/dev": {"mountPath": "/host/dev", **read_only},
         "/usr": {"mountPath": "/host/usr", **read_only},  # the driver files an NVIDIA claim's CDI spec mounts
         "/proc/driver": {"mountPath": "/host/proc/driver", **read_only},  # MIG capability minors: its caps nodes
+        # claims' MPS daemons, at the host's path (their CDI specs mount the pipe directory from there), and
+        # the shared memory of their servers and clients
+        "/run/gpu-labeller/mps": {"mountPath": "/run/gpu-labeller/mps"},
+        "/run/gpu-labeller/mps/shm": {"mountPath": "/dev/shm"},
     }
     assert {path: {k: v for k, v in m.items() if k not in ("name", "type")} for path, m in mounts.items()} == expected
     assert mounts["/var/lib/kubelet/plugins_registry"]["type"] == "Directory"  # the kubelet's: never made up
@@ -144,13 +148,14 @@ def test_a_containerized_driver_root_is_mounted_read_only() -> None:
 def test_directories_follow_the_values() -> None:
     values = {"dra": {"enabled": True, "pluginsDir": "/var/lib/k0s/kubelet/plugins/",
                       "registryDir": "/var/lib/k0s/kubelet/plugins_registry", "cdiSpecDir": "/etc/cdi",
-                      "metricsPort": 9443}}
+                      "metricsPort": 9443, "mpsRoot": "/run/dra-mps/"}}
     ds = dra_ds(render(values))
     args = container(ds)["args"]
     assert {"--plugins-dir=/var/lib/k0s/kubelet/plugins", "--registry-dir=/var/lib/k0s/kubelet/plugins_registry",
-            "--cdi-spec-dir=/etc/cdi", "--metrics-port=9443"} <= set(args)
-    assert set(host_mounts(ds)) >= {"/var/lib/k0s/kubelet/plugins_registry", "/etc/cdi",
-                                    *(f"/var/lib/k0s/kubelet/plugins/{d}" for d in DRIVERS)}
+            "--cdi-spec-dir=/etc/cdi", "--metrics-port=9443", "--mps-root=/run/dra-mps"} <= set(args)
+    assert set(host_mounts(ds)) >= {"/var/lib/k0s/kubelet/plugins_registry", "/etc/cdi", "/run/dra-mps",
+                                    "/run/dra-mps/shm", *(f"/var/lib/k0s/kubelet/plugins/{d}" for d in DRIVERS)}
+    assert host_mounts(ds)["/run/dra-mps"]["mountPath"] == "/run/dra-mps"
     assert container(ds)["ports"] == [{"name": "metrics", "containerPort": 9443, "protocol": "TCP"}]
 
 
@@ -431,3 +436,36 @@ def test_a_foreign_drivers_device_is_in_none_of_our_classes() -> None:
     device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}
     for selector in (DeviceClassSelector(c) for c in device_classes().values()):
         assert selector.selects("gpu.example.com", device) is False
+
+
+def whole_gpu_resource(vendor: str, profile: str) -> str:
+    """The extended resource the device plugin serves a vendor's whole GPUs as (`resources --simulate`)."""
+    out = json.loads(run("resources", "--simulate", profile, "--format", "json"))
+    (name,) = {r["name"] for r in out["resources"] if r["vendor"] == vendor}
+    return str(name)
+
+
+@pytest.mark.parametrize("kube_version", ["1.34.0", "1.36.0"])
+def test_the_gpu_classes_carry_the_extended_resources_the_device_plugin_serves(kube_version: str) -> None:
+    """A pod asking nvidia.com/gpu or amd.com/gpu, as written for the device plugin, gets a device of the class."""
+    classes = {o["metadata"]["name"]: o["spec"].get("extendedResourceName")
+               for o in find(render(ON, kube_version), "DeviceClass")}
+    assert classes == {"gpu.nvidia.com": whole_gpu_resource("nvidia", "dgx-h100"), "mig.nvidia.com": None,
+                       "gpu.amd.com": whole_gpu_resource("amd", "mi210-x8")}
+    assert set(classes.values()) == {"nvidia.com/gpu", "amd.com/gpu", None}
+
+
+@pytest.mark.parametrize(("values", "kube_version"), [
+    ({"dra": {"enabled": True, "deviceClasses": {"extendedResourceNames": False}}}, "1.34.0"),  # the switch
+    (ON, "1.33.0"),  # DeviceClassSpec has no such field before 1.34
+])
+def test_no_extended_resource_name_where_switched_off_or_unknown(values: dict[str, Any], kube_version: str) -> None:
+    classes = find(render(values, kube_version), "DeviceClass")
+    assert len(classes) == 3 and not [c for c in classes if "extendedResourceName" in c["spec"]]
+
+
+def test_the_plain_dra_manifest_carries_the_extended_resource_names() -> None:
+    text = (ROOT / "deploy" / "manifests" / "kubelet-dra-plugin.yaml").read_text()
+    classes = {o["metadata"]["name"]: o["spec"].get("extendedResourceName")
+               for o in yaml.safe_load_all(text) if o and o["kind"] == "DeviceClass"}
+    assert classes == {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None, "gpu.amd.com": "amd.com/gpu"}

@@ -15,7 +15,7 @@ import helm_python
 import pytest
 import yaml
 
-from labeller.runtime import server_tls, start_http_server
+from labeller.process.httpserver import server_tls, start_http_server
 from tests.builders import PATIENCE_S
 from tests.deploy import CHART, find, one, render
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy import cluster, find, one, plugin_ds, render
+from tests.deploy import cluster, find, installed, one, plugin_ds, render
 from tests.deploy.cel import Policy
 
 Obj = dict[str, Any]
@@ -43,7 +43,7 @@ def test_pod_access_only_when_a_named_config_shares_by_memory() -> None:
 def test_the_pod_policy_comes_only_with_memory_sharing_and_the_policy_switch() -> None:
     where = cluster("1.34.0")
     assert find(render({**NAMED, "admissionPolicy": {"enabled": False}}, **where), "ValidatingAdmissionPolicy") == []
-    assert [p["metadata"]["name"] for p in find(render(**where),
+    assert [p["metadata"]["name"] for p in find(installed(render(**where)),
                                                  "ValidatingAdmissionPolicy")] == ["gpu-labeller-own-node-labels"]
     objects = render(NAMED, **where)
     policy = one(objects, "ValidatingAdmissionPolicy", "gpu-labeller-plugin-own-node-pods")

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import pytest
 
 from tests.builders import PATIENCE_S, config_map_volume, wait_for
 from tests.deploy.monitoring import families
@@ -26,7 +25,6 @@ from tests.extender.conftest import mem_pod, share_node
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
 
-pytestmark = pytest.mark.slow  # five real processes
 
 NODE = "gpu-node-1"
 # Where each metrics class is served: the package of the class (tests.deploy.monitoring) -> the command.

@@ -12,7 +12,6 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -52,7 +51,6 @@ def test_build_backend_is_bounded_and_new_enough_for_spdx_licenses() -> None:
     assert any(spec.operator in ("<", "<=") for spec in requirement.specifier)  # a future major cannot break builds
 
 
-@pytest.mark.slow
 def test_wheel_metadata_carries_the_license_expression(tmp_path: Path) -> None:
     # Build from a copy of what the image build copies, so the worktree gets no build/ or egg-info.
     source = tmp_path / "src"

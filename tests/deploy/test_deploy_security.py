@@ -143,7 +143,8 @@ def test_host_paths_are_read_only_except_the_plugin_socket_dir(name: str, values
                 ("mps-control-daemon", "/run/nvidia/mps"), ("mps-control-daemon", "/run/nvidia/mps/shm"),
                 ("dra-plugin", "/var/lib/kubelet/plugins_registry"),
                 ("dra-plugin", "/var/lib/kubelet/plugins/gpu.nvidia.com"),
-                ("dra-plugin", "/var/lib/kubelet/plugins/gpu.amd.com"), ("dra-plugin", "/var/run/cdi")}
+                ("dra-plugin", "/var/lib/kubelet/plugins/gpu.amd.com"), ("dra-plugin", "/var/run/cdi"),
+                ("dra-plugin", "/run/gpu-labeller/mps"), ("dra-plugin", "/run/gpu-labeller/mps/shm")}
     if values.get("labeller", {}).get("output") == "features-file":
         writable.add(("labeller", "/etc/kubernetes/node-feature-discovery/features.d"))
     for ds in daemonsets(objects):

@@ -29,7 +29,7 @@ def test_help_lists_the_flags() -> None:
     assert result.exit_code == 0
     for flag in ("--host-root", "--simulate", "--config", "--config-dir", "--node-name", "--kubeconfig",
                  "--metrics-port", "--cdi-spec-dir", "--plugins-dir", "--registry-dir", "--health-recovery-seconds",
-                 "--probe-interval"):
+                 "--probe-interval", "--mps-root", "--mps-control", "--nvidia-smi"):
         assert flag in result.output
     assert "/var/lib/kubelet/plugins]" in result.output and "/var/lib/kubelet/plugins_registry]" in result.output
     assert "dra-plugin" in CliRunner().invoke(main, ["--help"]).output
@@ -43,6 +43,15 @@ def test_without_a_node_name_it_is_one_line_and_exit_2(dirs: Dirs) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "Error: the DRA plugin publishes this Node's ResourceSlices: give --node-name NAME or set NODE_NAME"]
+
+
+def test_a_relative_mps_root_is_one_line_and_exit_2(dirs: Dirs) -> None:
+    result = subprocess.run([sys.executable, "-m", "labeller.cli", "dra-plugin", "--simulate", "dgx-h100",
+                             "--node-name", NODE, "--registry-dir", str(dirs.registry), "--plugins-dir",
+                             str(dirs.plugins), "--mps-root", "run/mps"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: --mps-root run/mps: must be an absolute path (claims' containers mount from it)"]
 
 
 BAD_DIRECTORIES = {
@@ -112,7 +121,6 @@ def metrics(process: PluginProcess) -> str:
         return str(answer.read().decode())
 
 
-@pytest.mark.slow
 def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                            dirs: Dirs) -> None:
     api.create_node(NODE)
@@ -135,7 +143,6 @@ def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, d
     assert "Traceback" not in "".join(plugin.stderr)
 
 
-@pytest.mark.slow
 def test_a_driver_the_kubelet_never_registers_is_exported_as_unregistered(api: FakeApiServer, dirs: Dirs) -> None:
     """No kubelet watches the registry directory: gpu_labeller_dra_registered is 0 (not absent), so the
     GpuLabellerDraNotRegistered alert fires."""
@@ -146,7 +153,6 @@ def test_a_driver_the_kubelet_never_registers_is_exported_as_unregistered(api: F
         assert plugin.stop() == 0
 
 
-@pytest.mark.slow
 def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                              dirs: Dirs) -> None:
     api.create_node(NODE)
@@ -170,7 +176,6 @@ def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer,
     assert sorted(p.name for p in (dirs.plugins / NVIDIA).iterdir()) == ["claims"]
 
 
-@pytest.mark.slow
 def test_the_node_label_moves_the_node_between_the_device_plugin_and_dra(
         api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
     api.create_node(NODE)

@@ -46,7 +46,8 @@ def test_shared_allocations_share_and_admin_access_is_exempt(api: FakeApiServer,
         assert records[one.uid]["devices"][0]["shareID"] and records[one.uid]["devices"][0]["adminAccess"] is False
         assert records[admin.uid]["devices"][0] == {
             "requests": ["gpu"], "pool": NODE, "device": "gpu-2",
-            "cdiDeviceIDs": [f"k8s.gpu-labeller.io/gpu={admin.uid}-gpu-2"], "shareID": None, "adminAccess": True}
+            "cdiDeviceIDs": [f"k8s.gpu-labeller.io/gpu={admin.uid}-gpu-2"], "shareID": None, "adminAccess": True,
+            "consumedCapacity": {}}
         # a device only an admin-access claim holds is anyone's
         watcher, worker = run.claim("watcher", "gpu-3", admin=True), run.claim("worker", "gpu-3")
         assert not drakubelet.call_prepare(NVIDIA, [watcher])[watcher.uid].error

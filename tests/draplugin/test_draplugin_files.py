@@ -136,10 +136,10 @@ def test_a_fifo_as_a_record_blocks_no_worker(api: FakeApiServer, drakubelet: Fak
 
 
 def valid_record(uid: str, device: str = "gpu-0", **changes: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"version": 2, "driver": NVIDIA, "uid": uid, "namespace": "default", "name": "kept",
+    doc: dict[str, Any] = {"version": 4, "driver": NVIDIA, "uid": uid, "namespace": "default", "name": "kept",
                            "devices": [{"requests": ["gpu"], "pool": NODE, "device": device,
                                         "cdiDeviceIDs": [f"{KIND}={uid}-{device}"], "shareID": None,
-                                        "adminAccess": False}]}
+                                        "adminAccess": False, "consumedCapacity": {}}], "configs": []}
     doc.update(changes)
     return doc
 
@@ -175,7 +175,15 @@ BAD_RECORDS: dict[str, Callable[[Path, str, Path], None]] = {
     "another UID": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(
         "5d1f0c7e-0000-4000-8000-000000000000"))),
     "no devices": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(uid, devices=[]))),
-    "version 3": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(uid, version=3))),
+    "version 5": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(uid, version=5))),
+    "a consumed capacity that is none": lambda path, uid, elsewhere: path.write_text(json.dumps(with_device(
+        uid, consumedCapacity={"memory": "lots"}))),
+    # a share's CDI ID names its share (version 4)
+    "a share without its CDI ID": lambda path, uid, elsewhere: path.write_text(json.dumps(with_device(
+        uid, shareID="5d1f0c7e-0000-4000-8000-00000000000b", consumedCapacity={"memory": "4Gi"}))),
+    "an applied config that is not one": lambda path, uid, elsewhere: path.write_text(json.dumps(valid_record(
+        uid, configs=[{"devices": ["gpu-0"], "applied": {"kind": "GpuConfig", "strategy": "MPS",
+                                                         "daemon": f"../../{uid}-00000"}}]))),
 }
 
 

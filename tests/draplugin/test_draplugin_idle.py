@@ -107,22 +107,50 @@ def test_a_mig_reconfiguration_is_probed_at_once(api: FakeApiServer, drakubelet:
         reacts(lambda: run.plugin.probes > probes, changed)
 
 
-def test_a_kfd_topology_change_is_probed_at_once(api: FakeApiServer, drakubelet: FakeDraKubelet,
+@pytest.fixture
+def gated_api() -> Iterator[FakeApiServer]:
+    """A fake API server that keeps device taints (DRADeviceTaints on): a device gone from the probe is
+    published tainted a while, so the probe that found it gone shows."""
+    with FakeApiServer(feature_gates={"DRADeviceTaints"}) as server:
+        yield server
+
+
+def test_a_kfd_topology_change_is_probed_at_once(gated_api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                  dirs: Dirs) -> None:
     """A partition goes and the driver bumps the topology's generation: the next health poll (as
-    often as in production) sees the generation move, and the plugin probes again: the partition
-    leaves the pool (it is no longer there, not merely Unhealthy)."""
+    often as in production) sees the generation move, and the plugin probes again: the partition is
+    gone from the node, not merely Unhealthy."""
     options = {**NOTHING_SCHEDULED, "health_poll_seconds": POLL_SECONDS}
-    with simulated_plugin(api, drakubelet, dirs, "mi300x-x8-cpx", **options) as run:
+    with simulated_plugin(gated_api, drakubelet, dirs, "mi300x-x8-cpx", **options) as run:
         assert len(run.devices(AMD)) == 63 and not run.plugin.inputs_polled()
         topology = run.host.host_root / "sys/class/kfd/kfd/topology"
         last = max(int(p.name) for p in (topology / "nodes").iterdir())
+        name = next(d.name for d in run.plugin.drivers[AMD].snapshot.by_name.values()
+                    if d.physical.health_key == f"kfd:{last}")
         probes = run.plugin.probes
         changed = time.monotonic()
         (topology / "nodes" / str(last)).rename(topology / "gone")
         (topology / "generation_id").write_text("81\n")
-        reacts(lambda: run.plugin.probes > probes and 'health="Unhealthy"} 0.0' in gauge(run, AMD), changed)
-        assert len(run.devices(AMD)) == 62 and 'health="Healthy"} 62.0' in gauge(run, AMD)
+        # gone from the probe, not merely Unhealthy: published tainted while its pods may still use it
+        reacts(lambda: run.plugin.probes > probes and gone(run) == [name], changed)
+        assert 'health="Healthy"} 62.0' in gauge(run, AMD)
+
+
+def test_a_gpu_gone_from_the_probe_goes_as_soon_as_its_hold_is_over(
+        gated_api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
+    """Published tainted while its pods may still use it, then gone without waiting for a probe
+    interval (an hour here): the loop looks every second, while such a device is kept, for the moment
+    the next probe would drop it."""
+    profile = tmp_path / "node.yaml"
+    write_yaml(profile, l40s_node(3, config=dra_config()))
+    with profile_plugin(gated_api, drakubelet, dirs, profile, gone_hold_seconds=1.0,
+                        **{**NOTHING_SCHEDULED, "inputs_poll_s": 1.0}) as run:
+        write_yaml(profile, l40s_node(2, config=dra_config()))
+        wait_for(lambda: [d.name for _, d in run.plugin.gone.devices().get(NVIDIA, [])] == ["gpu-2"])
+        assert run.devices() == ["gpu-0", "gpu-1", "gpu-2"] and run.plugin.inputs_polled()
+        held_until = time.monotonic() + 1.0
+        reacts(lambda: run.devices() == ["gpu-0", "gpu-1"], held_until)
+        assert not run.plugin.gone.devices() and not run.plugin.inputs_polled()
 
 
 def test_an_unchanged_topology_probes_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
@@ -131,6 +159,11 @@ def test_an_unchanged_topology_probes_nothing(api: FakeApiServer, drakubelet: Fa
     with simulated_plugin(api, drakubelet, dirs, "mi300x-x8-cpx", **options) as run:
         probes = run.plugin.probes
         stays_true(lambda: run.plugin.probes == probes)
+
+
+def gone(run: Running) -> list[str]:
+    """The AMD devices the plugin found gone at its last probe (and publishes tainted a while)."""
+    return [device.name for _, device in run.plugin.gone.devices().get(AMD, [])]
 
 
 def gauge(run: Running, driver: str) -> str:

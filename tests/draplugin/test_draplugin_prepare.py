@@ -58,7 +58,10 @@ def test_prepare_answers_exactly_the_allocated_devices(api: FakeApiServer, draku
         nodes = [[n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]]
         assert nodes == [[f"/dev/nvidia{g.nvml_gpu.minor_number}"] for g in gpus if isinstance(g, NvidiaDevice)]
         edits = spec["containerEdits"]
-        assert f"NVIDIA_VISIBLE_DEVICES={','.join(g.visible_id for g in gpus)}" in edits["env"]
+        # as NVIDIA's DRA driver: spec-wide edits reach every container using any device of the claim, so
+        # they name none (a legacy runtime hook would inject the GPUs NVIDIA_VISIBLE_DEVICES names)
+        assert [e for e in edits["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")] == ["NVIDIA_VISIBLE_DEVICES=void"]
+        assert not any(g.visible_id in json.dumps(spec) for g in gpus)
         assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= {n["path"] for n in edits["deviceNodes"]}
         assert list(checkpoint(dirs)) == [claim.uid]
 
@@ -77,7 +80,7 @@ def test_a_mig_device_gets_its_parent_and_capability_nodes(api: FakeApiServer, d
         (device,) = spec["devices"]
         paths = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
         assert paths[0] == f"/dev/nvidia{mig.nvml_gpu.minor_number}"
-        assert f"NVIDIA_VISIBLE_DEVICES={mig.visible_id}" in spec["containerEdits"]["env"]
+        assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"] and mig.visible_id not in json.dumps(spec)
 
 
 def test_an_amd_partition_gets_kfd_and_its_render_node(api: FakeApiServer, drakubelet: FakeDraKubelet,
@@ -140,7 +143,8 @@ def test_unprepare_cleans_a_spec_file_the_checkpoint_never_heard_of(api: FakeApi
 
 def test_each_bad_claim_fails_alone_naming_its_device(api: FakeApiServer, drakubelet: FakeDraKubelet,
                                                       dirs: Dirs) -> None:
-    with simulated_plugin(api, drakubelet, dirs, "dgx-h100") as run:
+    # recovery after 60 s, not 0.3 s: on a loaded machine gpu-6 was healthy again before its claim was prepared
+    with simulated_plugin(api, drakubelet, dirs, "dgx-h100", recovery_seconds=60) as run:
         sick = physical(run, "gpu-6")
         run.nvml.inject_xid(sick.health_key, 79)
         wait_for(lambda: "gpu-6" not in run.devices())
@@ -208,10 +212,16 @@ def test_concurrent_prepares_of_different_claims(api: FakeApiServer, drakubelet:
         claims = [run.claim(f"claim-{i}", f"gpu-{i % 8}", shared=True) for i in range(24)]
         answers = all_at_once(drakubelet, claims)
         assert {uid: a.error for uid, a in answers.items()} == {c.uid: "" for c in claims}
-        assert all(list(answers[c.uid].devices[0].cdi_device_ids) == [f"{KIND}={c.uid}-gpu-{i % 8}"]
+        assert all(list(answers[c.uid].devices[0].cdi_device_ids) == [f"{KIND}={c.uid}-gpu-{i % 8}-{share(api, c)}"]
                    for i, c in enumerate(claims))
         assert sorted(checkpoint(dirs)) == sorted(c.uid for c in claims)
         assert resolvable(dirs.cdi) == {i for a in answers.values() for d in a.devices for i in d.cdi_device_ids}
+
+
+def share(api: FakeApiServer, claim: Claim) -> str:
+    """The share ID of the claim's one allocation result."""
+    (result,) = api.resource_claims.get(claim.namespace, claim.name)["status"]["allocation"]["devices"]["results"]
+    return str(result["shareID"])
 
 
 def all_at_once(drakubelet: FakeDraKubelet, claims: list[Claim]) -> dict[str, Any]:
@@ -263,7 +273,8 @@ def test_an_unreadable_checkpoint_is_moved_aside_and_the_claim_prepared_again(
 def test_a_checkpoint_record_is_the_claim_as_answered(tmp_path: Path) -> None:
     book = Checkpoint(tmp_path, NVIDIA, NODE)
     claim = PreparedClaim("uid-1", "default", "c", (
-        PreparedDevice(("gpu",), NODE, "gpu-0", (f"{KIND}=uid-1-gpu-0",), "0b7c0e8e-0000-4000-8000-00000000000a"),
+        PreparedDevice(("gpu",), NODE, "gpu-0", (f"{KIND}=uid-1-gpu-0-0b7c0e8e-0000-4000-8000-00000000000a",),
+                       "0b7c0e8e-0000-4000-8000-00000000000a", consumed=(("memory", "4Gi"),)),
         PreparedDevice(("gpu/admin",), NODE, "gpu-1", (f"{KIND}=uid-1-gpu-1",), None, True)))
     book.add(claim)
     assert Checkpoint(tmp_path, NVIDIA, NODE).get("uid-1") == claim  # what a restart reads

@@ -69,16 +69,7 @@ def test_stale_slices_are_replaced_and_nothing_else_is_touched(api: FakeApiServe
 
 def test_nothing_is_written_while_nothing_changes(api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
     with simulated_plugin(api, drakubelet, dirs, "dgx-a100-mig-mixed") as run:
-        wait_for(lambda: run.plugin.publisher.in_sync)
-        since = time.monotonic()
-        for _ in range(3):
-            run.sighup()  # a probe that finds the same hardware
-        lists = run.plugin.publisher.reflector.lists
-        api.drop_watches.set()  # the watch breaks: the slices are listed again and compared
-        wait_for(lambda: run.plugin.publisher.reflector.lists > lists)
-        api.drop_watches.clear()
-        wait_for(lambda: run.plugin.publisher.in_sync)
-        assert run.writes(since) == 0
+        assert run.writes_while_idle() == 0
 
 
 def test_a_restart_on_unchanged_hardware_writes_nothing(api: FakeApiServer, drakubelet: FakeDraKubelet,
@@ -127,9 +118,11 @@ def test_an_unhealthy_gpu_leaves_the_slice_and_comes_back(api: FakeApiServer, dr
         run.nvml.inject_xid(uuid, 13)  # an application's fault: ignored
         run.nvml.inject_xid(uuid, 79)
         assert published_within(run, lambda: name not in run.devices()) < AT_ONCE_S
-        assert len(run.devices()) == 7 and generation(run) == 2
+        # Without DRADeviceTaints (a v1.34 server's default) the first fault costs one write more: the device
+        # tainted, the taints dropped by the server, then the device left out (test_draplugin_taints.py).
+        assert len(run.devices()) == 7 and generation(run) == 3
         assert published_within(run, lambda: name in run.devices()) < AT_ONCE_S  # answered normally for 0.5 s
-        assert generation(run) == 3
+        assert generation(run) == 4
 
 
 def test_an_amd_gpu_whose_kfd_node_goes_leaves_the_slice(api: FakeApiServer, drakubelet: FakeDraKubelet,

@@ -48,26 +48,18 @@ import json
 import os
 import re
 import signal
-import ssl
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.e2e_plugin import JsonLines as PluginJsonLines  # noqa: E402
-from tests.e2e.e2e_plugin import named  # noqa: E402
-
-Event = dict[str, Any]
-results: list[tuple[bool, str]] = []
-figures: list[str] = []
+from tests.e2e.draplane import (Cluster, Event, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
+                                figure, start_nodes, stop_nodes, verdict, wait)
 
 NODES = {  # node -> (profile, vendors served through DRA)
     "dra-h100": ("dgx-h100", ["nvidia"]),
@@ -76,174 +68,6 @@ NODES = {  # node -> (profile, vendors served through DRA)
     "dra-mixed": ("mixed-l40s-mi210", ["nvidia", "amd"]),
 }
 INT64_MAX = 2**63 - 1  # the largest pool generation the API can hold
-DEVICE_CLASSES = [
-    ("gpu.nvidia.com", 'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"'),
-    ("mig.nvidia.com", 'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "mig"'),
-    ("gpu.amd.com", 'device.driver == "gpu.amd.com"'),
-]
-
-
-def check(ok: bool, what: str) -> bool:
-    results.append((ok, what))
-    print(f"  {'PASS' if ok else 'FAIL'}  {what}", flush=True)
-    return ok
-
-
-def figure(text: str) -> None:
-    figures.append(text)
-    print(f"  figure: {text}", flush=True)
-
-
-def wait(predicate: Callable[[], Any], timeout: float = 60, step: float = 0.05) -> float | None:
-    """Seconds until ``predicate()`` held, or None after ``timeout``."""
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:
-        try:
-            if predicate():
-                return time.monotonic() - began
-        except (subprocess.CalledProcessError, ValueError, KeyError):
-            pass
-        time.sleep(step)
-    return None
-
-
-class JsonLines(PluginJsonLines):
-    """drakubelet's events (e2e_plugin's reader), looked up by name: None rather than an error when absent."""
-
-    def find(self, name: str, since: int = 0, **fields: Any) -> Event | None:
-        return next((e for e in self.since(since) if named(name, **fields)(e)), None)
-
-    def wait(self, name: str, since: int = 0, timeout: float = 60, **fields: Any) -> Event | None:  # type: ignore[override]
-        try:
-            return super().wait(named(name, **fields), since, timeout)
-        except TimeoutError:
-            return None
-
-
-class Cluster:
-    def __init__(self, k8s_dra: Path, state: Path) -> None:
-        self.k8s_dra, self.state = k8s_dra, state
-        self.env = {**os.environ, "DRA_STATE": str(state)}
-        self.kubectl_bin = str(k8s_dra.parent / "k8s" / "bin" / "kubectl")
-
-    def up(self) -> None:
-        subprocess.run([str(self.k8s_dra / "up.sh")], env=self.env, check=True, stdout=subprocess.DEVNULL)
-        values = dict(line.removeprefix("export ").split("=", 1)
-                      for line in (self.state / "env").read_text().splitlines()
-                      if "=" in line and not line.startswith("#"))
-        self.kubeconfig = values.get("KUBECONFIG", str(self.state / "kubeconfig")).strip("'\"")
-        self.bin = Path(values.get("DRA_BIN", "/tmp/gpu-labeller-dra-bin").strip("'\""))
-        self.api_port = int(values.get("DRA_API_PORT", "7443").strip("'\""))
-
-    def down(self) -> None:
-        subprocess.run([str(self.k8s_dra / "down.sh"), "--wipe"], env=self.env, check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        return subprocess.run([self.kubectl_bin, "--kubeconfig", self.kubeconfig, *args], input=stdin, text=True,
-                              capture_output=True, check=check).stdout
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.kubectl(*args, "-o", "json"))
-
-    def apply(self, objects: list[dict[str, Any]]) -> None:
-        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
-
-    def raw(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
-        """One request as the admin user, with what the server answered: its status code and body."""
-        pki = self.state / "pki"
-        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"https://127.0.0.1:{self.api_port}{path}", data, method=method,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, context=context, timeout=30) as answer:
-                return int(answer.status), json.loads(answer.read())
-        except urllib.error.HTTPError as refused:
-            return int(refused.code), json.loads(refused.read())
-
-    def slices(self, node: str) -> list[dict[str, Any]]:
-        items = self.json("get", "resourceslices")["items"]
-        return [s for s in items if s["spec"].get("nodeName") == node]
-
-    def devices(self, node: str) -> dict[str, list[str]]:
-        found: dict[str, list[str]] = {}
-        for s in self.slices(node):
-            found.setdefault(s["spec"]["driver"], []).extend(d["name"] for d in s["spec"].get("devices", []))
-        return found
-
-
-class Node:
-    """One drakubelet and one dra-plugin for ``name``."""
-
-    def __init__(self, cluster: Cluster, name: str, work: Path) -> None:
-        self.cluster, self.name = cluster, name
-        self.profile, vendors = NODES[name]
-        self.dir = work / name
-        for sub in ("reg", "plugins", "cdi", "state"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        self.config = self.dir / "config.yaml"
-        self.config.write_text(json.dumps({"version": "v1", "labeller": {"dra": {"vendors": vendors}}}))
-        self.kubelet: subprocess.Popen[str] | None = None
-        self.plugin: subprocess.Popen[str] | None = None
-        self.plugin_kubeconfig = cluster.kubeconfig  # the plugin's credentials (e2e_policy: its ServiceAccount's token)
-
-    def start_kubelet(self) -> int:
-        self.kubelet = subprocess.Popen(
-            [str(self.cluster.bin / "drakubelet"), "--node-name", self.name, "--kubeconfig", self.cluster.kubeconfig,
-             "--registry-dir", str(self.dir / "reg"), "--plugins-dir", str(self.dir / "plugins"),
-             "--state-dir", str(self.dir / "state"), "--prepare-retry", "20s"],
-            stdout=subprocess.PIPE, stderr=(self.dir / "drakubelet.err").open("a"), text=True)
-        assert self.kubelet.stdout is not None
-        self.events = JsonLines(self.kubelet.stdout, self.dir / "drakubelet.jsonl")
-        return 0
-
-    def start_plugin(self) -> float:
-        self.plugin = subprocess.Popen(
-            [sys.executable, "-m", "labeller.cli", "--log-format", "json", "dra-plugin", "--simulate", self.profile,
-             "--config", str(self.config), "--node-name", self.name, "--kubeconfig", self.plugin_kubeconfig,
-             "--registry-dir", str(self.dir / "reg"), "--plugins-dir", str(self.dir / "plugins"),
-             "--cdi-spec-dir", str(self.dir / "cdi"), "--metrics-port", "0", "--metrics-bind", "127.0.0.1"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(self.dir / "plugin.log").open("a"), text=True)
-        return time.monotonic()
-
-    def stop(self, process: subprocess.Popen[str] | None, signum: int = signal.SIGTERM) -> None:
-        if process is not None and process.poll() is None:
-            process.send_signal(signum)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    def log(self) -> list[Event]:
-        """The plugin's log lines (every run of it on this node)."""
-        lines = (self.dir / "plugin.log").read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
-
-    def ready(self) -> bool:
-        """The plugin's /readyz (on the port its latest run logged) answers 200."""
-        port = [e["port"] for e in self.log() if e.get("event") == "metrics server listening"][-1]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
-                return int(answer.status) == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def spec_files(self) -> list[Path]:
-        return sorted((self.dir / "cdi").glob("*.json"))
-
-    def checkpoints(self) -> list[Path]:
-        return sorted((self.dir / "plugins").glob("*/claims/*.json"))
-
-    def cdi_names(self) -> set[str]:
-        """Every fully qualified CDI device name the spec files define."""
-        names = set()
-        for path in self.spec_files():
-            spec = json.loads(path.read_text())
-            names.update(f"{spec['kind']}={d['name']}" for d in spec.get("devices", []))
-        return names
 
 
 def claim_template(name: str, requests: list[dict[str, Any]], constraints: list[dict[str, Any]] | None = None
@@ -548,30 +372,19 @@ def scenario_hostile_files(cluster: Cluster, node: Node) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k8s-dra", type=Path, default=ROOT.parent / "shared" / "k8s-dra")
+    add_k8s_dra_argument(parser)
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
-        print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")
-        return 0
+        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="gld-", dir="/tmp"))
     cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
     nodes: dict[str, Node] = {}
     try:
         cluster.up()
-        cluster.apply([{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-                        "spec": {"selectors": [{"cel": {"expression": cel}}]}} for name, cel in DEVICE_CLASSES])
-        for name in NODES:
-            nodes[name] = node = Node(cluster, name, work)
-            node.start_kubelet()
-            check(node.events.wait("kubelet_started", 0, 60) is not None, f"{name}: drakubelet started")
-            started = node.start_plugin()
-            registered = node.events.wait("plugin_registered", 0, 60)
-            want = {"dra-mixed": 2}.get(name, 1)
-            published = wait(lambda node=node, want=want: len(cluster.devices(node.name)) == want, 60)
-            check(registered is not None and published is not None, f"{name}: registered and published")
-            if published is not None:
-                figure(f"{name} ({node.profile}): plugin start -> slices published in "
-                       f"{time.monotonic() - started:.2f} s, {sum(map(len, cluster.devices(name).values()))} devices")
+        cluster.apply(chart_device_classes())
+        nodes.update((name, Node(cluster, name, work, *NODES[name])) for name in NODES)
+        start_nodes(cluster, list(nodes.values()))
         scenario_claim_lifecycle(cluster, nodes["dra-h100"])
         scenario_unsatisfiable(cluster, nodes["dra-h100"])
         scenario_mig_amd_mixed(cluster, nodes)
@@ -579,13 +392,9 @@ def main() -> int:
         scenario_generation_exhausted(cluster, nodes["dra-h100"])
         scenario_hostile_files(cluster, nodes["dra-h100"])
     finally:
-        for node in nodes.values():
-            node.stop(node.plugin)
-            node.stop(node.kubelet)
+        stop_nodes(list(nodes.values()))
         cluster.down()
-    failed = [what for ok, what in results if not ok]
-    print(f"{len(results) - len(failed)} checks passed, {len(failed)} failed; logs in {work}")
-    return 1 if failed else 0
+    return verdict(work)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,17 @@ collect e2e_*.py): run it by hand.
 3. Pods asking aliyun.com/gpu-mem are bound by the real scheduler through the extender.
 4. Clients without the scheduler's certificate are refused on every path: no certificate, another CA's,
    plain HTTP.
-5. A quiet burst of pods, then, while 1,000 slow clients stay connected (the issue's attacker: one byte
-   per 10 s each, reconnecting as soon as the server closes it) and a client sends a 100 MB body,
-   another: the scheduler keeps placing pods and every filter and bind is answered within the scheduler's
-   httpTimeout (a probe on a fresh mutual-TLS connection twice a second, the extender's duration
-   histogram, the scheduler's log); the body is refused (413) unread, the slow clients are closed at the
-   request timeout, the extender's CPU and memory stay low. The extender's default --max-connections
-   (1024) has room for them all; with --max-connections 256 most new connections are closed as soon as
-   they are accepted (27 of 35 probes failed in one run), and the scheduler is served only on a connection
-   it already holds.
+5. A quiet burst of pods, then issue 28's attacker: 1,100 idle TCP connections (no TLS hello at all;
+   more than --max-connections), each opened again as soon as the server closes it. 20 filter calls on
+   fresh mutual-TLS connections are all answered within the scheduler's httpTimeout, the scheduler keeps
+   placing pods, and the extender's threads and RSS stay bounded (sampled every 0.2 s). Before, 5 to 8
+   of 20 such calls failed, at about 1,000 threads.
+6. While 1,000 slow clients stay connected (one byte of a TLS hello per 10 s each, reconnecting as soon
+   as the server closes it) and a client sends a 100 MB body, another burst: the scheduler keeps placing
+   pods and every filter and bind is answered within httpTimeout (a probe on a fresh mutual-TLS
+   connection twice a second, the extender's duration histogram, the scheduler's log); the body is
+   refused (413) unread, the slow clients are closed at the TLS handshake deadline
+   (--tls-handshake-timeout), the extender's CPU and memory stay low.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,7 @@ NODES = ("e2e-tls-a", "e2e-tls-b")
 GPUS, UNITS = 4, 16
 NAME = "gpu-labeller-scheduler-extender"
 REQUEST_TIMEOUT_S = 5
+HANDSHAKE_TIMEOUT_S = 3  # the extender's default --tls-handshake-timeout, given explicitly
 SLOW_INTERVAL_S = 10.0  # the issue's attacker: one byte per 10 s
 ATTACK_S = 20.0  # the least time the attack lasts
 
@@ -119,20 +123,50 @@ def cpu_seconds(pid: int) -> float:
 
 
 def rss_mib(pid: int) -> float:
+    return proc_status(pid, "VmRSS") / 1024
+
+
+def proc_status(pid: int, field: str) -> int:
+    """A number from /proc/<pid>/status (VmRSS in KiB, Threads)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return 0
+
+
+class Sampler:
+    """The extender's RSS (MiB) and thread count, sampled every ``step_s`` on a thread of its own."""
+
+    def __init__(self, pid: int, step_s: float = 0.2) -> None:
+        self.pid, self.step_s = pid, step_s
+        self.rss: list[float] = []
+        self.threads: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.step_s):
+            self.rss.append(rss_mib(self.pid))
+            self.threads.append(proc_status(self.pid, "Threads"))
 
 
 class SlowClients:
-    """The issue's attacker: ``count`` connections, each sending one byte of a TLS ClientHello every
-    ``interval_s`` and never a whole one; a connection the server closes is opened again at once, so
-    ``count`` stay connected for as long as the attack lasts. One thread, one selector."""
+    """An attacker: ``count`` connections, each sending one byte of a TLS ClientHello every
+    ``interval_s`` and never a whole one (``interval_s`` None: nothing at all, idle TCP connections);
+    a connection the server closes is opened again at once, so ``count`` stay connected for as long as
+    the attack lasts (as far as the server lets them). One thread, one selector."""
 
     HELLO = b"\x16\x03\x01\x02\x00\x01"
 
-    def __init__(self, port: int, count: int, interval_s: float) -> None:
+    def __init__(self, port: int, count: int, interval_s: float | None) -> None:
         self.port, self.count, self.interval_s = port, count, interval_s
         self.lifetimes: list[float] = []  # seconds from connect to the server's close, per closed connection
         self.opened = self.refused = 0
@@ -152,14 +186,16 @@ class SlowClients:
     def _open(self) -> None:
         try:
             sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-            sock.sendall(self.HELLO[:1])
+            if self.interval_s is not None:
+                sock.sendall(self.HELLO[:1])
         except OSError:
             self.refused += 1
             return
         sock.setblocking(False)
         now = time.monotonic()
         self.opened += 1
-        self._selector.register(sock, selectors.EVENT_READ, [now, now + self.interval_s, 1])  # opened, next send, sent
+        next_send = now + self.interval_s if self.interval_s is not None else float("inf")
+        self._selector.register(sock, selectors.EVENT_READ, [now, next_send, 1])  # opened, next send, sent
 
     def _closed(self, sock: socket.socket, opened: float) -> None:
         self.lifetimes.append(time.monotonic() - opened)
@@ -185,7 +221,7 @@ class SlowClients:
             now = time.monotonic()
             for key in list(self._selector.get_map().values()):
                 state = key.data
-                if state[1] <= now:
+                if state[1] <= now and self.interval_s is not None:
                     try:
                         key.fileobj.send(self.HELLO[state[2] % len(self.HELLO):][:1])  # type: ignore[union-attr]
                         state[1], state[2] = now + self.interval_s, state[2] + 1
@@ -217,6 +253,50 @@ def timed_filter(url: str, context: ssl.SSLContext, server_name: str, body: byte
     if not answer.startswith(b"HTTP/1.1 200"):
         raise RuntimeError(answer.split(b"\r\n", 1)[0].decode(errors="replace"))
     return time.monotonic() - started
+
+
+def idle_attack(port: int, count: int, calls: int, pid: int, probe: tuple[str, ssl.SSLContext, str, bytes],
+                http_timeout_s: float, between: Callable[[], object]) -> None:
+    """``count`` idle TCP connections held open (opened again when closed) while ``calls`` filters are
+    made one after the other on fresh mutual-TLS connections: each must be answered within httpTimeout;
+    the extender's threads and RSS are sampled throughout; ``between`` is called after each call."""
+    attack = SlowClients(port, count, None)
+    threads_before = proc_status(pid, "Threads")
+    cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
+    with Sampler(pid) as sampler:
+        attack.start()
+        took = wait(lambda: attack.opened >= count, 120)
+        check(took is not None, f"{count} idle TCP connections (no TLS hello) opened in {took or 0:.1f} s; each "
+                                "closed by the server is opened again at once")
+        answered: list[float] = []
+        errors: list[str] = []
+        for _ in range(calls):
+            try:
+                answered.append(timed_filter(*probe))
+            except (OSError, RuntimeError) as exc:
+                errors.append(str(exc) or type(exc).__name__)
+            between()
+            time.sleep(0.25)  # pacing the calls, not waiting for a condition
+    cpu, wall = cpu_seconds(pid) - cpu_before, time.monotonic() - wall_before
+    attack.stop()
+    within = [seconds for seconds in answered if seconds < http_timeout_s]
+    check(len(within) == calls, f"{len(within)} of {calls} filter calls on fresh mutual-TLS connections answered "
+                                f"within httpTimeout ({http_timeout_s:g} s): {ms(answered) if answered else 'none'}; "
+                                f"{len(errors)} failed {errors[:3]}")
+    connected = sorted(attack.connected_samples)
+    lifetimes = ms(attack.lifetimes) if attack.lifetimes else "-"
+    figure(f"idle attack: {attack.opened} connections opened in {wall:.1f} s ({attack.refused} refused at connect), "
+           f"{len(attack.lifetimes)} closed by the server (lifetime {lifetimes}), median "
+           f"{connected[len(connected) // 2] if connected else 0} open on the attacker's side; extender CPU "
+           f"{cpu:.1f} s in {wall:.1f} s")
+    # A thread per connection would be over a thousand: the workers serve the requests in flight only.
+    check(max(sampler.threads, default=0) <= threads_before + 16,
+          f"the extender's threads stay bounded: {threads_before} before, max {max(sampler.threads, default=0)}, "
+          f"median {sorted(sampler.threads)[len(sampler.threads) // 2] if sampler.threads else 0} during the attack "
+          "(sampled every 0.2 s)")
+    check(max(sampler.rss, default=0) <= 256,
+          f"the extender's RSS stays bounded (the chart's limit is 256Mi): max {max(sampler.rss, default=0):.0f} MiB, "
+          f"after {rss_mib(pid):.0f} MiB")
 
 
 def duration_buckets(metrics_url: str, verb: str) -> dict[str, float]:
@@ -255,15 +335,18 @@ def big_body(port: int, context: ssl.SSLContext, server_name: str) -> tuple[str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_k8s_argument(parser)
-    parser.add_argument("--port", type=int, default=39997, help="the extender's port")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("K8S_SCHED_PORT", "10259")) + 2,
+                        help="the extender's port (default: K8S_SCHED_PORT + 2)")
     parser.add_argument("--slow", type=int, default=1000, help="slow clients at once")
+    parser.add_argument("--idle", type=int, default=1100, help="idle TCP connections at once (issue 28's attacker)")
+    parser.add_argument("--idle-probes", type=int, default=20, help="filter calls on fresh connections during it")
     parser.add_argument("--max-connections", type=int, default=0,
                         help="the extender's --max-connections (default: the extender's own, 1024)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
     max_connections = ["--max-connections", str(args.max_connections)] if args.max_connections else []
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = args.slow + 512  # the slow clients' sockets, kubectl pipes, the rest
+    wanted = max(args.slow, args.idle) + 512  # the attackers' sockets (one attack at a time), kubectl pipes, the rest
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE,
                            (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
@@ -305,7 +388,8 @@ def main() -> int:
              str(args.port), "--metrics-port", str(args.port + 1), "--bind", "127.0.0.1", "--kubeconfig",
              str(extender_kubeconfig), "--tls-cert-file", str(serving / "tls.crt"), "--tls-key-file",
              str(serving / "tls.key"), "--client-ca-file", str(serving / "ca.crt"), "--request-timeout",
-             f"{REQUEST_TIMEOUT_S}s", *max_connections], stderr=(work / "extender.log").open("w"), text=True, cwd=ROOT)
+             f"{REQUEST_TIMEOUT_S}s", "--tls-handshake-timeout", f"{HANDSHAKE_TIMEOUT_S}s", *max_connections],
+            stderr=(work / "extender.log").open("w"), text=True, cwd=ROOT)
         processes.append(extender)
 
         def ready() -> bool:
@@ -347,7 +431,7 @@ def main() -> int:
         check(all(refused(url + path, stranger) for path in paths), "a client with another CA's certificate is refused")
         check(refused(f"http://127.0.0.1:{args.port}/gpushare-scheduler/inspect", None), "plain HTTP is refused")
 
-        # 5. Slow clients and a big body while the scheduler keeps placing pods (a quiet burst first, to compare).
+        # A quiet burst first, to compare.
         def burst(prefix: str, count: int) -> tuple[dict[str, float], dict[str, float]]:
             names = [f"{prefix}-{i:02}" for i in range(count)]
             started = {}
@@ -371,6 +455,29 @@ def main() -> int:
         scheduler = ssl.create_default_context(cafile=str(client_dir / "ca.crt"))
         scheduler.load_cert_chain(str(client_dir / "tls.crt"), str(client_dir / "tls.key"))
         metrics_url = f"http://127.0.0.1:{args.port + 1}/metrics"
+        figure(f"extender RSS before the attacks: {rss_mib(extender.pid):.0f} MiB, "
+               f"{proc_status(extender.pid, 'Threads')} threads")
+
+        # 5. Issue 28's attacker: idle TCP connections, more than the extender's slots, opened again when closed.
+        probe_body = json.dumps({"Pod": pod_body("probe", 4), "NodeNames": list(NODES)}).encode()
+        idle_started, idle_times = burst("idle", 4)  # the last 16 units free
+        idle_attack(args.port, args.idle, args.idle_probes, extender.pid, (url, scheduler, server_name, probe_body),
+                    http_timeout_s, lambda: all_bound(idle_started, idle_times))
+        took = wait(lambda: all_bound(idle_started, idle_times), 120)
+        check(took is not None, f"with {args.idle} idle connections, the scheduler keeps placing: "
+                                f"{len(idle_times)}/{len(idle_started)} pods bound")
+        if idle_times:
+            figure(f"created -> bound during the idle attack: {ms(list(idle_times.values()))}")
+        scheduler_lines = scheduler_log.read_bytes()[log_offset:].decode(errors="replace").splitlines()
+        extender_errors = [line for line in scheduler_lines if "gpushare-scheduler" in line or "xtender" in line
+                           or "Client.Timeout" in line or "deadline exceeded" in line]
+        check(not extender_errors, f"the scheduler logged no extender error or timeout during the idle attack "
+                                   f"({len(scheduler_lines)} log lines read): {extender_errors[:3]}")
+        figure(f"extender RSS after the idle attack: {rss_mib(extender.pid):.0f} MiB, "
+               f"{proc_status(extender.pid, 'Threads')} threads")
+
+        # 6. Slow clients and a big body while the scheduler keeps placing pods.
+        log_offset = scheduler_log.stat().st_size
         calls_before = {verb: duration_buckets(metrics_url, verb).get("+Inf", 0.0) for verb in ("filter", "bind")}
         attack = SlowClients(args.port, args.slow, SLOW_INTERVAL_S)
         cpu_before, wall_before = cpu_seconds(extender.pid), time.monotonic()
@@ -378,7 +485,6 @@ def main() -> int:
         took = wait(lambda: attack.connected >= args.slow, 120)
         check(took is not None, f"{attack.connected} slow clients connected at once after {took or 0:.1f} s "
                                 f"(one byte per {SLOW_INTERVAL_S:g} s each, reconnecting when closed)")
-        probe_body = json.dumps({"Pod": pod_body("probe", 4), "NodeNames": list(NODES)}).encode()
         probes: list[float] = []
         probe_errors: list[str] = []
         probing = threading.Event()
@@ -412,8 +518,8 @@ def main() -> int:
               f"{args.slow} slow clients stayed connected through the attack: min {min(steady, default=0)}, "
               f"median {sorted(steady)[len(steady) // 2] if steady else 0} connected at once (sampled each second over "
               f"{wall:.0f} s); {attack.opened} connections opened, {attack.refused} refused at connect")
-        check(bool(attack.lifetimes) and max(attack.lifetimes) <= REQUEST_TIMEOUT_S + 3,
-              f"the server closed every slow connection at the request timeout ({REQUEST_TIMEOUT_S} s): "
+        check(bool(attack.lifetimes) and max(attack.lifetimes) <= HANDSHAKE_TIMEOUT_S + 3,
+              f"the server closed every slow connection at the TLS handshake deadline ({HANDSHAKE_TIMEOUT_S} s): "
               f"{len(attack.lifetimes)} closed, {ms(attack.lifetimes) if attack.lifetimes else 'none'} "
               "after connecting")
         check(not probe_errors and bool(probes) and max(probes) < http_timeout_s,
@@ -434,7 +540,9 @@ def main() -> int:
         check(not extender_errors, f"the scheduler logged no extender error or timeout during the attack "
                                    f"({len(scheduler_lines)} log lines read): {extender_errors[:3]}")
         check(cpu < 0.5 * wall, f"the extender did not spin: {cpu:.2f} s CPU in {wall:.1f} s")
-        figure(f"extender RSS after the attack: {rss_mib(extender.pid):.0f} MiB")
+        figure(f"extender RSS after the attack: {rss_mib(extender.pid):.0f} MiB, "
+               f"{proc_status(extender.pid, 'Threads')} threads")
+
         used: dict[tuple[str, int], int] = {}
         for pod in admin.list_pods(field_selector="metadata.namespace=default")[0]:
             gpu = gpushare.assigned_gpu(pod)

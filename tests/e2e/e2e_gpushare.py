@@ -139,7 +139,8 @@ def timed(run: Run, names: list[str], created: dict[str, float],
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_k8s_argument(parser)
-    parser.add_argument("--port", type=int, default=39999, help="the extender's port")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("K8S_SCHED_PORT", "10259")) + 3,
+                        help="the extender's port (default: K8S_SCHED_PORT + 3)")
     parser.add_argument("--burst", type=int, default=12, help="pods of 7 GiB created at once (16 fit)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()

@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.deploy import load_render_script  # noqa: E402
-from tests.e2e.e2e_dra import Cluster, Node, wait  # noqa: E402
+from tests.e2e.draplane import Cluster, Node, wait  # noqa: E402
+from tests.e2e.e2e_dra import NODES  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACE = "gpu-labeller"
@@ -356,8 +357,8 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the control plane running")
     args = parser.parse_args()
     if not (args.k8s_dra / "up.sh").exists():
-        print(f"SKIP: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)")
-        return 0
+        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+        return 2
     state = Path(os.environ.get("DRA_STATE", "/tmp/gpu-labeller-dra-policy"))
     work = Path(tempfile.mkdtemp(prefix="glp-", dir="/tmp"))
     cluster = Cluster(args.k8s_dra, state)
@@ -369,8 +370,10 @@ def main() -> int:
         version, api_versions = setup.api_versions()
         print(f"1. the chart rendered for this cluster ({version}, {len(api_versions)} API versions and kinds)")
         check(render.POLICY_API in api_versions, f"the cluster serves {render.POLICY_API}")
-        renders = {name: [yaml.safe_load(d) for d in render.documents(render.render_chart(values, version,
-                                                                                          api_versions))]
+        # what `helm install` creates: not the post-delete hooks (the prune Job's own policy comes with it then)
+        renders = {name: [o for o in (yaml.safe_load(d) for d in render.documents(render.render_chart(
+                          values, version, api_versions)))
+                          if "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
                    for name, values in {"defaults": {}, "installed": VALUES}.items()}
         kinds = {name: [f"{o['kind']}/{o['metadata']['name']}" for o in objects
                         if o["kind"].startswith("ValidatingAdmissionPolicy")] for name, objects in renders.items()}
@@ -385,7 +388,7 @@ def main() -> int:
         check(sorted(installed) == sorted(POLICIES), f"installed: {', '.join(sorted(installed))}")
 
         print("2. tokens bound to pods on " + NODE)
-        node = Node(cluster, NODE, work)
+        node = Node(cluster, NODE, work, *NODES[NODE])
         node.start_kubelet()
         check(node.events.wait("kubelet_started", 0, 60) is not None, f"{NODE}: drakubelet started")
         setup.apply([{"apiVersion": "v1", "kind": "Node", "metadata": {"name": OTHER, "labels": {

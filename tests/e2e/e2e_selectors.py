@@ -73,7 +73,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=50, help="GPU nodes (the profiles in turn)")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
-    state = Path(os.environ.get("K8S_STATE", tempfile.mkdtemp(prefix="gpu-labeller-e2e-")))
+    state = Path(os.environ.get("K8S_STATE") or tempfile.mkdtemp(prefix="gpu-labeller-e2e-"))  # no stray empty dir
     cluster = Cluster(args.k8s, state)
     print(f"starting the API server (K8S_STATE={state})", flush=True)
     cluster.up()

@@ -18,7 +18,7 @@ from labeller import gpushare
 from labeller.extender.binder import BindOptions
 from labeller.extender.cli import Running, start
 from labeller.cluster.kube import Kube
-from labeller.runtime import HttpLimits
+from labeller.process.httpserver import HttpLimits
 from tests.builders import PATIENCE_S, wait_for
 from tests.fakes.apiserver import FakeApiServer
 

@@ -8,15 +8,12 @@ import collections
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
-
 from labeller import gpushare
 from labeller.extender.cli import Running
 from tests.builders import wait_for
 from tests.extender.conftest import Client, Start, mem_pod, share_node
 from tests.fakes.apiserver import FakeApiServer
 
-pytestmark = pytest.mark.slow  # a real extender (HTTP, watches, threads) for each test
 
 Obj = dict[str, Any]
 

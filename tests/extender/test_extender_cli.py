@@ -16,13 +16,11 @@ from pathlib import Path
 import pytest
 
 from labeller import gpushare
-from tests.core.cli import error_line, gpu_labeller
+from tests.core.cli import error_line, gpu_labeller, in_process
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import mem_pod, share_node
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
-
-pytestmark = pytest.mark.slow  # every test runs the CLI as a process
 
 
 def cluster(api: FakeApiServer) -> None:
@@ -65,10 +63,10 @@ def test_inspect_of_an_unknown_node_is_one_line_and_exit_2(api: FakeApiServer, k
 
 
 def test_inspect_without_credentials_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    result = gpu_labeller("inspect", env={**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""})
+    result = in_process("inspect", env={**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""})
     assert result.returncode == 2
     assert error_line(result).startswith("Error: no Kubernetes credentials: no kubeconfig (no --kubeconfig")
-    missing = gpu_labeller("inspect", "--kubeconfig", str(tmp_path / "nope"))
+    missing = in_process("inspect", "--kubeconfig", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "nope" in error_line(missing)
 
 
@@ -140,9 +138,9 @@ def test_scheduler_extender_bad_input_is_one_line_and_exit_2(api: FakeApiServer,
                               "--kubeconfig", str(kubeconfig))
     assert result.returncode == 2
     assert error_line(result) == f"Error: --port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"
-    missing = gpu_labeller("scheduler-extender", "--kubeconfig", "/nonexistent/kubeconfig")
+    missing = in_process("scheduler-extender", "--kubeconfig", "/nonexistent/kubeconfig")
     assert missing.returncode == 2 and "/nonexistent/kubeconfig" in error_line(missing)
     started = time.monotonic()
-    policy = gpu_labeller("scheduler-extender", "--policy", "random")
+    policy = in_process("scheduler-extender", "--policy", "random")
     assert policy.returncode == 2 and "'random' is not one of 'binpack', 'spread'" in policy.stderr
     assert time.monotonic() - started < 30  # refused as it starts, not after trying to reach a cluster

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
 import yaml
 
 from labeller.extender.server import PREFIX
-from labeller.runtime import server_tls
+from labeller.process.httpserver import server_tls
 from tests.builders import PATIENCE_S, wait_for
 from tests.deploy import one, render
 from tests.extender.conftest import Start, mem_pod, share_node
@@ -80,7 +79,6 @@ def secret_files(objects: list[Obj], name: str, directory: Path) -> dict[str, Pa
     return files
 
 
-@pytest.mark.slow  # a real extender (HTTPS, watches, threads)
 def test_a_scheduler_configured_as_documented_places_and_binds_through_the_extender(
         api: FakeApiServer, start_extender: Start, tmp_path: Path) -> None:
     (config,) = [c for c in documented_configs() if c["apiVersion"].endswith("/v1")]

@@ -9,15 +9,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
-
 from labeller import gpushare
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import Client, PluginStandIn, Start, mem_pod, share_node
 from labeller.extender.cli import Running
 from tests.fakes.apiserver import FakeApiServer, Fault
-
-pytestmark = pytest.mark.slow  # a real extender (HTTP, watches, threads) for each test
 
 
 def test_filter_keeps_nodes_where_one_gpu_fits_not_where_the_sum_does(api: FakeApiServer, extender: Running,

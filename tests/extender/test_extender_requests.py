@@ -1,6 +1,7 @@
 """What reaches the extender's port is bounded: wrong-typed bodies get a 400 with a one-line reason,
 bodies are capped, a request must arrive within the request timeout, connections are capped, and the
-server neither holds slow clients forever nor spins while they wait."""
+server neither holds slow clients forever nor spins while they wait. (Connections that never send a
+request, or never finish a TLS handshake: tests/process/test_process_httpserver.py.)"""
 
 from __future__ import annotations
 
@@ -19,13 +20,12 @@ from typing import Any
 import pytest
 
 from labeller.extender.cli import Running
-from labeller.runtime import HttpLimits
+from labeller.process.httpserver import HttpLimits
 from tests.builders import AT_ONCE_S, PATIENCE_S, stays_true, wait_for
 from tests.extender.conftest import Client, Start, mem_pod, share_node
 from tests.extender.test_extender_cli import free_port
 from tests.fakes.apiserver import FakeApiServer
 
-pytestmark = pytest.mark.slow  # a real extender (HTTP, watches, threads) for each test
 
 FILTER = "/gpushare-scheduler/filter"
 
@@ -144,11 +144,13 @@ def answers(client: Client) -> bool:
         return False
 
 
-def test_connections_over_the_cap_are_closed_at_once_without_spinning(api: FakeApiServer,
-                                                                      start_extender: Start) -> None:
+def test_with_a_request_in_flight_on_every_connection_new_ones_are_closed_at_once_without_spinning(
+        api: FakeApiServer, start_extender: Start) -> None:
     extender = start_extender(limits=HttpLimits(request_timeout_s=3.0, max_connections=16))
     client = Client(extender.http.port)
     with slow_clients(extender.http.port, 16):
+        # each has begun a request: none is idle, so none is closed to make room for a new one
+        wait_for(lambda: extender.http.connections.open == 16 and extender.http.connections.idle == 0)
         cpu, wall = time.process_time(), time.monotonic()
         with slow_clients(extender.http.port, 40) as over:
             for sock in over:  # refused: closed long before the request timeout

@@ -5,6 +5,7 @@ is unauthenticated; the plain metrics port serves health and metrics, never the 
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import urllib.error
 import urllib.request
@@ -13,16 +14,15 @@ from typing import Any
 
 import pytest
 
-from labeller.runtime import server_tls
+from labeller.process.httpserver import server_tls
 from tests.builders import PATIENCE_S, wait_for
 from tests.core.cli import error_line, gpu_labeller
 from tests.extender.certs import Certs, make_certs
 from tests.extender.conftest import Start, mem_pod, share_node
 from tests.extender.test_extender_cli import free_port
+from tests.extender.test_extender_requests import closed_by_server
 from tests.fakes.apiserver import FakeApiServer
 from tests.processes import LoggedProcess
-
-pytestmark = pytest.mark.slow  # a real extender (HTTPS, watches, threads) for each test
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,8 @@ def test_the_cli_serves_mutual_tls_with_plain_health_and_metrics_beside(api: Fak
     port, metrics_port = free_port(), free_port()
     with LoggedProcess("scheduler-extender", "--port", str(port), "--metrics-port", str(metrics_port),
                        "--kubeconfig", str(kubeconfig), "--tls-cert-file", str(certs.server_cert),
-                       "--tls-key-file", str(certs.server_key), "--client-ca-file", str(certs.ca)) as process:
+                       "--tls-key-file", str(certs.server_key), "--client-ca-file", str(certs.ca),
+                       "--tls-handshake-timeout", "1s", "--request-timeout", "300s") as process:
         def ready() -> bool:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=PATIENCE_S) as answer:
@@ -95,6 +96,8 @@ def test_the_cli_serves_mutual_tls_with_plain_health_and_metrics_beside(api: Fak
                 return False
 
         wait_for(ready)
+        with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S) as silent:
+            assert closed_by_server(silent)  # at the 1 s handshake deadline, long before the request timeout
         scheduler = client_context(certs, certs.client_cert, certs.client_key)
         assert https(port, "/gpushare-scheduler/inspect", scheduler)[0] == 200
         assert refused(port, "/gpushare-scheduler/inspect", client_context(certs))

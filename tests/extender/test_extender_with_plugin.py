@@ -23,7 +23,6 @@ from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import Client
 from tests.plugin.test_plugin_memory import COUNT, MEM, NODE, UNITS_PER_GPU, Node, cuda, memory_node
 
-pytestmark = pytest.mark.slow  # the extender, the device plugin and the kubelet emulator at work
 
 Obj = dict[str, Any]
 

@@ -9,7 +9,8 @@ precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature obje
 ``resource.k8s.io/v1`` ResourceSlices (create, get, list and watch with field selectors on
 ``spec.nodeName`` and ``spec.driver``, update with a resourceVersion precondition, delete with a uid
 precondition; the API's decoding (400 for a number outside int64) and validation of what a driver
-writes) and ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes
+writes, and what it drops of an alpha feature gate that is off: ``feature_gates``, device taints
+included) and ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes
 ``status.allocation``).
 Faults are injected on demand: RBAC 403, 5xx, slow answers and dropped connections. Every request
 is logged and counted by verb.
@@ -33,8 +34,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
@@ -452,6 +454,10 @@ class ObjectStore:
         """The server's decoding of a request body (a copy, changed in place) into its Go type, before
         anything else: ApiError 400 when a value does not fit its field."""
 
+    def prepare(self, obj: Obj, old: Obj | None) -> None:
+        """The server's ``PrepareForCreate`` / ``PrepareForUpdate`` (``old``: the stored object, None at
+        create), before validation: fields of a disabled feature gate dropped, defaults stamped."""
+
     def validate(self, obj: Obj) -> None:
         """The server's validation of a created or replaced object: ApiError 422 when it is invalid."""
 
@@ -466,6 +472,7 @@ class ObjectStore:
             if (namespace, name) in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{self.resource} "{name}" already exists',
                                {"name": name, "kind": self.resource})
+            self.prepare(obj, None)
             self.validate(obj)
             obj.update({"kind": self.kind, "apiVersion": self.api_version})
             metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now(),
@@ -524,6 +531,7 @@ class ObjectStore:
             replaced = copy.deepcopy(body)
             replaced.setdefault("metadata", {}).update(kept)
             replaced.update({"kind": self.kind, "apiVersion": self.api_version})
+            self.prepare(replaced, obj)
             self.validate(replaced)
             obj.clear()
             obj.update(replaced)
@@ -590,6 +598,14 @@ MAX_DOMAIN = 63
 MAX_ATTRIBUTE_VALUE = 64
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
 QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
+# Device taints (v1.34, gate DRADeviceTaints; observed on v1.34.2): at most 4 per device, the key a qualified
+# name, the value a label value, the effect NoSchedule or NoExecute (required; None only from 1.35);
+# timeAdded stamped at create and update when missing.
+DRA_DEVICE_TAINTS = "DRADeviceTaints"
+MAX_TAINTS_PER_DEVICE = 4
+TAINT_EFFECTS = ("NoExecute", "NoSchedule")
+NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
 INT64 = range(-2**63, 2**63)
@@ -615,19 +631,93 @@ def invalid(kind: str, name: str, problems: list[str]) -> ApiError:
                     {"name": name, "kind": kind, "causes": [{"message": p} for p in problems]})
 
 
+def quantity_value(text: Any) -> Fraction:
+    """A valid quantity's value (``QUANTITY``), as ``resource.Quantity`` holds it."""
+    match = re.fullmatch(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?", str(text))
+    assert match is not None, text
+    number, suffix = Fraction(match.group(1)), match.group(2) or ""
+    if suffix.endswith("i"):
+        return number * Fraction(1024) ** ("KMGTPE".index(suffix[0]) + 1)
+    if suffix[:1] in ("e", "E"):
+        return number * Fraction(10) ** int(suffix[1:])
+    return number * Fraction(10) ** {"": 0, "n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15,
+                                     "E": 18}[suffix]
+
+
+BAD_QUANTITY = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+MAX_VALID_VALUES = 10  # pkg/apis/resource: CapacityRequestPolicyDiscreteMaxOptions
+
+
+def _request_policies(device: Obj) -> list[tuple[str, Obj]]:
+    return [(key, value["requestPolicy"]) for key, value in (device.get("capacity") or {}).items()
+            if isinstance(value, dict) and value.get("requestPolicy") is not None]
+
+
+def uses_consumable_capacity(spec: Obj) -> bool:
+    """``draConsumableCapacityFeatureInUse``: a device says allowMultipleAllocations, or has a request policy."""
+    return any(device.get("allowMultipleAllocations") is not None or _request_policies(device)
+               for device in spec.get("devices") or [])
+
+
+def drop_consumable_capacity(spec: Obj) -> None:
+    for device in spec.get("devices") or []:
+        device.pop("allowMultipleAllocations", None)
+        for value in (device.get("capacity") or {}).values():
+            if isinstance(value, dict):
+                value.pop("requestPolicy", None)
+
+
+def uses_device_taints(spec: Obj) -> bool:
+    """``draDeviceTaintsInUse``: a device has a taint."""
+    return any(isinstance(device, dict) and device.get("taints") for device in spec.get("devices") or [])
+
+
+def drop_device_taints(spec: Obj) -> None:
+    for device in spec.get("devices") or []:
+        if isinstance(device, dict):
+            device.pop("taints", None)
+
+
+# What a v1.34 server does with the ResourceSlice fields of an alpha feature gate that is off
+# (pkg/registry/resource/resourceslice/strategy.go, dropDisabledFields): drops them from a create, and
+# from an update unless the stored slice already uses them (then they are kept). The answer to the write
+# is the slice without them: that is how a driver can tell. Gate -> (whether a spec uses it, drop it).
+GATED_SLICE_FIELDS: dict[str, tuple[Callable[[Obj], bool], Callable[[Obj], None]]] = {
+    "DRAConsumableCapacity": (uses_consumable_capacity, drop_consumable_capacity),
+    DRA_DEVICE_TAINTS: (uses_device_taints, drop_device_taints),
+}
+
+
 class SliceStore(ObjectStore):
     """ResourceSlices (``resource.k8s.io/v1``, cluster-scoped), decoded and validated as the real server
     does for what a driver writes: int64 fields in range, names, the pool, one node field, at most 128
     devices, DNS-label device names unique in the slice, at most 32 attributes and capacities per device
     named by qualified names (``productName``, ``resource.kubernetes.io/pcieRoot``), attribute values of
-    exactly one type (versions semver; strings and versions at most 64 characters), capacities quantities."""
+    exactly one type (versions semver; strings and versions at most 64 characters), capacities quantities.
+    The fields of the alpha feature gates (``GATED_SLICE_FIELDS``) are kept and validated only with the
+    gate in ``gates`` (``FakeApiServer(feature_gates=...)``), with the real server's rules and messages:
+    ``allowMultipleAllocations`` and a capacity's ``requestPolicy`` (``DRAConsumableCapacity``), device
+    taints as v1.34.2 takes them (``DRADeviceTaints``; ``prepare`` stamps their ``timeAdded``)."""
 
     fields = SLICE_FIELDS
     api_version = "resource.k8s.io/v1"
     cluster_scoped = True
 
-    def __init__(self, store: NodeStore) -> None:
+    def __init__(self, store: NodeStore, gates: set[str] | None = None) -> None:
         super().__init__(store, "resourceslices", "ResourceSlice")
+        self.gates = gates if gates is not None else set()
+
+    def prepare(self, obj: Obj, old: Obj | None) -> None:
+        """As v1.34's strategy: the fields of a gate that is off dropped, unless the old slice uses them (a
+        field in use is kept on update); a taint without timeAdded gets now."""
+        spec, old_spec = obj.get("spec") or {}, (old or {}).get("spec") or {}
+        for gate, (in_use, drop) in GATED_SLICE_FIELDS.items():
+            if gate not in self.gates and not in_use(old_spec):
+                drop(spec)
+        for device in spec.get("devices") or []:
+            for taint in (device.get("taints") or []) if isinstance(device, dict) else []:
+                if isinstance(taint, dict) and not taint.get("timeAdded"):
+                    taint["timeAdded"] = _now()
 
     def decode(self, obj: Obj) -> None:
         """Its int64 fields hold integers in range (null becomes 0, Go's zero value); anything else is
@@ -646,6 +736,17 @@ class SliceStore(ObjectStore):
                 holder[key] = 0
             elif type(value) is not int or value not in INT64:
                 raise unmarshal_error(self.kind, value, go_field)
+        for device in spec.get("devices") or []:
+            allow = device.get("allowMultipleAllocations")
+            if allow is not None and type(allow) is not bool:
+                raise unmarshal_error(self.kind, allow, "Device.spec.devices.allowMultipleAllocations", "bool")
+            for _, policy in _request_policies(device):
+                valid_range = policy.get("validRange") or {}
+                values = [policy.get("default"), *(policy.get("validValues") or []),
+                          *(valid_range.get(k) for k in ("min", "max", "step"))]
+                if any(v is not None and not QUANTITY.fullmatch(str(v)) for v in values):
+                    raise ApiError(400, "BadRequest", f'{self.kind} in version "v1" cannot be handled as a '
+                                   f"{self.kind}: {BAD_QUANTITY}")
 
     def validate(self, obj: Obj) -> None:
         name = str(obj.get("metadata", {}).get("name") or "")
@@ -707,7 +808,102 @@ class SliceStore(ObjectStore):
         for key, value in capacity.items():
             if not QUANTITY.fullmatch(str((value or {}).get("value") or "")):
                 problems.append(f"{where}.capacity[{key}].value: Invalid value: {value!r}: a quantity")
+        allowed = device.get("allowMultipleAllocations") is True
+        for key, policy in _request_policies(device):
+            path = f"{where}.capacity[{key}].requestPolicy"
+            if not allowed:
+                problems.append(f"{path}: Forbidden: allowMultipleAllocations must be true")
+            elif QUANTITY.fullmatch(str(capacity[key].get("value") or "")):
+                problems += request_policy_problems(path, str(capacity[key]["value"]), policy)
+        return problems + SliceStore._taint_problems(f"{where}.taints", device.get("taints") or [])
+
+    @staticmethod
+    def _taint_problems(where: str, taints: list[Any]) -> list[str]:
+        """v1.34.2's messages for bad device taints."""
+        problems = []
+        if len(taints) > MAX_TAINTS_PER_DEVICE:
+            problems.append(f"{where}: Too many: {len(taints)}: must have at most {MAX_TAINTS_PER_DEVICE} items")
+        for i, taint in enumerate(taints):
+            at = f"{where}[{i}]"
+            taint = taint if isinstance(taint, dict) else {}
+            key, value, effect = str(taint.get("key") or ""), str(taint.get("value") or ""), taint.get("effect")
+            prefix, slash, name = key.rpartition("/")
+            if not NAME_PART.fullmatch(name) or len(name) > 63 or (slash and (
+                    len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix))):
+                problems.append(f"{at}.key: Invalid value: {key!r}: name part must consist of alphanumeric characters, "
+                                "'-', '_' or '.', and must start and end with an alphanumeric character, optionally "
+                                "after a DNS subdomain prefix and '/'")
+            if not LABEL_VALUE.fullmatch(value) or len(value) > 63:
+                problems.append(f"{at}.value: Invalid value: {value!r}: a valid label must be an empty string or "
+                                "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                                "alphanumeric character")
+            if not effect:
+                problems.append(f"{at}.effect: Required value")
+            elif effect not in TAINT_EFFECTS:
+                problems.append(f"{at}.effect: Unsupported value: {json.dumps(effect)}: supported values: "
+                                + ", ".join(json.dumps(e) for e in TAINT_EFFECTS))
         return problems
+
+
+def request_policy_problems(path: str, capacity_text: str, policy: Obj) -> list[str]:
+    """``validateRequestPolicy`` of pkg/apis/resource/validation, with its messages (seen on v1.34.2)."""
+    capacity = quantity_value(capacity_text)
+    values, valid_range, default = policy.get("validValues") or [], policy.get("validRange"), policy.get("default")
+    if values and valid_range is not None:
+        return [f'{path}: Forbidden: exactly one policy can be specified, cannot specify "validValues" and '
+                '"validRange" at the same time']
+    if (values or valid_range is not None) and default is None:
+        return [f"{path}.default: Required value: required when {'validValues' if values else 'validRange'} is "
+                "defined"]
+    problems: list[str] = []
+    if values:
+        parsed = [quantity_value(v) for v in values]
+        if len(values) > MAX_VALID_VALUES:
+            return [f"{path}.validValues: Too many: {len(values)}: must have at most {MAX_VALID_VALUES} items"]
+        problems += [f'{path}.validValues[{i + 1}]: Invalid value: "{values[i + 1]}": values must be sorted in '
+                     "ascending order" for i in range(len(parsed) - 1) if parsed[i] > parsed[i + 1]]
+        seen: set[Fraction] = set()
+        for i, value in enumerate(parsed):
+            if value in seen:
+                problems.append(f'{path}.validValues[{i}]: Duplicate value: "{values[i]}"')
+            seen.add(value)
+            if value > capacity:
+                problems.append(f'{path}.validValues[{i}]: Invalid value: "{values[i]}": option is larger than '
+                                f"capacity value: {capacity_text}")
+        if quantity_value(default) not in parsed:
+            problems.append(f'{path}.validValues: Invalid value: "{default}": default value is not valid according '
+                            "to the requestPolicy")
+    elif valid_range is not None:
+        where = f"{path}.validRange"
+        if valid_range.get("min") is None:
+            return [f"{where}.min: Required value: required when validRange is defined"]
+        low, dflt = quantity_value(valid_range["min"]), quantity_value(default)
+        if low > capacity:
+            problems.append(f'{where}.min: Invalid value: "{valid_range["min"]}": min is larger than capacity value: '
+                            f"{capacity_text}")
+        if dflt < low:
+            problems.append(f'{where}.min: Invalid value: "{default}": default is less than min: {valid_range["min"]}')
+        high = valid_range.get("max")
+        if high is not None:
+            top = quantity_value(high)
+            if low > top:
+                problems.append(f'{where}.max: Invalid value: "{valid_range["min"]}": min is larger than max: {high}')
+            if top > capacity:
+                problems.append(f'{where}.max: Invalid value: "{high}": max is larger than capacity value: '
+                                f"{capacity_text}")
+            if dflt > top:
+                problems.append(f'{where}.max: Invalid value: "{default}": default is more than max: {high}')
+        step = valid_range.get("step")
+        if step is not None:
+            size = quantity_value(step)
+            if low + size > capacity:
+                problems.append(f'{where}.step: Invalid value: "{step}": one step is larger than capacity value: '
+                                f"{capacity_text}")
+            for value, text in ((dflt, default), *(((top, high),) if high is not None else ())):
+                if size and (value - low) % size:
+                    problems.append(f'{where}.step: Invalid value: "{text}": value is not a multiple of a given step '
+                                    f"({step}) from ({valid_range['min']})")
+    return problems
 
 
 class ClaimStore(ObjectStore):
@@ -1118,12 +1314,15 @@ class _Server(ThreadingHTTPServer):
 class FakeApiServer:
     """``with FakeApiServer() as api: api.create_node("gpu-node-1"); api.write_kubeconfig(path)``."""
 
-    def __init__(self, max_watch_s: float = 300.0, user: str = "labeller") -> None:
+    def __init__(self, max_watch_s: float = 300.0, user: str = "labeller", feature_gates: Iterable[str] = ()) -> None:
         self.user = user  # who the 403 answers name: "labeller", "system:serviceaccount:<ns>:<name>", ...
+        # The alpha feature gates turned on, as kube-apiserver's --feature-gates (1.34's defaults: none
+        # of GATED_SLICE_FIELDS); a test may change the set while the server runs.
+        self.feature_gates: set[str] = set(feature_gates)
         self.store = NodeStore()
         self.pods = PodStore(self.store)
         self.config_maps = ObjectStore(self.store, "configmaps", "ConfigMap")
-        self.resource_slices = SliceStore(self.store)
+        self.resource_slices = SliceStore(self.store, self.feature_gates)
         self.resource_claims = ClaimStore(self.store)
         self.namespaced: dict[str, ObjectStore] = {"pods": self.pods, "configmaps": self.config_maps,
                                                    "resourceslices": self.resource_slices,
@@ -1253,20 +1452,25 @@ class FakeApiServer:
         return self.resource_slices.delete("", name)
 
     def create_resource_claim(self, name: str, namespace: str = "default", *,
-                              results: list[Obj] | None = None) -> Obj:
+                              results: list[Obj] | None = None, config: list[Obj] | None = None) -> Obj:
         """A ResourceClaim; with ``results`` (each {"request", "driver", "pool", "device"}), allocated
-        as the scheduler leaves it."""
+        as the scheduler leaves it, with ``config`` (each {"source", "requests", "opaque"}) beside them."""
         claim = self.resource_claims.create(namespace, {"metadata": {"name": name}, "spec": {"devices": {"requests": [
             {"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}, "status": {}})
-        return self.set_claim_allocation(name, results, namespace) if results is not None else claim
+        return self.set_claim_allocation(name, results, namespace, config) if results is not None else claim
 
-    def set_claim_allocation(self, name: str, results: list[Obj] | None, namespace: str = "default") -> Obj:
-        """What the scheduler writes into ``status.allocation`` (None: deallocated)."""
+    def set_claim_allocation(self, name: str, results: list[Obj] | None, namespace: str = "default",
+                             config: list[Obj] | None = None) -> Obj:
+        """What the scheduler writes into ``status.allocation`` (None: deallocated): the results, and
+        the configs of the DeviceClasses and the claim (``config``: each entry's ``source`` says which)."""
         def allocate(claim: Obj) -> None:
             if results is None:
                 claim["status"].pop("allocation", None)
             else:
-                claim["status"]["allocation"] = {"devices": {"results": [dict(r) for r in results]}}
+                devices: Obj = {"results": [dict(r) for r in results]}
+                if config:
+                    devices["config"] = [dict(c) for c in config]
+                claim["status"]["allocation"] = {"devices": devices}
         return self.resource_claims.change(namespace, name, allocate)
 
     def labels(self, name: str) -> dict[str, str]:

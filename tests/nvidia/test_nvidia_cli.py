@@ -27,7 +27,6 @@ def parse(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if line)
 
 
-@pytest.mark.slow
 def test_dgx_h100_end_to_end() -> None:
     result = subprocess.run([*cli(), "labels", "--simulate", "dgx-h100"], capture_output=True, text=True,
                             timeout=PATIENCE_S)
@@ -109,7 +108,6 @@ BAD = section(h100(), h100(), h100(memory_bytes=0))
 BAD_MESSAGE = "nvidia.gpus[2].memory_bytes: must be a positive integer"
 
 
-@pytest.mark.slow
 def test_bad_profile_exits_2_through_the_real_cli(tmp_path: Path) -> None:
     path = write_profile(tmp_path, BAD)
     result = subprocess.run([*cli(), "labels", "--simulate", str(path)], capture_output=True, text=True,
@@ -131,7 +129,6 @@ def test_nvml_missing_profile_labels_presence_only(tmp_path: Path) -> None:
     assert "NVML library not found" in result.output  # the warning log on stderr (mixed in by CliRunner)
 
 
-@pytest.mark.slow
 def test_mig_media_extension_profile_keeps_its_plus_as_a_dot_in_the_product(tmp_path: Path) -> None:
     me = {"profile": "1g.10gb+me", "uuid": "MIG-{gpu}-{i}", "memory_mib": 9856, "engines_jpeg": 1, "engines_ofa": 1}
     profile = yaml.safe_load(write_profile(tmp_path, section(h100(mig_mode="enabled", mig_devices=[me]))).read_text())

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from labeller.config import parse_config
-from labeller.mps.control import Tools
-from labeller.mps.supervisor import Plan, Supervisor, plans
+from labeller.mps.supervisor import Supervisor, Wanted, plans
 from tests.builders import config_map_volume, mps_ready, nvidia, nvidia_gpu, offer_of, promptly, wait_for
 from tests.core.cli import gpu_labeller
 from tests.processes import LoggedProcess
 from vendors import RESOURCE_NAMES
 from vendors.nvidia import mps
 from vendors.nvidia.model import MpsServed
+from vendors.nvidia.mpscontrol import Tools
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes" / "bin"
 TOOLS = Tools(mps_control=str(FAKES / "nvidia-cuda-mps-control"), nvidia_smi=str(FAKES / "nvidia-smi"))
@@ -102,7 +102,7 @@ def test_a_gpu_before_volta_takes_16_clients(root: Path) -> None:
 
 # --- the control daemons -------------------------------------------------------------------------
 
-def supervisor_for(root: Path, config: dict[str, object], tools: Tools = TOOLS) -> tuple[Supervisor, list[Plan]]:
+def supervisor_for(root: Path, config: dict[str, object], tools: Tools = TOOLS) -> tuple[Supervisor, list[Wanted]]:
     inventory = nvidia(nvidia_gpu(0), nvidia_gpu(1))
     wanted = plans(offer_of(inventory, config))
     supervisor = Supervisor(str(root), tools, interval_s=0.2)
@@ -110,7 +110,6 @@ def supervisor_for(root: Path, config: dict[str, object], tools: Tools = TOOLS) 
     return supervisor, wanted
 
 
-@pytest.mark.slow
 def test_a_daemon_is_started_configured_and_declared_ready(root: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_NVIDIA_SMI_LOG", str(tmp_path / "smi.log"))
@@ -131,7 +130,6 @@ def test_a_daemon_is_started_configured_and_declared_ready(root: Path, tmp_path:
     assert not mps.ready_file(str(root)).exists()
 
 
-@pytest.mark.slow
 def test_a_daemon_that_dies_is_taken_out_of_the_readiness_file_and_started_again(root: Path) -> None:
     supervisor, (plan,) = supervisor_for(root, mps_config(root))
     promptly(supervisor.round)
@@ -156,7 +154,6 @@ def test_a_daemon_that_dies_is_taken_out_of_the_readiness_file_and_started_again
     promptly(supervisor.stop)
 
 
-@pytest.mark.slow
 def test_a_daemon_that_lost_its_settings_is_configured_again_without_a_restart(root: Path) -> None:
     supervisor, _ = supervisor_for(root, mps_config(root))
     promptly(supervisor.round)
@@ -170,7 +167,6 @@ def test_a_daemon_that_lost_its_settings_is_configured_again_without_a_restart(r
     promptly(supervisor.stop)
 
 
-@pytest.mark.slow
 def test_a_compute_mode_that_cannot_be_set_is_not_ready(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_NVIDIA_SMI_FAIL", "1")
     supervisor, _ = supervisor_for(root, mps_config(root))
@@ -186,7 +182,6 @@ def test_a_compute_mode_that_cannot_be_set_is_not_ready(root: Path, monkeypatch:
     assert daemon.problem is not None and daemon.problem.startswith("/nonexistent/nvidia-cuda-mps-control: not found")
 
 
-@pytest.mark.slow
 def test_a_subset_gets_its_own_daemon_under_its_own_name(root: Path) -> None:
     supervisor, (plan,) = supervisor_for(root, mps_config(root, devices=[1], rename="gpu-mps"))
     assert plan.resource == "nvidia.com/gpu-mps" and plan.uuids == ("GPU-1",)
@@ -196,7 +191,6 @@ def test_a_subset_gets_its_own_daemon_under_its_own_name(root: Path) -> None:
     promptly(supervisor.stop)
 
 
-@pytest.mark.slow
 def test_the_command_runs_daemons_until_sigterm(root: Path, tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({"version": "v1", **mps_config(root)}))
@@ -214,7 +208,6 @@ def test_the_command_runs_daemons_until_sigterm(root: Path, tmp_path: Path) -> N
     assert "nvidia.com/mps.capable=false" in labels.stdout
 
 
-@pytest.mark.slow
 def test_the_command_follows_the_named_config_and_its_edits(root: Path, tmp_path: Path) -> None:
     # A ConfigMap whose config turns MPS on, then off again: the daemons start and stop with it,
     # with no restart, as the plugin and the labeller follow the same directory.

@@ -176,7 +176,6 @@ def test_driver_files_on_the_host_root_are_mounted(tmp_path: Path) -> None:
         [{"path": "/dev/nvidia1", "permissions": "rwm", "hostPath": "/run/nvidia/driver/dev/nvidia1"}]]
 
 
-@pytest.mark.slow
 def test_stale_specs_of_ours_are_removed_and_nobody_elses(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     spec_dir, profile, config_file = tmp_path / "cdi", tmp_path / "node.yaml", tmp_path / "config.yaml"
     spec_dir.mkdir()

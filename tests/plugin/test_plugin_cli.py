@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from labeller.cli import main
 from labeller.plugin.cli import device_plugin
 from tests.builders import PATIENCE_S
+from tests.core.cli import in_process
 from tests.fakes.kubelet import FakeKubelet
 from tests.processes import LoggedProcess
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
@@ -39,11 +40,9 @@ def test_bad_profile_is_bad_input(sock_dir: Path) -> None:
     assert result.exit_code == 2 and "no such profile" in result.output
 
 
-@pytest.mark.slow
 def test_memory_sharing_without_a_node_name_is_one_line_and_exit_2(sock_dir: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "labeller.cli", "device-plugin", "--simulate", "t4-x4-gpushare",
-                             "--socket-dir", str(sock_dir), "--metrics-port", "0"], capture_output=True, text=True,
-                            timeout=PATIENCE_S, env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
+    result = in_process("device-plugin", "--simulate", "t4-x4-gpushare", "--socket-dir", str(sock_dir),
+                        "--metrics-port", "0", env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "Error: sharing.memory: the plugin reads the pods bound to this Node to serve aliyun.com/gpu-mem; "
@@ -70,7 +69,6 @@ class PluginProcess(LoggedProcess):
             return exc.code
 
 
-@pytest.mark.slow
 def test_serves_registers_reloads_on_sighup_and_stops_on_sigterm(sock_dir: Path, kubelet: FakeKubelet,
                                                                  tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
@@ -103,7 +101,6 @@ def test_serves_registers_reloads_on_sighup_and_stops_on_sigterm(sock_dir: Path,
     assert sorted(p.name for p in sock_dir.iterdir()) == ["kubelet.sock"]
 
 
-@pytest.mark.slow
 def test_sighup_with_more_replicas_updates_the_stream_without_registering_again(
         sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
@@ -119,7 +116,6 @@ def test_sighup_with_more_replicas_updates_the_stream_without_registering_again(
         assert plugin.status("/readyz") == 200
 
 
-@pytest.mark.slow
 def test_a_late_driver_is_found_without_a_sighup(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(2, nvml_error="library_not_found"))
@@ -134,7 +130,6 @@ def test_a_late_driver_is_found_without_a_sighup(sock_dir: Path, kubelet: FakeKu
         assert plugin.count("signal received") == 0
 
 
-@pytest.mark.slow
 def test_fail_on_init_error_exits_with_1(sock_dir: Path, tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(2, nvml_error="library_not_found", config=time_slicing(2, fail_on_init_error=True)))
@@ -144,7 +139,6 @@ def test_fail_on_init_error_exits_with_1(sock_dir: Path, tmp_path: Path) -> None
         assert "Traceback" not in "".join(plugin.stderr)
 
 
-@pytest.mark.slow
 def test_a_missing_kubelet_socket_is_logged_with_its_path(sock_dir: Path) -> None:
     with PluginProcess("--simulate", "dgx-h100", "--socket-dir", str(sock_dir)) as plugin:
         missing = plugin.event("kubelet socket not found; waiting for the kubelet to create it")
@@ -155,7 +149,6 @@ def test_a_missing_kubelet_socket_is_logged_with_its_path(sock_dir: Path) -> Non
         assert plugin.status("/readyz") == 503
 
 
-@pytest.mark.slow
 def test_a_metrics_port_in_use_is_one_line_and_exit_code_2(sock_dir: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

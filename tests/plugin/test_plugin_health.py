@@ -11,6 +11,7 @@ import pytest
 from labeller.process.health import HealthBoard, HealthMonitor, checks_enabled
 from tests.builders import nvidia_part, offer_of, stays_true, wait_for
 from tests.plugin.conftest import simulated
+from labeller.vendor.plugin import Fault
 from vendors.nvidia.health import APPLICATION_XIDS, HealthPolicy, NvmlChecker
 
 
@@ -106,13 +107,15 @@ def test_mig_event_marks_only_its_instance(mig_checker: tuple[NvmlChecker, Healt
     assert board.unhealthy_keys() == {m.uuid for m in mig_gpu.migs}
 
 
-def test_a_lost_gpu_is_seen_by_its_xid_79(mig_checker: tuple[NvmlChecker, HealthBoard, Any, list[str]]) -> None:
+def test_a_lost_gpu_is_seen_by_nvmls_unavailable_event(
+        mig_checker: tuple[NvmlChecker, HealthBoard, Any, list[str]]) -> None:
     checker, board, nvml, gpus = mig_checker
     reasons: list[str] = []
     board.listeners.append(lambda key, healthy, reason: reasons.append(reason))
-    nvml.set_lost(gpus[0], True)  # the driver reports XID 79, "GPU has fallen off the bus"
+    nvml.set_lost(gpus[0], True)  # the GPU falls off the bus: the driver says so through NVML's events
     checker.wait_for_event(100)
-    assert board.unhealthy_keys() == {gpus[0]} and reasons == ["XID 79"]
+    assert board.unhealthy_keys() == {gpus[0]} and reasons == ["GPU unavailable (NVML event)"]
+    assert Fault.kind_of(reasons[0]) == (Fault.LOST, None)
 
 
 def test_while_every_gpu_is_healthy_only_the_events_are_watched(

@@ -130,7 +130,6 @@ def _wait_health(kubelet: FakeKubelet, resource: str, healthy: int) -> float:
     return time.monotonic() - started
 
 
-@pytest.mark.slow
 def test_xid_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "dgx-h100", recovery_seconds=0.5) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
@@ -149,7 +148,6 @@ def test_xid_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
         assert up - down > 0.3
 
 
-@pytest.mark.slow
 def test_lost_gpu_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "t4-time-slicing", recovery_seconds=0.3) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 4)
@@ -173,7 +171,6 @@ def test_amd_kfd_node_disappears_and_returns(sock_dir: Path, kubelet: FakeKubele
         _wait_health(kubelet, AMD, 8)
 
 
-@pytest.mark.slow
 def test_health_checks_disabled(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "dgx-h100", health_env={"DP_DISABLE_HEALTHCHECKS": "all"}) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
@@ -194,7 +191,6 @@ def test_kubelet_restart_re_registers(sock_dir: Path, kubelet: FakeKubelet) -> N
         assert (sock_dir / "nvidia-mig-1g.5gb.sock").exists()
 
 
-@pytest.mark.slow
 def test_a_kubelet_restarting_again_mid_registration(sock_dir: Path, kubelet: FakeKubelet) -> None:
     # A crash-looping kubelet empties the directory while the plugin is still re-creating sockets
     # and registering; supervision must survive every interleaving and end up fully registered.
@@ -249,7 +245,6 @@ def test_emulator_rejects_a_bare_resource_name(sock_dir: Path, kubelet: FakeKube
     shutil.rmtree(sock_dir / "x.sock", ignore_errors=True)
 
 
-@pytest.mark.slow
 def test_a_missing_kubelet_socket_is_logged_after_a_second_then_periodically(sock_dir: Path) -> None:
     manager = PluginManager(sock_dir / "kubelet.sock", PluginMetrics(), missing_log_seconds=0.2)
     with structlog.testing.capture_logs() as logs:

@@ -218,7 +218,6 @@ def test_a_pod_larger_than_its_gpu_fails_with_both_sizes(sock_dir: Path, tmp_pat
             node.admit(10)
 
 
-@pytest.mark.slow
 def test_the_device_plugin_process_serves_memory_sharing_with_its_node_and_kubeconfig(
         sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     with FakeApiServer() as api:
@@ -238,7 +237,6 @@ def test_the_device_plugin_process_serves_memory_sharing_with_its_node_and_kubec
             assert plugin.stop() == 0
 
 
-@pytest.mark.slow
 def test_a_node_labelled_into_a_memory_sharing_pool_switches_without_a_restart(
         sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     """Per-node named configs: memory sharing is one more config block, followed like any other."""

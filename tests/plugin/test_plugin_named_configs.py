@@ -22,7 +22,6 @@ from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.profile_files import time_slicing
 from tests.plugin.test_plugin_cli import PluginProcess
 
-pytestmark = pytest.mark.slow  # the device plugin as a process
 
 NODE = "gpu-node-1"
 GPU, SHARED = "nvidia.com/gpu", "nvidia.com/gpu.shared"

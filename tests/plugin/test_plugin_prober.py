@@ -91,7 +91,6 @@ def test_waits_for_the_kfd_topology_then_serves(sock_dir: Path, kubelet: FakeKub
             assert not run.sighup_pending and any(e["event"] == "driver ready; serving" for e in logs)
 
 
-@pytest.mark.slow
 def test_a_probe_that_fails_as_a_whole_serves_nothing_then_changes_nothing(
         sock_dir: Path, kubelet: FakeKubelet) -> None:
     with open_host(NodeOptions(simulate="dgx-h100")) as opened:
@@ -108,7 +107,6 @@ def test_a_probe_that_fails_as_a_whole_serves_nothing_then_changes_nothing(
             assert kubelet.seen(GPU, since) == [] and kubelet.registration_count(GPU) == 1
 
 
-@pytest.mark.slow
 def test_a_vendor_that_stops_answering_keeps_its_devices(sock_dir: Path, kubelet: FakeKubelet,
                                                          tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"

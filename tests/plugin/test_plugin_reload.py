@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import structlog.testing
 
 from labeller.host import NodeOptions, open_host
@@ -52,7 +51,6 @@ def test_more_replicas_under_the_same_name_reach_the_open_stream(sock_dir: Path,
         assert ids[0].endswith(("::0", "::1", "::2", "::3"))
 
 
-@pytest.mark.slow
 def test_a_gpu_appearing_joins_the_open_stream(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     profile = tmp_path / "node.yaml"
     write_yaml(profile, l40s_node(1))
@@ -93,7 +91,6 @@ def test_an_unhealthy_gpu_stays_unhealthy_across_a_reload(sock_dir: Path, kubele
         assert kubelet.allocatable(GPU) == 4
 
 
-@pytest.mark.slow
 def test_a_config_that_fails_to_load_keeps_the_served_devices(sock_dir: Path, kubelet: FakeKubelet,
                                                               tmp_path: Path) -> None:
     with two_gpus_two_replicas(sock_dir, kubelet, tmp_path) as (run, profile, config):

@@ -8,8 +8,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.builders import AT_ONCE_S
 from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.profile_files import time_slicing, write_yaml
@@ -18,7 +16,6 @@ from tests.plugin.test_plugin_cli import PluginProcess
 SHARED = "nvidia.com/gpu"
 
 
-@pytest.mark.slow
 def test_sighup_with_a_million_replicas_is_refused_at_once_and_the_plugin_stays_ready(
         sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"

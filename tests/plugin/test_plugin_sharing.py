@@ -46,7 +46,6 @@ def declare_ready(root: Path, config: dict[str, object], profile: Path, heartbea
     mps.ready_file(str(root)).write_text(mps.ready_document(served, heartbeat, 30))
 
 
-@pytest.mark.slow
 def test_mps_replicas_are_served_while_the_control_daemon_is_ready(sock_dir: Path, kubelet: FakeKubelet,
                                                                    tmp_path: Path, mps_root: Path) -> None:
     profile, config_file = tmp_path / "node.yaml", tmp_path / "config.yaml"
@@ -76,7 +75,6 @@ def test_mps_replicas_are_served_while_the_control_daemon_is_ready(sock_dir: Pat
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 0)
 
 
-@pytest.mark.slow
 def test_a_subset_shared_by_mps_leaves_the_other_gpus_whole(sock_dir: Path, kubelet: FakeKubelet, tmp_path: Path,
                                                             mps_root: Path) -> None:
     profile, config_file = tmp_path / "node.yaml", tmp_path / "config.yaml"

@@ -52,7 +52,6 @@ def _refused(*args: str) -> str:
     return lines[0]
 
 
-@pytest.mark.slow
 def test_a_socket_dir_whose_parent_is_missing_is_one_line_and_exit_2(tmp_path: Path) -> None:
     socket_dir = tmp_path / "missing" / "device-plugins"
     line = _refused("device-plugin", "--simulate", "dgx-h100", "--socket-dir", str(socket_dir))
@@ -60,7 +59,6 @@ def test_a_socket_dir_whose_parent_is_missing_is_one_line_and_exit_2(tmp_path: P
     assert not (tmp_path / "missing").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--plugins-dir", "--registry-dir"])
 def test_a_dra_plugin_dir_whose_parent_is_missing_is_one_line_and_exit_2(tmp_path: Path, flag: str) -> None:
     directory = tmp_path / "missing" / "plugins"

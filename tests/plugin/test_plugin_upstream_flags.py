@@ -10,8 +10,6 @@ from tests.builders import PATIENCE_S
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml
 from tests.plugin.test_plugin_cli import PluginProcess
 
-pytestmark = pytest.mark.slow  # each test runs the plugin as a process
-
 
 def driverless_node(tmp_path: Path) -> tuple[Path, Path]:
     """A profile whose NVML is missing, and a config file that says failOnInitError: false."""

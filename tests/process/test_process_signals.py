@@ -8,12 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.builders import wait_for
 from tests.core.cli import COMMAND
-
-pytestmark = pytest.mark.slow
 
 
 def test_a_burst_of_sighups_then_sigterm_stops_the_daemon_promptly(tmp_path: Path) -> None:

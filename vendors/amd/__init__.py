@@ -14,9 +14,10 @@ from labeller.inventory import BackendReport, PciGpu
 from labeller.vendor import Vendor
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
-from labeller.vendor.dra import Dra
+from labeller.vendor.dra import ConfigApi, Dra
 from labeller.vendor.plugin import PluginParts
-from vendors.amd import devices, dra, labels, probe
+from vendors.amd import devices, dra, labels, probe, settings
+from vendors.amd.settings import any_labels
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID
 from vendors.amd.model import AmdInventory
 
@@ -42,6 +43,13 @@ def simulator() -> Simulator:
     return simulate
 
 
+
+def dra_configs() -> ConfigApi:
+    """Its opaque DRA config API: the DRA plugin's alone, so imported here, on its first call."""
+    from vendors.amd import draconfig
+
+    return draconfig.API
+
 VENDOR = Vendor(
     name="amd",
     discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=_probe, simulator=simulator,
@@ -49,7 +57,7 @@ VENDOR = Vendor(
     labelling=Labelling(
         presence_label="amd.com/gpu.present",  # ours: AMD's labeller has no presence label to select on
         presence_upstream="none: gpu-labeller's own key (AMD's labeller has no presence label)",
-        enabled=lambda config: config.labels.amd or config.labels.amd_beta,
+        enabled=any_labels,
         labelers=labels.LABELERS,
         key_docs=labels.KEY_DOCS,
     ),
@@ -63,5 +71,6 @@ VENDOR = Vendor(
     ),
     mps=None,
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
-            served_label="amd.com/gpu.dra"),
+            served_label="amd.com/gpu.dra", configs=dra_configs, taint_keys=dra.TAINT_KEYS),
+    settings=settings.SETTINGS,
 )

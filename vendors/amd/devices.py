@@ -24,6 +24,7 @@ from labeller.inventory import Inventory
 from labeller.offer import DeviceGroup, PhysicalDevice
 from vendors.amd.facts import LINK_XGMI, pci_address
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
+from vendors.amd.settings import AmdSettings
 
 GPU = "amd.com/gpu"
 VENDOR = "amd"
@@ -74,7 +75,7 @@ def groups(inventory: Inventory, config: Config) -> list[DeviceGroup]:
     if part is None:
         return []
     found = devices(part.gpus)
-    if config.amd_resource_naming == "mixed":
+    if config.section(AmdSettings).resource_naming == "mixed":
         by_name: dict[str, list[PhysicalDevice]] = {}
         for device in found:
             kind = partition_type(device.amd_gpu)

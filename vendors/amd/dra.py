@@ -22,12 +22,17 @@ from labeller.inventory import Inventory
 from labeller.offer import Offer
 from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, pcie_root, semver
 from labeller.vendor.dra import AttributeDoc
+from labeller.vendor.plugin import Fault
 from vendors.amd import devices as kfd
 from vendors.amd.devices import AmdDevice
 from vendors.amd.model import AmdGpu, AmdInventory
 
 DRIVER = "gpu.amd.com"
 UPSTREAM = "AMD k8s-gpu-dra-driver (gpu.amd.com)"
+# AMD's driver publishes no taints. A compute node (a GPU, or one partition of it) whose KFD topology node is gone
+# is tainted in the driver's domain, named as NVIDIA names a lost GPU (<what>-lost, kebab-case as taint keys are):
+# the KFD node is what went, and "gpu-lost" would be wrong for one partition of a GPU whose others still answer.
+TAINT_KEYS = {Fault.LOST: f"{DRIVER}/kfd-node-lost"}
 _TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from labeller.offer import PhysicalDevice
-from labeller.vendor.plugin import HealthReporter
+from labeller.vendor.plugin import Fault, HealthReporter
 from vendors.amd.devices import AmdDevice
 from vendors.amd.facts import KFD_TOPOLOGY_DIRS
 from vendors.amd.probe import topology_generation
@@ -67,7 +67,7 @@ class KfdChecker:
         if len(there) < len(self._nodes):
             for key, node in self._nodes.items():
                 if node not in present:
-                    self._board.mark_unhealthy([key], f"KFD node {node} disappeared")
+                    self._board.mark_unhealthy([key], Fault(f"KFD node {node} disappeared", Fault.LOST))
         if there and not all(self._board.healthy(key) for key in there):
             self._board.answering(there)
 

@@ -23,6 +23,7 @@ from labeller.labels import KeyDoc, Labeler, Labels, derived, is_valid_value, sa
 from labeller.offer import Offer
 from vendors.amd.devices import VENDOR, AmdDevice, devices
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
+from vendors.amd.settings import AmdSettings
 
 BETA = "beta.amd.com/gpu."
 NEW = "amd.com/gpu."
@@ -59,12 +60,12 @@ def count_labels(kind: str, values: Iterable[str], config: Config, source: str =
     def counted(value: str, count: int) -> str:
         return derived(str(count), "sysfs", source, f"{made}{count} of {total} {unit}(s) have {kind} {value}")
 
-    if config.labels.amd_beta:
+    if config.section(AmdSettings).beta_labels:
         for value, count in counts.items():
             labels[f"{BETA}{kind}.{value}"] = counted(value, count)
         if single is not None:
             labels[f"{BETA}{kind}"] = plain(single)
-    if config.labels.amd:
+    if config.section(AmdSettings).labels:
         if single is not None:
             labels[f"{NEW}{kind}"] = plain(single)
         else:
@@ -145,7 +146,7 @@ def _driver_label(kind: str, value_of: Callable[[AmdInventory], str], source: st
 
     def labeler(inventory: Inventory, config: Config, offer: Offer) -> Labels:
         part = inventory.part(AmdInventory)
-        if not config.labels.amd or part is None or not part.gpus:
+        if not config.section(AmdSettings).labels or part is None or not part.gpus:
             return {}
         value = value_of(part)
         rule = "as read" if is_valid_value(value) else "bad characters to '-', trimmed to 63 characters"
@@ -165,7 +166,7 @@ driver_src_version_labels = _driver_label("driver-src-version", lambda amd: amd.
 
 def firmware_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """``beta.amd.com/gpu.firmware.<BLOCK>.{feat,fw}.<decimal>=<count>``; opt-in via ``labels.firmware``."""
-    if not config.labels.firmware:
+    if not config.section(AmdSettings).firmware_labels:
         return {}
     counts: Counter[str] = Counter()
     gpus = _gpus(inventory)
@@ -183,7 +184,7 @@ def compute_memory_partition_labels(inventory: Inventory, config: Config, offer:
     """``<compute>_<memory>`` only when every GPU that reports both agrees (AMD emits nothing otherwise)."""
     modes = {f"{g.compute_partition}_{g.memory_partition}" for g in _gpus(inventory)
              if g.compute_partition and g.memory_partition}
-    if not config.labels.amd or len(modes) != 1:
+    if not config.section(AmdSettings).labels or len(modes) != 1:
         return {}
     source = "/sys/module/amdgpu/drivers/pci:amdgpu/<bdf>/current_compute_partition and current_memory_partition"
     return {f"{NEW}compute-memory-partition": derived(modes.pop(), "sysfs", source,
@@ -193,7 +194,7 @@ def compute_memory_partition_labels(inventory: Inventory, config: Config, offer:
 def partitioning_supported_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """From the first GPU in PCI address order, as AMD's sorted ``pci:amdgpu`` glob gives it."""
     gpus = sorted(_gpus(inventory), key=lambda g: g.bdf)
-    if not config.labels.amd or not gpus:
+    if not config.section(AmdSettings).labels or not gpus:
         return {}
     where = f"/sys/module/amdgpu/drivers/pci:amdgpu/{gpus[0].bdf}"
     rule = "true when the file exists on the first GPU in PCI address order"
@@ -235,29 +236,47 @@ def _vram_missing(inventory: Inventory) -> str:
             "`gpu-labeller probe` shows vram_bytes: null)")
 
 
+_KIND_MEANINGS = {
+    "vram": "the memory of one GPU (partition), whole GiB as `<n>G`",
+    "simd-count": "the SIMD units of one GPU (partition)",
+    "cu-count": "the compute units of one GPU (partition)",
+    "device-id": "the PCI device id, lower-case hex",
+    "family": "libdrm's family code (`AI`, `NV`, ...)",
+    "product-name": "the product name (the board's FRU, else amdgpu.ids), with AMD's replacements",
+}
+
+
 def _counted_docs(kind: str) -> tuple[KeyDoc, ...]:
     one = "all GPUs (KFD nodes for vram, simd-count, cu-count) agree on one value"
     several = "the GPUs (KFD nodes for vram, simd-count, cu-count) have several values: one key per value"
     each = "the GPUs (KFD nodes for vram, simd-count, cu-count) have the value: one key per value, counting them"
     missing = _vram_missing if kind == "vram" else None
+    value = _KIND_MEANINGS[kind]
+    count = f"how many GPUs (partitions for vram, simd-count, cu-count) have that {kind}"
     return (
-        KeyDoc(f"{NEW}{kind}", _AMD, one, "amd", missing=missing),
-        KeyDoc(f"{NEW}{kind}.<value>", _AMD, several, "amd", missing=missing),
-        KeyDoc(f"{BETA}{kind}", _AMD, one, "amdBeta", missing=missing),
-        KeyDoc(f"{BETA}{kind}.<value>", _AMD, each, "amdBeta", missing=missing),
+        KeyDoc(f"{NEW}{kind}", _AMD, one, "amd", missing=missing, meaning=value),
+        KeyDoc(f"{NEW}{kind}.<value>", _AMD, several, "amd", missing=missing, meaning=count),
+        KeyDoc(f"{BETA}{kind}", _AMD, one, "amdBeta", missing=missing, meaning=value),
+        KeyDoc(f"{BETA}{kind}.<value>", _AMD, each, "amdBeta", missing=missing, meaning=count),
     )
 
 
+_SUPPORTED = "`true` when the driver offers {} partitioning (the first GPU in PCI order)"
 KEY_DOCS: tuple[KeyDoc, ...] = (
     *(doc for kind in _COUNTED for doc in _counted_docs(kind)),
-    KeyDoc(f"{NEW}driver-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
-    KeyDoc(f"{NEW}driver-src-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd"),
+    KeyDoc(f"{NEW}driver-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd",
+           meaning="the amdgpu module's version (empty with the kernel's own amdgpu)"),
+    KeyDoc(f"{NEW}driver-src-version", _AMD, "an AMD GPU is described (empty with in-tree amdgpu)", "amd",
+           meaning="the amdgpu module's source version (empty with the kernel's own amdgpu)"),
     KeyDoc(f"{NEW}compute-memory-partition", _AMD,
-           "every GPU reports compute and memory partition modes, and they agree", "amd"),
-    KeyDoc(f"{NEW}compute-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
-    KeyDoc(f"{NEW}memory-partitioning-supported", _AMD, "an AMD GPU is described", "amd"),
+           "every GPU reports compute and memory partition modes, and they agree", "amd",
+           meaning="the partition modes, `<compute>_<memory>` (`cpx_nps4`)"),
+    KeyDoc(f"{NEW}compute-partitioning-supported", _AMD, "an AMD GPU is described", "amd",
+           meaning=_SUPPORTED.format("compute")),
+    KeyDoc(f"{NEW}memory-partitioning-supported", _AMD, "an AMD GPU is described", "amd",
+           meaning=_SUPPORTED.format("memory")),
     KeyDoc(f"{BETA}firmware.<block>.feat.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",
-           "firmware"),
+           "firmware", meaning="how many GPUs run that feature version of the firmware block (decimal)"),
     KeyDoc(f"{BETA}firmware.<block>.fw.<version>", _AMD, "labeller.labels.firmware is on and debugfs is readable",
-           "firmware"),
+           "firmware", meaning="how many GPUs run that version of the firmware block (decimal)"),
 )

@@ -36,6 +36,7 @@ from vendors.amd.facts import (
 )
 from vendors.amd.ids import family_of, marketing_name
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
+from vendors.amd.settings import AmdSettings
 from vendors.plausible import (
     MAX_CUS,
     MAX_DEVICE_ID,
@@ -500,7 +501,7 @@ def probe(
 ) -> tuple[AmdInventory | None, BackendReport]:
     """AMD GPUs under ``host_root``; with firmware labels on (``config``), each GPU's firmware
     versions from debugfs too. ``enricher`` may fill gaps (None: nothing may). Never raises."""
-    firmware = config is not None and config.labels.firmware
+    firmware = config is not None and config.section(AmdSettings).firmware_labels
     try:
         return _probe(host_root, pci_gpus, enricher, firmware)
     except Untrusted as exc:

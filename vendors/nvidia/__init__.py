@@ -9,10 +9,11 @@ import re
 from labeller.vendor import Vendor
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
-from labeller.vendor.dra import Dra
+from labeller.vendor.dra import ConfigApi, Dra
 from labeller.vendor.mps import Mps
 from labeller.vendor.plugin import PluginParts
-from vendors.nvidia import devices, dra, labels, mps, nvml
+from vendors.nvidia import devices, dra, labels, mps, nvml, settings
+from vendors.nvidia.settings import NvidiaSettings
 from vendors.nvidia.facts import PCI_CLASSES, PCI_VENDOR_ID
 
 
@@ -31,13 +32,20 @@ def simulator() -> Simulator:
     return simulate
 
 
+
+def dra_configs() -> ConfigApi:
+    """Its opaque DRA config API: the DRA plugin's alone, so imported here, on its first call."""
+    from vendors.nvidia import draconfig
+
+    return draconfig.API
+
 VENDOR = Vendor(
     name="nvidia",
     discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=nvml.probe, simulator=simulator),
     labelling=Labelling(
         presence_label="nvidia.com/gpu.present",
         presence_upstream="the NVIDIA GPU Operator (from NFD's feature.node.kubernetes.io/pci-10de.present)",
-        enabled=lambda config: config.labels.nvidia,
+        enabled=lambda config: config.section(NvidiaSettings).labels,
         labelers=labels.LABELERS,
         key_docs=labels.KEY_DOCS,
     ),
@@ -56,5 +64,6 @@ VENDOR = Vendor(
         offer_inputs=mps.offer_inputs,
     ),
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
-            served_label="nvidia.com/gpu.dra"),
+            served_label="nvidia.com/gpu.dra", configs=dra_configs, taint_keys=dra.TAINT_KEYS),
+    settings=settings.SETTINGS,
 )

@@ -25,6 +25,7 @@ from labeller.offer import PhysicalDevice, Resource
 from labeller.vendor.plugin import Allocate, ContainerEdits, DeviceNode, Mount, name_cdi_devices
 from vendors.nvidia import mps
 from vendors.nvidia.devices import NvidiaDevice
+from vendors.nvidia.settings import NvidiaSettings
 from vendors.sysfs import Untrusted, read_text
 
 VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
@@ -88,9 +89,9 @@ class HostNodes:
 
 def allocator(config: Config, host_root: Path, resource: Resource) -> Allocate:
     """Allocate for one resource; reads the host's MIG capability minors and optional nodes once."""
-    flags = config.plugin
+    flags, settings = config.plugin, config.section(NvidiaSettings)
     nodes = HostNodes(host_root)
-    root = flags.nvidia_dev_root.rstrip("/")
+    root = settings.dev_root.rstrip("/")
     shared_by_mps = mps_edits(config, resource) if resource.strategy == "mps" else None
 
     def device_nodes(devices: Sequence[NvidiaDevice]) -> list[DeviceNode]:
@@ -109,7 +110,7 @@ def allocator(config: Config, host_root: Path, resource: Resource) -> Allocate:
             edits.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
         name_cdi_devices(edits, [f"{CDI_KIND}={i}" for i in ids], strategies, flags.cdi_annotation_prefix,
                          "nvidia-device-plugin")
-        if flags.pass_device_specs and {"envvar", "volume-mounts"} & set(strategies):
+        if settings.pass_device_specs and {"envvar", "volume-mounts"} & set(strategies):
             edits.devices.extend(device_nodes(devices))
         if shared_by_mps is not None:
             edits.envs.update(shared_by_mps.envs)

@@ -23,6 +23,7 @@ from labeller.config import Config
 from labeller.offer import PhysicalDevice
 from vendors.nvidia.allocate import CDI_KIND, HostNodes
 from vendors.nvidia.devices import NvidiaDevice
+from vendors.nvidia.settings import NvidiaSettings
 
 CDI_VERSION = "0.5.0"  # device nodes with hostPath, names starting with a digit: read by containerd 1.7 and CRI-O 1.28
 LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib")
@@ -79,23 +80,23 @@ def spec(devices: Sequence[PhysicalDevice], config: Config, host_root: Path) -> 
     gpus = [d for d in devices if isinstance(d, NvidiaDevice)]
     if not gpus:
         return None
-    flags = config.plugin
+    settings = config.section(NvidiaSettings)
     nodes = HostNodes(host_root)
-    mounts, directories = driver_files(host_root, flags.nvidia_driver_root)
+    mounts, directories = driver_files(host_root, settings.driver_root)
     common: dict[str, Any] = {
         "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-        "deviceNodes": [_node(p, flags.nvidia_dev_root) for p in nodes.control],
+        "deviceNodes": [_node(p, settings.dev_root) for p in nodes.control],
     }
     if mounts:
         common["mounts"] = [{"hostPath": h, "containerPath": c, "options": MOUNT_OPTIONS} for h, c in mounts]
-    if directories and (host_root / flags.nvidia_ctk_path.lstrip("/")).is_file():
-        args = [flags.nvidia_ctk_path, "hook", "update-ldcache", *(a for d in directories for a in ("--folder", d))]
-        common["hooks"] = [{"hookName": "createContainer", "path": flags.nvidia_ctk_path, "args": args}]
+    if directories and (host_root / settings.ctk_path.lstrip("/")).is_file():
+        args = [settings.ctk_path, "hook", "update-ldcache", *(a for d in directories for a in ("--folder", d))]
+        common["hooks"] = [{"hookName": "createContainer", "path": settings.ctk_path, "args": args}]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": [{"name": d.visible_id,
-                     "containerEdits": {"deviceNodes": [_node(p, flags.nvidia_dev_root) for p in nodes.of(d)]}}
+                     "containerEdits": {"deviceNodes": [_node(p, settings.dev_root) for p in nodes.of(d)]}}
                     for d in gpus],
         "containerEdits": common,
     }

@@ -20,6 +20,7 @@ from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.offer import DeviceGroup, PhysicalDevice
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
+from vendors.nvidia.settings import NvidiaSettings
 
 log = structlog.get_logger(__name__)
 
@@ -42,10 +43,14 @@ class NvidiaDevice(PhysicalDevice):
         return self.mig.gpu_instance_id, self.mig.compute_instance_id
 
 
+def _by_uuid(config: Config) -> bool:
+    return config.section(NvidiaSettings).device_id_strategy == "uuid"
+
+
 def whole(gpu: NvidiaGpu, config: Config) -> NvidiaDevice:
     return NvidiaDevice(
         vendor=VENDOR, health_key=gpu.uuid,
-        visible_id=gpu.uuid if config.plugin.device_id_strategy == "uuid" else str(gpu.index),
+        visible_id=gpu.uuid if _by_uuid(config) else str(gpu.index),
         gpu=gpu.pci_bus_id, numa_node=gpu.numa_node, fabric_peers=gpu.nvlink_peers, nvml_gpu=gpu,
         names=(gpu.uuid, str(gpu.index)), memory_bytes=gpu.memory_bytes, split=gpu.mig_enabled,
     )
@@ -54,7 +59,7 @@ def whole(gpu: NvidiaGpu, config: Config) -> NvidiaDevice:
 def partition(gpu: NvidiaGpu, mig: MigDevice, config: Config) -> NvidiaDevice:
     return NvidiaDevice(
         vendor=VENDOR, health_key=mig.uuid,
-        visible_id=mig.uuid if config.plugin.device_id_strategy == "uuid" else f"{gpu.index}:{mig.index}",
+        visible_id=mig.uuid if _by_uuid(config) else f"{gpu.index}:{mig.index}",
         gpu=gpu.pci_bus_id, numa_node=gpu.numa_node, partition=mig.profile, nvml_gpu=gpu, mig=mig,
         names=(mig.uuid, f"{gpu.index}:{mig.index}"),
     )

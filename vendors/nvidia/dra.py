@@ -32,12 +32,16 @@ from labeller.inventory import Inventory
 from labeller.offer import Offer
 from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, Version, pcie_root, semver
 from labeller.vendor.dra import AttributeDoc
+from labeller.vendor.plugin import Fault
 from vendors.nvidia.devices import partition, whole
 from vendors.nvidia.facts import MIB
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 
 DRIVER = "gpu.nvidia.com"
 UPSTREAM = "NVIDIA k8s-dra-driver-gpu (gpu.nvidia.com)"
+# NVIDIA's driver's health taint keys (cmd/gpu-kubelet-plugin/device_health.go: TaintKeyXID, TaintKeyGPULost,
+# TaintKeyUnmonitored), by the kind of fault our checks report.
+TAINT_KEYS = {Fault.XID: f"{DRIVER}/xid", Fault.LOST: f"{DRIVER}/gpu-lost", Fault.UNMONITORED: f"{DRIVER}/unmonitored"}
 
 # compute capability -> the architecture NVML reports (as go-nvlib writes nvmlDeviceGetArchitecture);
 # a major not listed leaves the attribute out.

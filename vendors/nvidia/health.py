@@ -1,8 +1,9 @@
 """NVIDIA device health, as NVIDIA's plugin checks it: XID critical-error events through NVML's
-event API (a GPU that falls off the bus is XID 79), plus a poll, while a device is Unhealthy, that
-sees it answer again (or marks a GPU that stops answering NVML, lost, Unhealthy; without events,
-the poll is the only check and runs always). NVML's MIG configuration change events (GPU or
-compute instances created or destroyed) are passed on as a hardware change: the plugin probes.
+event API, and NVML's GPU-unavailable event (a GPU that fell off the bus: lost; a driver without
+that event reports XID 79), plus a poll, while a device is Unhealthy, that sees it answer again (or
+marks a GPU that stops answering NVML, lost, Unhealthy; without events, the poll is the only check
+and runs always). NVML's MIG configuration change events (GPU or compute instances created or
+destroyed) are passed on as a hardware change: the plugin probes.
 
 Application XIDs (13, 31, 43, 45, 68, 109) are ignored; ``DP_DISABLE_HEALTHCHECKS`` and
 ``DP_ENABLE_HEALTHCHECKS`` work as in NVIDIA's plugin (``HealthPolicy``). A MIG device's event
@@ -22,7 +23,7 @@ from typing import Any
 import structlog
 
 from labeller.offer import PhysicalDevice
-from labeller.vendor.plugin import HealthReporter
+from labeller.vendor.plugin import Fault, HealthReporter
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.facts import WHOLE_GPU
 from vendors.nvidia.nvml import load
@@ -81,6 +82,16 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _mig_change(nvml: ModuleType) -> int:
+    """NVML's MIG configuration change event type (0 for a pynvml without it)."""
+    return int(getattr(nvml, "nvmlEventMigConfigChange", 0))
+
+
+def _unavailable(nvml: ModuleType) -> int:
+    """NVML's GPU-unavailable event type, for a GPU that fell off the bus (0 for a pynvml without it)."""
+    return int(getattr(nvml, "nvmlEventTypeGpuUnavailableError", 0))
+
+
 def _address(handle: Any) -> int | None:
     """What a pynvml device handle points at (two handles of one GPU are two ctypes objects); None
     for a handle that is not a pointer (the simulated NVML's)."""
@@ -125,7 +136,7 @@ class NvmlChecker:
         except nvml.NVMLError as exc:
             log.error("cannot create an NVML event set; XID health checks disabled", error=str(exc))
             return True
-        wanted = nvml.nvmlEventTypeXidCriticalError | getattr(nvml, "nvmlEventMigConfigChange", 0)
+        wanted = nvml.nvmlEventTypeXidCriticalError | _mig_change(nvml) | _unavailable(nvml)
         for uuid, keys in self._keys_of_gpu.items():
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -139,7 +150,8 @@ class NvmlChecker:
                 if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
                     log.warning("GPU does not support NVML events", device=uuid)
                 else:
-                    self._board.mark_unhealthy(keys, f"cannot register for NVML events: {exc}")
+                    self._board.mark_unhealthy(keys, Fault(f"cannot register for NVML events: {exc}",
+                                                           Fault.UNMONITORED))
         return True
 
     def stop(self) -> None:
@@ -175,13 +187,22 @@ class NvmlChecker:
         except nvml.NVMLError as exc:
             if getattr(exc, "value", None) == nvml.NVML_ERROR_TIMEOUT:
                 return
-            self._board.mark_unhealthy(self._all_keys(), f"NVML event wait failed: {exc}")
+            lost = getattr(exc, "value", None) in self._lost_errors()
+            self._board.mark_unhealthy(self._all_keys(), Fault(f"NVML event wait failed: {exc}",
+                                                               Fault.LOST if lost else Fault.UNMONITORED))
             time.sleep(timeout_ms / 1000)
             return
-        if event.eventType & getattr(nvml, "nvmlEventMigConfigChange", 0):
+        if event.eventType & _mig_change(nvml):
             device = self._name(event.device)
             log.info("MIG configuration changed; probing again", reason="hardware-changed", device=device)
             self._board.hardware_changed(f"MIG configuration changed on {device}")
+            return
+        if event.eventType & _unavailable(nvml):
+            try:
+                keys = list(self._keys_of_gpu.get(self._uuid_of(event.device), ())) or self._all_keys()
+            except nvml.NVMLError:
+                keys = self._all_keys()
+            self._board.mark_unhealthy(keys, Fault("GPU unavailable (NVML event)", Fault.LOST))
             return
         if not event.eventType & nvml.nvmlEventTypeXidCriticalError:
             log.debug("non-XID NVML event ignored", event_type=int(event.eventType))
@@ -190,16 +211,17 @@ class NvmlChecker:
         try:
             uuid = self._uuid_of(event.device)
         except nvml.NVMLError as exc:
-            self._board.mark_unhealthy(self._all_keys(), f"XID {xid} on a GPU NVML cannot name: {exc}")
+            self._board.mark_unhealthy(self._all_keys(),
+                                       Fault(f"XID {xid} on a GPU NVML cannot name: {exc}", Fault.XID, xid))
             return
         if not self._policy.xid_is_critical(xid):
             log.info("XID ignored (application error or disabled)", device=uuid, xid=xid)
             return
         keys = self._keys_for_event(uuid, int(event.gpuInstanceId), int(event.computeInstanceId))
         if not keys:
-            self._board.mark_unhealthy(self._all_keys(), f"XID {xid} on unknown GPU {uuid}")
+            self._board.mark_unhealthy(self._all_keys(), Fault(f"XID {xid} on unknown GPU {uuid}", Fault.XID, xid))
             return
-        self._board.mark_unhealthy(keys, f"XID {xid}")
+        self._board.mark_unhealthy(keys, Fault(f"XID {xid}", Fault.XID, xid))
 
     def _uuid_of(self, device: Any) -> str:
         """The UUID of an event's device: NVML's answer, else the GPU whose handle it is (a GPU that fell
@@ -236,18 +258,21 @@ class NvmlChecker:
         nvml = self._nvml
         if not self.polling:
             return
-        gone = {getattr(nvml, f"NVML_ERROR_{name}", None) for name in LOST_ERRORS} - {None}
+        gone = self._lost_errors()
         for uuid, keys in self._keys_of_gpu.items():
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
                 nvml.nvmlDeviceGetMemoryInfo(handle)
             except nvml.NVMLError as exc:
                 if getattr(exc, "value", None) in gone:
-                    self._board.mark_unhealthy(keys, f"GPU does not answer NVML: {exc}")
+                    self._board.mark_unhealthy(keys, Fault(f"GPU does not answer NVML: {exc}", Fault.LOST))
                 else:
                     log.debug("NVML health poll inconclusive", device=uuid, error=str(exc))
                 continue
             self._board.answering(keys)
+
+    def _lost_errors(self) -> set[Any]:
+        return {getattr(self._nvml, f"NVML_ERROR_{name}", None) for name in LOST_ERRORS} - {None}
 
 
 

@@ -38,6 +38,7 @@ from labeller.offer import Offer, Resource
 from vendors.nvidia.devices import GPU, VENDOR, NvidiaDevice
 from vendors.nvidia.facts import COMPUTE_CLASS, GRAPHICS_CLASS, MIB, PCI_VENDOR_ID, name_in_labels
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
+from vendors.nvidia.settings import NvidiaSettings
 
 log = structlog.get_logger(__name__)
 
@@ -128,7 +129,7 @@ def primary_model(gpus: Sequence[NvidiaGpu]) -> list[NvidiaGpu]:
 # --- small labelers -------------------------------------------------------------------------------
 
 def machine_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
-    if _nvidia(inventory) is None or not config.labels.machine:
+    if _nvidia(inventory) is None or not config.section(NvidiaSettings).machine_label:
         return {}
     # As GFD: "unknown" only when the name cannot be read; an empty one stays empty.
     where = config.gfd.machine_type_file
@@ -260,7 +261,7 @@ def mig_strategy_labels(inventory: Inventory, config: Config, offer: Offer) -> L
 def timestamp_labels(inventory: Inventory, config: Config, offer: Offer) -> Labels:
     """``gfd.timestamp`` (off by default: a changing value would make every restart a write)."""
     present = inventory.pci_gpus_of(PCI_VENDOR_ID) or _nvidia(inventory) is not None
-    if not (config.labels.timestamp and present):
+    if not (config.section(NvidiaSettings).timestamp_label and present):
         return {}
     return {TIMESTAMP: derived(str(_PROCESS_START), "clock", "the process start time (labeller.labels.timestamp on)",
                                "Unix seconds, fixed for the life of the process")}
@@ -456,37 +457,86 @@ _SINGLE = "flags.migStrategy is single with every GPU MIG-enabled with one profi
 _MIXED = "flags.migStrategy is mixed and MIG devices of that profile are offered (now: {mig_strategy})"
 _RESOURCE_SUFFIXES = ("product", "count", "replicas", "sharing-strategy", "memory")
 _MIG_SUFFIXES = tuple(suffix for suffix, _, _ in _MIG_ATTRIBUTES if suffix != "memory")
+# What each value says, for the labels reference: of the devices a resource's labels describe
+_RESOURCE_MEANINGS = {
+    "product": "the model as NVML names it, sanitised as GFD does; `-SHARED` added while replicas are advertised "
+               "under the plain name",
+    "count": "how many devices the device plugin advertises under the resource (devices, not replicas)",
+    "replicas": "the replicas each shared device is advertised as: 1 when none is shared, 0 when nothing is offered",
+    "sharing-strategy": "how the devices are shared: `none`, `time-slicing`, `mps` or `memory`",
+    "memory": "the memory of one device, in MiB",
+    "shared-count": "how many of the devices are shared, when the sharing config shares only some",
+}
+_MIG_MEANINGS = {  # of one MIG device
+    "multiprocessors": "streaming multiprocessors",
+    "slices.gi": "GPU-instance slices",
+    "slices.ci": "compute-instance slices",
+    "engines.copy": "copy engines",
+    "engines.decoder": "video decoders",
+    "engines.encoder": "video encoders",
+    "engines.jpeg": "JPEG decoders",
+    "engines.ofa": "optical-flow accelerators",
+}
+_VERSION_PARTS = {"major": "first", "minor": "second", "revision": "third", "rev": "third"}
 
 KEY_DOCS: tuple[KeyDoc, ...] = (
-    *(KeyDoc(f"{GPU}.{suffix}", _GFD, _NVML, "nvidia") for suffix in _RESOURCE_SUFFIXES),
+    *(KeyDoc(f"{GPU}.{suffix}", _GFD, _NVML, "nvidia",
+             meaning=f"whole GPUs (`nvidia.com/gpu`; under MIG `single`, its MIG devices): "
+                     f"{_RESOURCE_MEANINGS[suffix]}")
+      for suffix in _RESOURCE_SUFFIXES),
     KeyDoc(f"{GPU}.shared-count", "none: gpu-labeller's own key (GFD has none)",
-           "sharing.{sharing}.resources[nvidia.com/gpu].devices shares only some of the GPUs", "nvidia"),
-    *(KeyDoc(f"{GPU}.{suffix}", _GFD, f"{_NVML} and it reports a compute capability", "nvidia")
-      for suffix in ("family", "compute.major", "compute.minor")),
-    KeyDoc(f"{GPU}.machine", _GFD, _NVML, "machine"),
-    KeyDoc(f"{GPU}.mode", _GFD, _NVML, "nvidia"),
+           "sharing.{sharing}.resources[nvidia.com/gpu].devices shares only some of the GPUs", "nvidia",
+           meaning=_RESOURCE_MEANINGS["shared-count"]),
+    KeyDoc(f"{GPU}.family", _GFD, f"{_NVML} and it reports a compute capability", "nvidia",
+           meaning="the architecture (`ampere`, `hopper`, `blackwell`, ...), from the compute capability by GFD's "
+                   "table"),
+    *(KeyDoc(f"{GPU}.compute.{part}", _GFD, f"{_NVML} and it reports a compute capability", "nvidia",
+             meaning=f"the {part} number of the CUDA compute capability") for part in ("major", "minor")),
+    KeyDoc(f"{GPU}.machine", _GFD, _NVML, "machine",
+           meaning="the machine's model: its DMI product name, sanitised as GFD does"),
+    KeyDoc(f"{GPU}.mode", _GFD, _NVML, "nvidia", meaning="`compute` (PCI class 0302) or `graphics` (0300); "
+                                                         "`unknown` when the GPUs disagree"),
     KeyDoc(f"{GPU}.clique", _GFD, "every fabric-attached GPU reports the same cluster UUID and clique id "
-           "(multi-node NVLink)", "nvidia"),
-    *(KeyDoc(f"{GPU}.{suffix}", _GFD, _SINGLE, "nvidia") for suffix in _MIG_SUFFIXES),
+           "(multi-node NVLink)", "nvidia", meaning="the multi-node NVLink clique: `<cluster UUID>.<clique id>`"),
+    *(KeyDoc(f"{GPU}.{suffix}", _GFD, _SINGLE, "nvidia", meaning=f"{_MIG_MEANINGS[suffix]} of one MIG device")
+      for suffix in _MIG_SUFFIXES),
     *(KeyDoc(f"nvidia.com/cuda.driver-version.{part}", _GFD, f"{_NVML} and the driver version has 2 or 3 parts",
-             "nvidia") for part in ("major", "minor", "revision", "full")),
+             "nvidia", meaning=f"the {_VERSION_PARTS[part]} part of the NVIDIA driver's version")
+      for part in ("major", "minor", "revision")),
+    KeyDoc("nvidia.com/cuda.driver-version.full", _GFD, f"{_NVML} and the driver version has 2 or 3 parts", "nvidia",
+           meaning="the NVIDIA driver's version"),
     *(KeyDoc(f"nvidia.com/cuda.driver.{part}", f"{_GFD} (deprecated key)", f"{_NVML} and the driver version has 2 or "
-             "3 parts", "nvidia") for part in ("major", "minor", "rev")),
-    *(KeyDoc(f"nvidia.com/cuda.runtime-version.{part}", _GFD, _NVML, "nvidia") for part in ("major", "minor", "full")),
-    *(KeyDoc(f"nvidia.com/cuda.runtime.{part}", f"{_GFD} (deprecated key)", _NVML, "nvidia")
+             "3 parts", "nvidia", meaning=f"the {_VERSION_PARTS[part]} part of the NVIDIA driver's version")
+      for part in ("major", "minor", "rev")),
+    *(KeyDoc(f"nvidia.com/cuda.runtime-version.{part}", _GFD, _NVML, "nvidia",
+             meaning=f"the {part} number of the newest CUDA version the driver supports")
       for part in ("major", "minor")),
-    KeyDoc("nvidia.com/mig.capable", _GFD, _NVML, "nvidia"),
-    KeyDoc("nvidia.com/mig.strategy", _GFD, "flags.migStrategy is single or mixed (now: {mig_strategy})", "nvidia"),
-    *(KeyDoc(f"nvidia.com/mig-<profile>.{suffix}", _GFD, _MIXED, "nvidia")
-      for suffix in (*_RESOURCE_SUFFIXES, *_MIG_SUFFIXES)),
+    KeyDoc("nvidia.com/cuda.runtime-version.full", _GFD, _NVML, "nvidia",
+           meaning="the newest CUDA version the driver supports, `<major>.<minor>`"),
+    *(KeyDoc(f"nvidia.com/cuda.runtime.{part}", f"{_GFD} (deprecated key)", _NVML, "nvidia",
+             meaning=f"the {part} number of the newest CUDA version the driver supports")
+      for part in ("major", "minor")),
+    KeyDoc("nvidia.com/mig.capable", _GFD, _NVML, "nvidia", meaning="`true` when a GPU supports MIG"),
+    KeyDoc("nvidia.com/mig.strategy", _GFD, "flags.migStrategy is single or mixed (now: {mig_strategy})", "nvidia",
+           meaning="the MIG strategy in force: `single` or `mixed`"),
+    *(KeyDoc(f"nvidia.com/mig-<profile>.{suffix}", _GFD, _MIXED, "nvidia",
+             meaning=f"the MIG devices of one profile (`nvidia.com/mig-<profile>`): {_RESOURCE_MEANINGS[suffix]}")
+      for suffix in _RESOURCE_SUFFIXES),
+    *(KeyDoc(f"nvidia.com/mig-<profile>.{suffix}", _GFD, _MIXED, "nvidia",
+             meaning=f"{_MIG_MEANINGS[suffix]} of one MIG device of the profile") for suffix in _MIG_SUFFIXES),
     KeyDoc("nvidia.com/mig-<profile>.shared-count", "none: gpu-labeller's own key (GFD has none)",
-           f"{_MIXED}, and the sharing config shares only some of them", "nvidia"),
-    KeyDoc("nvidia.com/mps.capable", _GFD, _NVML, "nvidia"),
-    KeyDoc("nvidia.com/vgpu.present", _GFD, f"{_NVML} and its vGPU state is known", "nvidia"),
+           f"{_MIXED}, and the sharing config shares only some of them", "nvidia",
+           meaning=_RESOURCE_MEANINGS["shared-count"]),
+    KeyDoc("nvidia.com/mps.capable", _GFD, _NVML, "nvidia",
+           meaning="`true` while `gpu-labeller mps-control-daemon` serves the MPS replicas the config asks for"),
+    KeyDoc("nvidia.com/vgpu.present", _GFD, f"{_NVML} and its vGPU state is known", "nvidia",
+           meaning="`true` when the GPUs are vGPU guest devices"),
     *(KeyDoc(f"nvidia.com/vgpu.host-driver-{part}", _GFD, "on a vGPU guest whose PCI config space is readable whole "
-             "(labeller.vgpuDetection in the chart)", "nvidia") for part in ("version", "branch")),
+             "(labeller.vgpuDetection in the chart)", "nvidia", meaning=f"the vGPU host driver's {part}")
+      for part in ("version", "branch")),
     KeyDoc(GPUSHARE_LABEL, "gpushare (Aliyun): an admin sets it by hand for its DaemonSets",
-           "sharing.memory offers the NVIDIA GPUs as aliyun.com/gpu-mem", "nvidia"),
+           "sharing.memory offers the NVIDIA GPUs as aliyun.com/gpu-mem", "nvidia",
+           meaning="`true` while the GPUs are shared by memory: the node label gpushare's DaemonSets select"),
     KeyDoc(TIMESTAMP, f"{_GFD} (on by default there)", "an NVIDIA GPU is present and labeller.labels.timestamp is on",
-           "timestamp"),
+           "timestamp", meaning="when the labeller started, in Unix seconds"),
 )

@@ -9,7 +9,7 @@ real ctypes structures (so ``PciInfo.busId`` reads back as pynvml gives it), and
 Test hooks on the module: ``inject_xid(uuid, xid)`` queues an XID event for the GPU (or MIG
 device) with that UUID on every event set registered for XID events; ``set_lost(uuid, lost)``
 makes every call on that GPU raise ``NVMLError_GpuIsLost`` (False restores it) and, as the driver
-does when a GPU falls off the bus, queues XID 79 for it; ``inject_mig_change(uuid)`` queues the
+does when a GPU falls off the bus, queues NVML's GPU-unavailable event for it; ``inject_mig_change(uuid)`` queues the
 MIG configuration change event the driver sends when GPU or compute instances are created or
 destroyed on a MIG-capable GPU. ``nvmlEventSetWait`` waits as the real one does: until an event
 comes or its timeout passes, whatever else happens meanwhile.
@@ -63,9 +63,9 @@ MIG_KEYS = ("profile", "uuid", "memory_mib", "multiprocessors", "slices_gi", "sl
 SECTION_KEYS = ("driver_version", "cuda_driver_version", "nvml_error", "gpus")
 _PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<suffix>\+me|\+me\.all|\+gfx|-me)?$")
 SUPPORTED_EVENTS: int = (real.nvmlEventTypeSingleBitEccError | real.nvmlEventTypeDoubleBitEccError
-                         | real.nvmlEventTypePState | real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeClock)
+                         | real.nvmlEventTypePState | real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeClock
+                         | real.nvmlEventTypeGpuUnavailableError)
 MIG_CHANGE_EVENT: int = real.nvmlEventMigConfigChange  # supported by MIG-capable GPUs only
-FELL_OFF_THE_BUS = 79  # the XID a lost GPU reports
 
 
 def _profile_index(table: dict[int, Any], wanted: Any) -> int | None:
@@ -980,14 +980,13 @@ class FakeNvml:
 
     def set_lost(self, uuid: str, lost: bool) -> None:
         """Make every call on the GPU ``uuid`` (or on its MIG devices) raise NVMLError_GpuIsLost;
-        losing it reports XID 79, as the driver does."""
+        losing it queues the GPU-unavailable event, as the driver does."""
         for gpu in self.gpus:
             if gpu.uuid == uuid:
                 was, gpu.lost = gpu.lost, lost
                 if lost and not was:
-                    self._queue(gpu, FakeEvent(device=gpu, eventType=real.nvmlEventTypeXidCriticalError,
-                                               eventData=FELL_OFF_THE_BUS, gpuInstanceId=WHOLE_GPU,
-                                               computeInstanceId=WHOLE_GPU))
+                    self._queue(gpu, FakeEvent(device=gpu, eventType=real.nvmlEventTypeGpuUnavailableError,
+                                               eventData=0, gpuInstanceId=WHOLE_GPU, computeInstanceId=WHOLE_GPU))
                 return
         raise ValueError(f"set_lost: no GPU with UUID {uuid}")
 

@@ -179,7 +179,7 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
-{{/* Downward-API environment shared by both components. */}}
+{{/* Environment shared by every component on the node: the downward API's, and simulate.profile's. */}}
 {{- define "gpu-labeller.downwardEnv" -}}
 - name: NODE_NAME
   valueFrom:
@@ -189,6 +189,26 @@ seccompProfile:
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+{{- with include "gpu-labeller.simulateEnv" . | trim }}
+{{ . }}
+{{- end }}
+{{- end }}
+
+{{/* simulate.profile (demos and CI only): GPU_LABELLER_SIMULATE for every component that probes the node.
+     The same variable in a component's extraEnv as well is refused: the pod would get it twice. */}}
+{{- define "gpu-labeller.simulateEnv" -}}
+{{- with .Values.simulate.profile }}
+{{- range $component := list "labeller" "devicePlugin" "dra" }}
+{{- range (index $.Values $component).extraEnv }}
+{{- if eq (.name | default "") "GPU_LABELLER_SIMULATE" }}
+{{- fail (printf "simulate.profile and %s.extraEnv both set GPU_LABELLER_SIMULATE: keep simulate.profile" $component) }}
+{{- end }}
+{{- end }}
+{{- end }}
+# FOR DEMOS AND CI ONLY (simulate.profile): a simulated node's GPUs, not this node's hardware.
+- name: GPU_LABELLER_SIMULATE
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* The rendered named configs as a list of mappings (a config given as YAML text is parsed). */}}
@@ -313,4 +333,68 @@ false
 {{/* Namespace of a monitoring object: its own `namespace` value, else the release's. */}}
 {{- define "gpu-labeller.monitoringNamespace" -}}
 {{- default (include "gpu-labeller.namespace" .ctx) .namespace -}}
+{{- end }}
+
+{{/* The Node label policies' variables (the labeller's, and the prune Job's): the label keys gpu-labeller owns
+     (admissionPolicy.*: keep them equal to labeller/labels.py), the keys a request adds, changes and removes,
+     and which removed keys gpu-labeller's field manager did not set. */}}
+{{- define "gpu-labeller.labelOwnershipVariables" -}}
+- name: ownedPrefixes
+  expression: {{ toJson .Values.admissionPolicy.ownedPrefixes | squote }}
+- name: ownedKeys
+  expression: {{ toJson (.Values.admissionPolicy.ownedKeys | default list) | squote }}
+- name: notOwnedPrefixes
+  expression: {{ toJson .Values.admissionPolicy.notOwnedPrefixes | squote }}
+- name: notOwnedKeys
+  expression: {{ toJson (.Values.admissionPolicy.notOwnedKeys | default list) | squote }}
+- name: newLabels
+  expression: "has(object.metadata.labels) ? object.metadata.labels : {}"
+- name: oldLabels
+  expression: "request.operation == 'UPDATE' && has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"
+- name: removedKeys
+  expression: "variables.oldLabels.filter(k, !(k in variables.newLabels))"
+# Keys added or changed, then keys removed.
+- name: changedKeys
+  expression: >-
+    variables.newLabels.filter(k, !(k in variables.oldLabels) || variables.oldLabels[k] != variables.newLabels[k]) +
+    variables.removedKeys
+- name: foreignKeys
+  expression: >-
+    variables.changedKeys.filter(k,
+      !(variables.ownedPrefixes.exists(p, k.startsWith(p)) || k in variables.ownedKeys) ||
+      variables.notOwnedPrefixes.exists(p, k.startsWith(p)) || k in variables.notOwnedKeys)
+# The labels listed by the old Node's managedFields entries of field manager gpu-labeller
+# (labeller/labels.py FIELD_MANAGER; apply, or an update by an older version). Entries of a
+# subresource do not count.
+- name: labellerLabelFields
+  expression: >-
+    request.operation == 'UPDATE' && has(oldObject.metadata.managedFields)
+    ? oldObject.metadata.managedFields.filter(e, e.manager == 'gpu-labeller' && !has(e.subresource) &&
+        has(e.fieldsV1) && 'f:metadata' in e.fieldsV1 && 'f:labels' in e.fieldsV1['f:metadata'])
+      .map(e, e.fieldsV1['f:metadata']['f:labels'])
+    : []
+- name: removedNotSetByLabeller
+  expression: >-
+    variables.removedKeys.filter(k, !variables.labellerLabelFields.exists(f, ('f:' + k) in f))
+{{- end }}
+
+{{/* A CEL expression: the Node request changes nothing but labels (metadata.managedFields and
+     resourceVersion change on every write; status sent to the nodes resource is discarded anyway). */}}
+{{- define "gpu-labeller.onlyLabelsChanged" -}}
+request.operation == 'UPDATE' &&
+object.spec == oldObject.spec &&
+has(object.metadata.annotations) == has(oldObject.metadata.annotations) &&
+(!has(object.metadata.annotations) || object.metadata.annotations == oldObject.metadata.annotations) &&
+has(object.metadata.finalizers) == has(oldObject.metadata.finalizers) &&
+(!has(object.metadata.finalizers) || object.metadata.finalizers == oldObject.metadata.finalizers) &&
+has(object.metadata.ownerReferences) == has(oldObject.metadata.ownerReferences) &&
+(!has(object.metadata.ownerReferences) || object.metadata.ownerReferences == oldObject.metadata.ownerReferences)
+{{- end }}
+
+{{/* The annotations of a postDeleteCleanup object (templates/prune.yaml): include with its hook weight
+     ("-10": the ServiceAccount, RBAC and policy; "0": the Job, created last). */}}
+{{- define "gpu-labeller.pruneHook" -}}
+helm.sh/hook: post-delete
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end }}

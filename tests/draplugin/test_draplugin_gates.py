@@ -1,0 +1,92 @@
+"""The one mechanism for fields behind feature gates (labeller/draplugin/gates.py): what the publisher
+reports as dropped (the fields of a write its answer lacks), which gate such a field belongs to, one
+line per gate found off, and the fallback every driver's devices are published with from then on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import structlog
+
+from labeller.draplugin.gates import GATES, Gate, GateFallbacks
+from labeller.draplugin.publisher import content, dropped
+from labeller.offer import PhysicalDevice
+from labeller.resourceslices import Capacity, DeviceTaint, DraDevice, RequestPolicy
+
+GIB = 1 << 30
+
+
+def shared_gpu(name: str = "gpu-0") -> DraDevice:
+    policy = RequestPolicy(default=14 * GIB, min=GIB, max=14 * GIB, step=GIB)
+    return DraDevice(name, PhysicalDevice(vendor="nvidia", health_key=f"GPU-{name}", visible_id=name, gpu=name),
+                     capacity={"memory": Capacity(15 * GIB, "nvml", "test", request_policy=policy)},
+                     allow_multiple_allocations=True)
+
+
+def test_dropped_names_the_fields_a_server_did_not_keep_and_nothing_it_changed() -> None:
+    written = content({"devices": [shared_gpu().document(), {"name": "gpu-1", "taints": [{"key": "k"}]}]})
+    kept = content({"devices": [{"name": "gpu-0", "capacity": {"memory": {"value": "15Gi"}}},
+                                {"name": "gpu-1"}]})
+    assert dropped(written, kept) == {"devices[].allowMultipleAllocations", "devices[].capacity.memory.requestPolicy",
+                                      "devices[].taints"}
+    other = shared_gpu().document()
+    other["capacity"]["memory"]["value"] = "16Gi"
+    changed = content({"devices": [other, {"name": "gpu-1", "taints": [{"key": "other"}]}]})
+    assert dropped(written, changed) == set()  # a value the server changed is not a field it dropped
+    assert dropped(written, written) == set()
+
+
+def test_request_policies_compare_by_value() -> None:
+    """A server that writes 16384Mi for 16Gi kept what was written: nothing to write again."""
+    ours = {"devices": [{"name": "g", "capacity": {"memory": {"value": "16Gi", "requestPolicy": {
+        "default": "16Gi", "validValues": ["1Gi", "16Gi"],
+        "validRange": {"min": "1Gi", "max": "16Gi", "step": "1Gi"}}}}}]}
+    theirs = {"devices": [{"name": "g", "capacity": {"memory": {"value": "17179869184", "requestPolicy": {
+        "default": "16384Mi", "validValues": ["1024Mi", "16384Mi"],
+        "validRange": {"min": "1024Mi", "max": "16384Mi", "step": "1048576Ki"}}}}}]}
+    assert content(ours) == content(theirs)
+    assert content(ours) != content({"devices": [{"name": "g", "capacity": {"memory": {"value": "16Gi"}}}]})
+
+
+def test_a_gate_is_found_off_once_and_its_fallback_applies_to_every_driver() -> None:
+    gates = GateFallbacks()
+    devices = {"gpu.nvidia.com": [shared_gpu("gpu-0")], "other.example.com": [shared_gpu("dev-0")]}
+    assert gates.apply(devices) == devices and gates.off == ()
+    with structlog.testing.capture_logs() as logs:
+        assert gates.dropped("gpu.nvidia.com", {"devices[].allowMultipleAllocations"}) is True
+        assert gates.dropped("gpu.nvidia.com", {"devices[].capacity.memory.requestPolicy"}) is False  # known off
+        assert gates.dropped("gpu.nvidia.com", {"devices[].somethingNew"}) is False
+        assert gates.dropped("gpu.nvidia.com", {"devices[].somethingNew"}) is False
+    assert [(e["reason"], e.get("gate")) for e in logs] == [("feature-gate-off", "DRAConsumableCapacity"),
+                                                            ("fields-dropped", None)]
+    assert gates.off == ("DRAConsumableCapacity",)
+    for published in gates.apply(devices).values():
+        (device,) = published
+        assert not device.allow_multiple_allocations and device.capacity["memory"].request_policy is None
+        assert "allowMultipleAllocations" not in device.document()
+
+
+def test_a_gates_fields_are_matched_by_path_with_any_key_for_a_star() -> None:
+    gate = Gate("X", ("devices[].capacity.*.requestPolicy", "sharedCounters"), list, "as before")
+    assert gate.names("devices[].capacity.memory.requestPolicy")
+    assert gate.names("devices[].capacity.memory.requestPolicy.validRange")  # inside one of its fields
+    assert gate.names("sharedCounters")
+    assert not gate.names("devices[].capacity.memory.value") and not gate.names("devices[].capacity")
+    assert {g.name for g in GATES} >= {"DRAConsumableCapacity", "DRADeviceTaints"}
+    assert dataclasses.replace(gate, name="Y").names("sharedCounters")
+
+
+def test_without_device_taints_every_drivers_tainted_devices_leave_and_the_others_stay() -> None:
+    """DRADeviceTaints is one gate of the same mechanism: its fallback is the removal of unhealthy devices."""
+    lost = DeviceTaint("gpu.nvidia.com/gpu-lost", "NoExecute")
+    devices = {"gpu.nvidia.com": [shared_gpu("gpu-0"), dataclasses.replace(shared_gpu("gpu-1"), taints=(lost,))],
+               "gpu.amd.com": [dataclasses.replace(shared_gpu("gpu-2"), taints=(lost,))]}
+    gates = GateFallbacks()
+    with structlog.testing.capture_logs() as logs:
+        assert gates.dropped("gpu.nvidia.com", {"devices[].taints"}) is True
+    assert [(e["reason"], e["gate"], e["fields"]) for e in logs] == [
+        ("feature-gate-off", "DRADeviceTaints", ["devices[].taints"])]
+    assert gates.off == ("DRADeviceTaints",)
+    published = gates.apply(devices)
+    assert published == {"gpu.nvidia.com": [shared_gpu("gpu-0")], "gpu.amd.com": []}
+    assert published["gpu.nvidia.com"][0].allow_multiple_allocations  # the other gate is still on
