@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 import labeller.inotify
 from labeller.host import NodeOptions, open_host
 from labeller.process.health import POLL_SECONDS
-from tests.builders import AT_ONCE_S, stays_true, wait_for
+from tests.builders import AT_ONCE_S, TOPOLOGY, kfd_node_goes, stays_true, wait_for
 from tests.draplugin.conftest import AMD, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet
@@ -123,14 +123,12 @@ def test_a_kfd_topology_change_is_probed_at_once(gated_api: FakeApiServer, draku
     options = {**NOTHING_SCHEDULED, "health_poll_seconds": POLL_SECONDS}
     with simulated_plugin(gated_api, drakubelet, dirs, "mi300x-x8-cpx", **options) as run:
         assert len(run.devices(AMD)) == 63 and not run.plugin.inputs_polled()
-        topology = run.host.host_root / "sys/class/kfd/kfd/topology"
-        last = max(int(p.name) for p in (topology / "nodes").iterdir())
+        last = max(int(p.name) for p in (run.host.host_root / TOPOLOGY).iterdir())
         name = next(d.name for d in run.plugin.drivers[AMD].snapshot.by_name.values()
                     if d.physical.health_key == f"kfd:{last}")
         probes = run.plugin.probes
         changed = time.monotonic()
-        (topology / "nodes" / str(last)).rename(topology / "gone")
-        (topology / "generation_id").write_text("81\n")
+        kfd_node_goes(run.host.host_root, last)  # and the driver bumps the generation
         # gone from the probe, not merely Unhealthy: published tainted while its pods may still use it
         reacts(lambda: run.plugin.probes > probes and gone(run) == [name], changed)
         assert 'health="Healthy"} 62.0' in gauge(run, AMD)
