@@ -178,6 +178,9 @@ class Config:
     # labeller.dra.vendors: the vendors whose GPUs this node serves through DRA (the DRA plugin's
     # ResourceSlices) instead of the device plugin's extended resources; none by default
     dra_vendors: tuple[str, ...] = ()
+    # labeller.dra.dynamicMig: MIG devices (AMD: compute partitions) made at prepare, published as
+    # partitionable devices drawing on counters of their GPU; off by default
+    dra_dynamic_mig: bool = False
 
     def served_by_dra(self, vendor: str) -> bool:
         return vendor in self.dra_vendors
@@ -236,6 +239,7 @@ _AMD_SPEC: dict[str, Spec] = {
 }
 _DRA_SPEC: dict[str, Spec] = {
     "vendors": IGNORED,  # list; checked in _dra_vendors
+    "dynamicMig": bool,
 }
 # The keys of one entry of sharing.*.resources (checked in _shared_entry).
 SHARED_ENTRY_KEYS = ("devices", "name", "rename", "replicas")
@@ -544,6 +548,7 @@ def parse_config(raw: Any, names: ResourceNames) -> Config:
         gfd=_gfd_flags(flags.get("gfd", {})),
         amd_resource_naming=raw.get("labeller", {}).get("amd", {}).get("resourceNamingStrategy", "single"),
         dra_vendors=_dra_vendors(raw.get("labeller", {}), names),
+        dra_dynamic_mig=raw.get("labeller", {}).get("dra", {}).get("dynamicMig", False),
     )
 
 
@@ -680,6 +685,12 @@ _KEY_DOCS: dict[str, _KeyDoc] = {
     f"{_OWN}.dra.vendors": _KeyDoc("[]", "the vendors whose GPUs this node serves through DRA (the DRA plugin's "
                                    "ResourceSlices) instead of the device plugin's extended resources",
                                    kind="list of vendors with a DRA driver (`nvidia`, `amd`)"),
+    f"{_OWN}.dra.dynamicMig": _KeyDoc("false", "publish each MIG-enabled NVIDIA GPU as counters and one device per "
+                                      "MIG profile and placement, the MIG device made at prepare and destroyed at "
+                                      "unprepare (NVIDIA's DynamicMIG); each AMD GPU that can switch its compute "
+                                      "partition as one device per partition of every mode, the mode switched at "
+                                      "prepare. Needs Kubernetes' DRAPartitionableDevices; without it, the devices "
+                                      "that exist"),
 }
 
 

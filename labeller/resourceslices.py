@@ -5,7 +5,10 @@ A vendor's DRA role (``labeller.vendor.dra``) turns the inventory into ``DraDevi
 name, typed attributes and capacities, each with where its value came from, and the physical
 device (``labeller.offer.PhysicalDevice``) it stands for, the same object the device plugin serves.
 ``resource_slices`` lays them out as the API wants them: one pool per driver, named after the node,
-split over slices of at most 128 devices. Pure: no I/O, no client.
+split over slices of at most 128 devices. A device that draws on shared counters (a MIG device made
+at prepare, KEP-4815's partitionable devices: ``DraDevice.consumes``) goes into the slice of its
+counter set, one slice per set with the set itself (``sharedCounters``), as Kubernetes 1.34 wants
+them: a device may only name counters of its own slice. Pure: no I/O, no client.
 """
 
 from __future__ import annotations
@@ -77,6 +80,32 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class CounterSet:
+    """Counters that devices draw on (a ResourceSlice's ``sharedCounters`` entry): a GPU's memory
+    slices, compute slices and engines, which its partitions use up as they are allocated. ``name``
+    is a DNS label unique in the pool, as is each counter's."""
+
+    name: str
+    counters: Mapping[str, Capacity]
+
+    def document(self) -> dict[str, Any]:
+        return {"name": self.name,
+                "counters": {key: self.counters[key].document() for key in sorted(self.counters)}}
+
+
+@dataclass(frozen=True)
+class CounterUse:
+    """What allocating a device takes of one counter set (a Device's ``consumesCounters`` entry)."""
+
+    counter_set: CounterSet
+    counters: Mapping[str, int]
+
+    def document(self) -> dict[str, Any]:
+        return {"counterSet": self.counter_set.name,
+                "counters": {key: {"value": quantity(self.counters[key])} for key in sorted(self.counters)}}
+
+
+@dataclass(frozen=True)
 class DraDevice:
     """One device of a ResourceSlice: a whole GPU, a MIG device or a GPU partition.
 
@@ -84,12 +113,19 @@ class DraDevice:
     ``capacity`` are keyed by their name as published (short names belong to the driver's domain,
     qualified ones such as ``resource.kubernetes.io/pciBusID`` are Kubernetes' own). ``physical`` is
     the device plugin's view of the same unit: what preparing a claim gives the container, and whose
-    ``health_key`` the health checks report."""
+    ``health_key`` the health checks report.
+
+    A partition made at prepare (a MIG device of ``labeller.dra.dynamicMig``) ``consumes`` counters
+    of its GPU, and ``make`` says what preparing it makes first (the vendor's ``DeviceMaker`` reads
+    it: the GPU, the profile and the placement; JSON-able); its ``physical`` stands for the partition
+    to be, with the GPU's health key, until the maker answers the one made."""
 
     name: str
     physical: PhysicalDevice
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
+    consumes: tuple[CounterUse, ...] = ()
+    make: Mapping[str, Any] | None = None
 
     @property
     def health_key(self) -> str:
@@ -102,6 +138,8 @@ class DraDevice:
             out["attributes"] = {key: self.attributes[key].document() for key in sorted(self.attributes)}
         if self.capacity:
             out["capacity"] = {key: self.capacity[key].document() for key in sorted(self.capacity)}
+        if self.consumes:
+            out["consumesCounters"] = [use.document() for use in self.consumes]
         return out
 
 
@@ -147,27 +185,53 @@ def slice_name(node_name: str, driver: str, index: int) -> str:
     return f"{node_name}-{driver_part}-{index}"
 
 
+def _groups(devices: Sequence[DraDevice]) -> list[tuple[list[CounterSet], list[DraDevice]]]:
+    """The devices as slices hold them: those that draw on no counters first, in chunks of at most
+    128, then each counter set with the devices that draw on it (in the order they come). ValueError
+    when a counter set has more devices than one slice holds."""
+    plain = [d for d in devices if not d.consumes]
+    groups: list[tuple[list[CounterSet], list[DraDevice]]] = [
+        ([], plain[i:i + MAX_DEVICES_PER_SLICE]) for i in range(0, len(plain), MAX_DEVICES_PER_SLICE)]
+    by_sets: dict[tuple[str, ...], tuple[list[CounterSet], list[DraDevice]]] = {}
+    for device in devices:
+        if device.consumes:
+            sets = {use.counter_set.name: use.counter_set for use in device.consumes}
+            key = tuple(sorted(sets))
+            if key not in by_sets:
+                by_sets[key] = ([sets[name] for name in key], [])
+                groups.append(by_sets[key])
+            by_sets[key][1].append(device)
+    for counter_sets, members in by_sets.values():
+        if len(members) > MAX_DEVICES_PER_SLICE:
+            names = ", ".join(c.name for c in counter_sets)
+            raise ValueError(f"{len(members)} devices draw on counter set(s) {names}; one slice holds at most "
+                             f"{MAX_DEVICES_PER_SLICE}")
+    return groups
+
+
 def resource_slices(node_name: str, devices_by_driver: Mapping[str, Sequence[DraDevice]], generation: int = 1
                     ) -> list[dict[str, Any]]:
     """The ResourceSlice objects of one node, JSON-ready: per driver one pool named after the node,
     its devices in the given order split over as many slices as the 128-device limit needs (each
-    slice says how many the pool has), deterministic names. A driver without devices publishes no
-    slice."""
+    slice says how many the pool has), then one slice per counter set with the devices that draw on
+    it; deterministic names. A driver without devices publishes no slice."""
     slices: list[dict[str, Any]] = []
     for driver in sorted(devices_by_driver):
-        devices = list(devices_by_driver[driver])
-        chunks = [devices[i:i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
-        for index, chunk in enumerate(chunks):
+        groups = _groups(devices_by_driver[driver])
+        for index, (sets, chunk) in enumerate(groups):
+            spec: dict[str, Any] = {
+                "driver": driver,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(groups)},
+            }
+            if sets:
+                spec["sharedCounters"] = [counter_set.document() for counter_set in sets]
+            spec["devices"] = [device.document() for device in chunk]
             slices.append({
                 "apiVersion": API_VERSION,
                 "kind": "ResourceSlice",
                 "metadata": {"name": slice_name(node_name, driver, index)},
-                "spec": {
-                    "driver": driver,
-                    "nodeName": node_name,
-                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                    "devices": [device.document() for device in chunk],
-                },
+                "spec": spec,
             })
     return slices
 

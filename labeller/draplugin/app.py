@@ -13,6 +13,12 @@ each vendor the config serves through DRA (``Host.dra_devices``), one driver per
   board and the vendors' checkers, ``labeller.process.health``): an unhealthy device leaves its
   slice, and a claim that names it is refused.
 
+Under ``labeller.dra.dynamicMig`` a vendor publishes devices that are made at prepare, drawing on
+shared counters (KEP-4815); the plugin tells it which devices it made (each driver's ledger,
+``labeller.draplugin.ledger``). Where the API server drops the counters it is sent (Kubernetes
+1.34 without the DRAPartitionableDevices feature gate), the publisher says so, and the plugin
+publishes that driver's devices as without dynamicMig from then on, with one warning.
+
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
 Between probes the loop's ``work`` looks at the sockets every ``tick_seconds`` and re-creates one
@@ -34,16 +40,18 @@ from labeller.config import ConfigError
 from labeller.draplugin.cdi import ClaimSpecs
 from labeller.draplugin.checkpoint import Checkpoint
 from labeller.draplugin.configs import DriverConfigs
+from labeller.draplugin.ledger import Ledger
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
 from labeller.draplugin.publisher import SliceApi, SlicePublisher
 from labeller.draplugin.server import DraService, DriverSockets
 from labeller.host import Host
 from labeller.inventory import Inventory, ProbeError
+from labeller.offer import Offer
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.resourceslices import DraDevice, healthy
 from labeller.vendor import Vendor
-from labeller.vendor.dra import ConfigSettings
+from labeller.vendor.dra import ConfigSettings, DraState
 
 log = structlog.get_logger(__name__)
 
@@ -98,7 +106,7 @@ class DraPlugin:
         self.board = HealthBoard((), settings.recovery_seconds)
         self.board.listeners.append(self._on_health_change)
         self._stop = threading.Event()
-        self.publisher = SlicePublisher(api, settings.node_name, self.metrics, self._stop)
+        self.publisher = SlicePublisher(api, settings.node_name, self.metrics, self._stop, dropped=self._on_dropped)
         self.drivers: dict[str, _Driver] = {}
         self._devices: dict[str, list[DraDevice]] = {}  # what the last probe found, unhealthy devices included
         self._lock = threading.Lock()  # ``_devices`` and the publishing of it, between the loop and health threads
@@ -106,6 +114,11 @@ class DraPlugin:
         self._next_tick = 0.0
         self.probes = 0  # probes done (a test awaits the next one)
         self._served: tuple[str, ...] | None = None  # the drivers served, as last said
+        self._ledgers: dict[str, Ledger] = {}  # driver -> what it made for claims
+        self._no_counters: set[str] = set()  # drivers whose counters the API server drops
+        self._probed: tuple[Inventory, Offer] | None = None  # the last probe, to publish again without counters
+        self._republish = threading.Event()  # the API server dropped counters: publish again (the loop's work)
+        self._wake: Callable[[], None] = lambda: None
 
     # --- the Service ---------------------------------------------------------------------------
 
@@ -119,6 +132,7 @@ class DraPlugin:
         return all(d.sockets.registered for d in drivers) and self.publisher.in_sync
 
     def begin(self, wake: Callable[[], None], stop: threading.Event) -> None:
+        self._wake = wake
         self.publisher.start()
 
     def probe(self) -> str | None:
@@ -126,7 +140,8 @@ class DraPlugin:
         try:
             inventory = self.host.probe()
             offer = self.host.offer(inventory)
-            found = self.host.dra_devices(inventory, offer)
+            found = self.host.dra_devices(inventory, offer, states=self._states())
+            self._probed = (inventory, offer)
         except ProbeError as exc:
             return str(exc)
         except ConfigError as exc:
@@ -169,6 +184,9 @@ class DraPlugin:
         log.info("devices found; publishing", reason="driver-ready", attempts=attempts, waited_s=round(waited_s, 1))
 
     def work(self, now: float) -> float:
+        if self._republish.is_set() and self._probed is not None:
+            self._republish.clear()
+            self._publish_again(*self._probed)
         if now >= self._next_tick:
             for driver in self.drivers.values():
                 try:
@@ -212,6 +230,60 @@ class DraPlugin:
         self.drivers = drivers
         return problems
 
+    # --- devices made at prepare, and the API server's counters --------------------------------------
+
+    def _ledger(self, driver: str) -> Ledger | None:
+        """The driver's ledger of what it made (its vendor makes devices at prepare); OSError when its
+        directory cannot be kept."""
+        vendor = self._vendor(driver)
+        if vendor.dra is None or vendor.dra.maker is None:
+            return None
+        if driver not in self._ledgers:
+            self._ledgers[driver] = Ledger(self.settings.plugins_dir, driver)
+        return self._ledgers[driver]
+
+    def _states(self) -> dict[str, DraState]:
+        """What each driver made, and whether the API server keeps its counters."""
+        states = {}
+        for vendor in self.host.vendors:
+            if vendor.dra is None:
+                continue
+            driver = vendor.dra.driver
+            try:
+                ledger = self._ledger(driver)
+            except OSError as exc:  # made devices are then taken as someone else's: left alone
+                log.error("cannot read what the driver made for claims", reason="bad-directory", driver=driver,
+                          error=str(exc.strerror or exc))
+                ledger = None
+            states[driver] = DraState(ledger.names() if ledger is not None else frozenset(),
+                                      driver not in self._no_counters)
+        return states
+
+    def _on_dropped(self, driver: str, fields: frozenset[str]) -> None:
+        """The publisher's word (its thread): the API server left ``fields`` out of what it kept of the
+        driver's slices. Counters dropped: publish that driver as without dynamicMig, said once."""
+        if driver in self._no_counters or not any("sharedCounters" in f or "consumesCounters" in f for f in fields):
+            return
+        self._no_counters.add(driver)
+        log.warning("the API server dropped the shared counters of the driver's ResourceSlices (Kubernetes' "
+                    "DRAPartitionableDevices feature gate is off): publishing its devices that exist, as without "
+                    "labeller.dra.dynamicMig", reason="counters-dropped", driver=driver,
+                    fields=sorted(fields)[:8])
+        self._republish.set()
+        self._wake()
+
+    def _publish_again(self, inventory: Inventory, offer: Offer) -> None:
+        """The last probe's devices, derived again (the loop's thread)."""
+        try:
+            found = self.host.dra_devices(inventory, offer, states=self._states())
+        except Exception:  # as in probe: a bug must not end the plugin; the next probe tries again
+            log.exception("publishing again failed", reason="probe-failed")
+            return
+        for driver, devices in self._devices.items():
+            if driver not in found:
+                found[driver] = devices
+        self.serve(found)
+
     def _vendor(self, driver: str) -> Vendor:
         return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)
 
@@ -226,8 +298,11 @@ class DraPlugin:
             assert entry is not None
             return entry.snapshot
 
+        ledger = self._ledger(driver)
+        maker = vendor.dra.maker if vendor.dra is not None else None
+        make = (lambda: maker(self.host.host_root, self.host.handles)) if maker is not None else None
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
-                            current, configs)
+                            current, configs, ledger, make)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
         entry = _Driver(sockets, snapshot)

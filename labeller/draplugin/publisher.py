@@ -23,6 +23,10 @@ A transient failure (5xx, 429, no answer) is only retried.
 So stale slices of a driver for this node are replaced at start, an external delete (a kubelet that
 starts deletes its node's slices) is repaired as soon as the watch says so, a driver published
 before and not now has its slices removed, and slices of other drivers or nodes are never touched.
+What the server kept of a write that lacks fields it was sent (a feature gate off drops them, with no
+error) is told to ``dropped`` once per pool written, with the fields' paths
+(``labeller.draplugin.dropped``): the plugin publishes without them from then on.
+
 A failed write is retried after a jittered backoff (at most about 1 s apart during the first minute
 of an outage); the reflector lists again after a broken watch, so the view is true again within
 about a second of the API answering.
@@ -43,6 +47,7 @@ import structlog
 from labeller.cluster.permissions import PermissionLog
 from labeller.quantity import parse as parse_quantity
 from labeller.cluster.reflector import Reflector
+from labeller.draplugin.dropped import dropped_fields
 from labeller.draplugin.metrics import DraMetrics
 from labeller.resourceslices import DraDevice, resource_slices
 from labeller.runtime import Backoff
@@ -51,6 +56,7 @@ log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
+Dropped = Callable[[str, frozenset[str]], None]  # (driver, the paths of the fields the server did not keep)
 
 INT64_MAX = 2**63 - 1  # the largest pool generation the API can hold
 REFUSED = (400, 422)  # answers that say the same request will never be accepted
@@ -88,14 +94,26 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def _quantities(values: Any) -> None:
+    """Each ``{"value": "<quantity>"}`` of a map (capacities, counters), its value a number."""
+    for value in (values or {}).values() if isinstance(values, dict) else ():
+        if isinstance(value, dict) and isinstance(value.get("value"), str):
+            value["value"] = quantity(value["value"])
+
+
 def content(spec: Obj) -> Any:
-    """What a slice says, for comparing: its spec without the pool's generation, quantities as values."""
+    """What a slice says, for comparing: its spec without the pool's generation, quantities (capacities
+    and counters) as values."""
     spec = copy.deepcopy(spec)
     (spec.get("pool") or {}).pop("generation", None)
+    for counter_set in spec.get("sharedCounters") or []:
+        if isinstance(counter_set, dict):
+            _quantities(counter_set.get("counters"))
     for device in spec.get("devices") or []:
-        for capacity in (device.get("capacity") or {}).values():
-            if isinstance(capacity, dict) and isinstance(capacity.get("value"), str):
-                capacity["value"] = quantity(capacity["value"])
+        _quantities(device.get("capacity"))
+        for use in device.get("consumesCounters") or []:
+            if isinstance(use, dict):
+                _quantities(use.get("counters"))
     return _canonical(spec)
 
 
@@ -117,9 +135,10 @@ class SlicePublisher:
 
     def __init__(self, api: SliceApi, node_name: str, metrics: DraMetrics, stop: threading.Event, *,
                  layout: SliceLayout = resource_slices, permissions: PermissionLog | None = None,
-                 watch_timeout_s: int = 300) -> None:
+                 watch_timeout_s: int = 300, dropped: Dropped | None = None) -> None:
         self.api, self.node_name, self.metrics, self.stop = api, node_name, metrics, stop
         self.layout = layout
+        self.dropped = dropped
         self.permissions = permissions or PermissionLog()
         self.reflector = Reflector("resourceslices", lambda: api.list_resource_slices(node_name=node_name),
                                    lambda rv, timeout: api.watch_resource_slices(rv, node_name=node_name,
@@ -303,6 +322,7 @@ class SlicePublisher:
         generation = max(top, self._generations.get(driver, 0)) + 1
         if generation > INT64_MAX:  # only ever what this process wrote before and is gone: it no longer counts
             generation = top + 1
+        lost: frozenset[str] = frozenset()
         for slice_ in wanted:
             body = copy.deepcopy(slice_)
             body["spec"]["pool"]["generation"] = generation
@@ -313,6 +333,7 @@ class SlicePublisher:
                 body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
                 answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body), body))
             self._remember(body, answer)
+            lost |= dropped_fields(body["spec"], answer.get("spec") or {})
         self._generations[driver] = generation  # only once written: a refused write takes no generation
         names = {_name(s) for s in wanted}
         stale = {name: s for name, s in live.items() if name not in names}
@@ -320,6 +341,8 @@ class SlicePublisher:
         self._written(driver)
         log.info("ResourceSlices published", driver=driver, node=self.node_name, generation=generation,
                  slices=len(wanted), devices=sum(len(s["spec"]["devices"]) for s in wanted), removed=len(stale))
+        if lost and self.dropped is not None:
+            self.dropped(driver, lost)
 
     def _delete(self, slices: dict[str, Obj]) -> None:
         """Delete these slices, each only while it is the one seen (a uid precondition)."""

@@ -10,7 +10,10 @@ precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature obje
 ``spec.nodeName`` and ``spec.driver``, update with a resourceVersion precondition, delete with a uid
 precondition; the API's decoding (400 for a number outside int64) and validation of what a driver
 writes) and ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes
-``status.allocation``).
+``status.allocation``). Alpha feature gates are off, as on a real 1.34 server, unless given
+(``FakeApiServer(gates={"DRAPartitionableDevices"})``): with DRAPartitionableDevices a slice's
+``sharedCounters`` and its devices' ``consumesCounters`` are validated as 1.34 validates them; without
+it they are dropped on write, without an error, as 1.34 drops them.
 Faults are injected on demand: RBAC 403, 5xx, slow answers and dropped connections. Every request
 is logged and counted by verb.
 
@@ -33,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -588,6 +591,15 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 MAX_DOMAIN = 63
 MAX_ATTRIBUTE_VALUE = 64
+# pkg/apis/resource (1.34): ResourceSliceMaxSharedCounters (counters of all sets of a slice),
+# ResourceSliceMaxCountersPerDevice, ResourceSliceMaxDeviceCountersPerSlice
+MAX_SHARED_COUNTERS = 32
+MAX_COUNTERS_PER_DEVICE = 32
+MAX_DEVICE_COUNTERS_PER_SLICE = 1024
+PARTITIONABLE = "DRAPartitionableDevices"
+# What 1.34 drops from a ResourceSlice written while DRAPartitionableDevices is off.
+_PARTITIONABLE_SPEC = ("sharedCounters", "perDeviceNodeSelection")
+_PARTITIONABLE_DEVICE = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
 QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
 
@@ -626,13 +638,21 @@ class SliceStore(ObjectStore):
     api_version = "resource.k8s.io/v1"
     cluster_scoped = True
 
-    def __init__(self, store: NodeStore) -> None:
+    def __init__(self, store: NodeStore, gates: frozenset[str] = frozenset()) -> None:
         super().__init__(store, "resourceslices", "ResourceSlice")
+        self.gates = gates
 
     def decode(self, obj: Obj) -> None:
         """Its int64 fields hold integers in range (null becomes 0, Go's zero value); anything else is
-        the real server's 400 (so a generation past 2^63-1 cannot be written)."""
+        the real server's 400 (so a generation past 2^63-1 cannot be written). Without
+        DRAPartitionableDevices, its fields are dropped (the strategy's dropDisabledFields)."""
         spec = obj.get("spec") or {}
+        if PARTITIONABLE not in self.gates:
+            for key in _PARTITIONABLE_SPEC:
+                spec.pop(key, None)
+            for device in spec.get("devices") or []:
+                for key in _PARTITIONABLE_DEVICE if isinstance(device, dict) else ():
+                    device.pop(key, None)
         pool = spec.get("pool") or {}
         fields = [(pool, key, f"ResourcePool.spec.pool.{key}") for key in ("generation", "resourceSliceCount")]
         fields += [(value, "int", "DeviceAttribute.spec.devices.attributes.int")
@@ -672,8 +692,78 @@ class SliceStore(ObjectStore):
         seen: set[str] = set()
         for i, device in enumerate(devices):
             problems += self._device_problems(f"spec.devices[{i}]", device, seen)
+        problems += self._counter_problems(spec)
         if problems:
             raise invalid("ResourceSlice", name, problems)
+
+    @staticmethod
+    def _counter_problems(spec: Obj) -> list[str]:
+        """1.34's rules for shared counters: set names DNS labels, unique, each with counters named by
+        DNS labels whose values are quantities, at most 32 counters in all the sets; a device draws on
+        sets of its own slice, once each, on counters the set has, at most 32 counters per device and
+        1024 in the slice's devices."""
+        problems: list[str] = []
+        sets: dict[str, set[str]] = {}
+        for i, counter_set in enumerate(spec.get("sharedCounters") or []):
+            where = f"spec.sharedCounters[{i}]"
+            set_name = str(counter_set.get("name") or "")
+            if not set_name:
+                problems.append(f"{where}.name: Required value")
+            elif not DNS_LABEL.fullmatch(set_name):
+                problems.append(f"{where}.name: Invalid value: {set_name!r}: a lowercase RFC 1123 label")
+            elif set_name in sets:
+                problems.append(f"{where}.name: Duplicate value: {set_name!r}")
+            counters = counter_set.get("counters") or {}
+            if not counters:
+                problems.append(f"{where}.counters: Required value")
+            problems += SliceStore._counters(f"{where}.counters", counters)
+            sets.setdefault(set_name, set()).update(counters)
+        total = sum(len(counter_set.get("counters") or {}) for counter_set in spec.get("sharedCounters") or [])
+        if total > MAX_SHARED_COUNTERS:
+            problems.append(f"spec.sharedCounters: Invalid value: {total}: the total number of shared counters must "
+                            f"not exceed {MAX_SHARED_COUNTERS}")
+        in_devices = 0
+        for i, device in enumerate(spec.get("devices") or []):
+            uses = device.get("consumesCounters") or []
+            used: set[str] = set()
+            for j, use in enumerate(uses):
+                where = f"spec.devices[{i}].consumesCounters[{j}]"
+                set_name = str(use.get("counterSet") or "")
+                counters = use.get("counters") or {}
+                if not set_name:
+                    problems.append(f"{where}.counterSet: Required value")
+                elif set_name in used:
+                    problems.append(f"{where}.counterSet: Duplicate value: {set_name!r}")
+                used.add(set_name)
+                if not counters:
+                    problems.append(f"{where}.counters: Required value")
+                problems += SliceStore._counters(f"{where}.counters", counters)
+                if set_name not in sets:
+                    problems.append(f"{where}.counterSet: Invalid value: {set_name!r}: must reference a counterSet "
+                                    "defined in the ResourceSlice sharedCounters")
+                else:
+                    problems += [f"{where}.counters: Invalid value: {counter!r}: must reference a counter defined in "
+                                 "the ResourceSlice sharedCounters"
+                                 for counter in counters if counter not in sets[set_name]]
+            count = sum(len(use.get("counters") or {}) for use in uses)
+            if count > MAX_COUNTERS_PER_DEVICE:
+                problems.append(f"spec.devices[{i}]: Invalid value: {count}: the total number of counters must not "
+                                f"exceed {MAX_COUNTERS_PER_DEVICE}")
+            in_devices += count
+        if in_devices > MAX_DEVICE_COUNTERS_PER_SLICE:
+            problems.append(f"spec.devices: Invalid value: {in_devices}: the total number of counters in devices must "
+                            f"not exceed {MAX_DEVICE_COUNTERS_PER_SLICE}")
+        return problems
+
+    @staticmethod
+    def _counters(where: str, counters: Obj) -> list[str]:
+        problems = []
+        for key, value in counters.items():
+            if not DNS_LABEL.fullmatch(str(key)):
+                problems.append(f"{where}[{key}]: Invalid value: {key!r}: a lowercase RFC 1123 label")
+            if not QUANTITY.fullmatch(str((value or {}).get("value") or "")):
+                problems.append(f"{where}[{key}].value: Invalid value: {value!r}: a quantity")
+        return problems
 
     @staticmethod
     def _device_problems(where: str, device: Obj, seen: set[str]) -> list[str]:
@@ -1118,12 +1208,12 @@ class _Server(ThreadingHTTPServer):
 class FakeApiServer:
     """``with FakeApiServer() as api: api.create_node("gpu-node-1"); api.write_kubeconfig(path)``."""
 
-    def __init__(self, max_watch_s: float = 300.0, user: str = "labeller") -> None:
+    def __init__(self, max_watch_s: float = 300.0, user: str = "labeller", gates: Iterable[str] = ()) -> None:
         self.user = user  # who the 403 answers name: "labeller", "system:serviceaccount:<ns>:<name>", ...
         self.store = NodeStore()
         self.pods = PodStore(self.store)
         self.config_maps = ObjectStore(self.store, "configmaps", "ConfigMap")
-        self.resource_slices = SliceStore(self.store)
+        self.resource_slices = SliceStore(self.store, frozenset(gates))  # alpha feature gates on, by name
         self.resource_claims = ClaimStore(self.store)
         self.namespaced: dict[str, ObjectStore] = {"pods": self.pods, "configmaps": self.config_maps,
                                                    "resourceslices": self.resource_slices,

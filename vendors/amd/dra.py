@@ -21,7 +21,7 @@ from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.offer import Offer
 from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, pcie_root, semver
-from labeller.vendor.dra import AttributeDoc
+from labeller.vendor.dra import AttributeDoc, DraState
 from vendors.amd import devices as kfd
 from vendors.amd.devices import AmdDevice
 from vendors.amd.model import AmdGpu, AmdInventory
@@ -96,7 +96,7 @@ def _capacity(device: AmdDevice) -> dict[str, Capacity]:
     return capacity
 
 
-def devices(inventory: Inventory, offer: Offer, config: Config) -> list[DraDevice]:
+def devices(inventory: Inventory, offer: Offer, config: Config, state: DraState | None = None) -> list[DraDevice]:
     """One device per KFD compute node, in KFD order (the device plugin's order)."""
     part = inventory.part(AmdInventory)
     if part is None:
