@@ -118,7 +118,10 @@ class DraDevice:
     A partition made at prepare (a MIG device of ``labeller.dra.dynamicMig``) ``consumes`` counters
     of its GPU, and ``make`` says what preparing it makes first (the vendor's ``DeviceMaker`` reads
     it: the GPU, the profile and the placement; JSON-able); its ``physical`` stands for the partition
-    to be, with the GPU's health key, until the maker answers the one made."""
+    to be, with the GPU's health key, until the maker answers the one made. ``exclusive`` is
+    (group, variant) for devices that cannot be held at once in different variants (an AMD GPU's
+    partitions, all of one compute partition mode): the plugin refuses a claim whose device's
+    variant differs from one another claim holds in the group."""
 
     name: str
     physical: PhysicalDevice
@@ -126,6 +129,7 @@ class DraDevice:
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
     consumes: tuple[CounterUse, ...] = ()
     make: Mapping[str, Any] | None = None
+    exclusive: tuple[str, str] | None = None
 
     @property
     def health_key(self) -> str:

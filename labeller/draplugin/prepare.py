@@ -109,15 +109,21 @@ def _check_names(claim: ClaimRef) -> None:
         raise ClaimError(f"claim {claim}: name {claim.name[:253]!r} is not a DNS-1123 subdomain")
 
 
+Variant = Callable[[str], "tuple[str, str] | None"]  # device name -> (group, variant): DraDevice.exclusive
+
+
 class Holds:
     """Which prepared claims hold each device of the driver: what the checkpoint holds at start,
     then every claim prepared or unprepared since. A device held exclusively by one claim is refused
     to another, unless both allocations may share it (both carry a ``shareID``: consumable capacity
     of a device that allows multiple allocations); an admin-access allocation holds nothing and is
-    refused nothing, as upstream's scheduler counts it."""
+    refused nothing, as upstream's scheduler counts it. Devices of one group (``variant``: an AMD
+    GPU's partitions) are refused to a claim while another claim holds one of another variant (a
+    partition of another compute partition mode)."""
 
-    def __init__(self, claims: Iterable[PreparedClaim]) -> None:
+    def __init__(self, claims: Iterable[PreparedClaim], variant: Variant | None = None) -> None:
         self._lock = threading.Lock()
+        self._variant: Variant = variant or (lambda name: None)
         self._claims: dict[str, PreparedClaim] = {}
         self._holders: dict[str, dict[str, PreparedDevice]] = {}  # device -> claim UID -> its allocation
         for claim in claims:
@@ -132,15 +138,30 @@ class Holds:
                 others = self._conflicting(claim.uid, device)
                 if others:
                     more = f" and {len(others) - 1} other(s)" if len(others) > 1 else ""
-                    conflicts.append(f"device {device.device} is prepared for claim {others[0]} "
-                                     f"({others[0].uid}){more}")
+                    same = any(d.device == device.device for d in others[0].devices)
+                    what = (f"device {device.device} is prepared for claim" if same else
+                            f"device {device.device}: its GPU is held in another mode ({self._mode(others[0])}) "
+                            "by claim")
+                    conflicts.append(f"{what} {others[0]} ({others[0].uid}){more}")
             if not conflicts:
                 self._put(claim)
             return conflicts
 
     def _conflicting(self, uid: str, device: PreparedDevice) -> list[PreparedClaim]:
         holders = self._holders.get(device.device, {})
-        return [self._claims[other] for other, held in holders.items() if other != uid and not _may_share(device, held)]
+        found = [self._claims[other] for other, held in holders.items()
+                 if other != uid and not _may_share(device, held)]
+        variant = self._variant(device.device)
+        if variant is not None and not device.admin:
+            for name, others in self._holders.items():
+                theirs = self._variant(name) if name != device.device else None
+                if theirs is not None and theirs[0] == variant[0] and theirs[1] != variant[1]:
+                    found += [self._claims[other] for other, held in others.items()
+                              if other != uid and not held.admin and self._claims[other] not in found]
+        return found
+
+    def _mode(self, claim: PreparedClaim) -> str:
+        return ", ".join(sorted({v[1] for d in claim.devices if (v := self._variant(d.device)) is not None}))
 
     def restore(self, uid: str, claim: PreparedClaim | None) -> None:
         """What ``uid`` holds is ``claim``'s devices again (a prepare that failed after ``take``), or nothing."""
@@ -187,7 +208,7 @@ class Preparer:
         self.ledger, self._make_maker = ledger, maker
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         prepared = checkpoint.claims()
-        self.holds = Holds(prepared)
+        self.holds = Holds(prepared, self._exclusive)
         self._reconcile({claim.uid for claim in prepared})
         for claim in prepared:
             for applied in claim.configs:  # what a previous process applied: known again, its daemons found
@@ -350,6 +371,10 @@ class Preparer:
         return allocation, [r for r in results if isinstance(r, dict) and r.get("driver") == self.driver]
 
     # --- devices made at prepare ------------------------------------------------------------------
+
+    def _exclusive(self, name: str) -> tuple[str, str] | None:
+        device = self.devices().by_name.get(name)
+        return device.exclusive if device is not None else None
 
     @property
     def maker(self) -> DeviceMaker | None:
