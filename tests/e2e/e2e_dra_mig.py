@@ -19,6 +19,10 @@ pods, each asking 1g.5gb twice, 2g.10gb and 3g.20gb of one GPU (``matchAttribute
       devices are made at prepare (the simulated driver holds them; each claim's CDI spec names its
       MIG devices' UUIDs): 4 of 4;
    c. the pods deleted: unprepared, the MIG devices made destroyed, the admin's left alone.
+   d. AMD: a node on ``mi300x-x8-spx`` (8 MI300X in SPX, NPS1) with dynamicMig publishes a counter set
+      per GPU and its partitions of every mode (the real API server validates them); a pod asking two
+      CPX partitions of one GPU is scheduled, and prepare switches that GPU to CPX: the claim's CDI
+      spec names two render nodes.
 2. The control plane again without the gate: the plugin with dynamicMig publishes the devices that
    exist, as without it, after one warning line saying the API server dropped the counters; a pod
    asking an existing MIG device is still served.
@@ -216,6 +220,51 @@ def phase_gate_on(cluster: Cluster, node: MigNode) -> None:
           "no spec file, checkpoint record or ledger record left")
 
 
+class AmdNode(Node):
+    """``dra-amd-dyn``: 8 MI300X in SPX, served through DRA with dynamicMig."""
+
+    def __init__(self, cluster: Cluster, work: Path) -> None:
+        e2e_dra.NODES["dra-amd-dyn"] = ("mi300x-x8-spx", ["amd"])
+        super().__init__(cluster, "dra-amd-dyn", work)
+        self.config.write_text(json.dumps({"version": "v1", "labeller": {"dra": {"vendors": ["amd"],
+                                                                                 "dynamicMig": True}}}))
+
+
+def phase_amd(cluster: Cluster, work: Path) -> None:
+    print("1d. AMD: compute partitions switched at prepare", flush=True)
+    node = AmdNode(cluster, work / "gate-on")
+    try:
+        node.start_kubelet()
+        node.events.wait("kubelet_started", 0, 60)
+        node.start_plugin()
+        published = wait(lambda: len([s for s in cluster.slices(node.name) if s["spec"].get("sharedCounters")]) == 8
+                         and node.ready(), 60)
+        devices = cluster.devices(node.name).get("gpu.amd.com", [])
+        check(published is not None and len(devices) == 8 * 15,
+              f"8 counter sets, {len(devices)} partitions of every mode published and validated")
+        mark = node.events.mark()
+        cluster.apply([
+            e2e_dra.claim_template("two-cpx", [e2e_dra.request("parts", "gpu.amd.com",
+                'device.attributes["gpu.amd.com"].partitionProfile == "cpx_nps1"', count=2)],
+                [{"requests": ["parts"], "matchAttribute": "resource.kubernetes.io/pciBusID"}]),
+            e2e_dra.pod("cpx-pod", {"parts": "two-cpx"})])
+        event = e2e_dra.prepared(node, "cpx-pod", mark)
+        renders = set()
+        for path in node.spec_files():
+            for device in json.loads(path.read_text())["devices"]:
+                renders.update(n["path"] for n in device["containerEdits"].get("deviceNodes", [])
+                               if "renderD" in n["path"])
+        switched = [e for e in node.log() if e.get("event") == "compute partition mode switched"]
+        check(event is not None and event["error"] == "" and len(renders) == 2 and len(switched) == 1
+              and switched[0]["mode"] == "cpx", f"two CPX partitions of one GPU prepared, the GPU switched to CPX "
+              f"({[s.get('device') for s in switched]}), render nodes {sorted(renders)}")
+        gone = e2e_dra.delete_pod(cluster, node, "cpx-pod", mark)
+        check(gone is not None and gone["error"] == "", "unprepared")
+    finally:
+        node.stop(node.plugin)
+        node.stop(node.kubelet)
+
+
 def phase_gate_off(cluster: Cluster, node: MigNode) -> None:
     print("2. without the gate: the devices that exist, after one warning", flush=True)
     took = start_plugin(cluster, node, dynamic=True, counter_sets=0)
@@ -252,6 +301,7 @@ def run_phase(k8s_dra: Path, work: Path, state: Path, gate: bool) -> None:
         check(node.events.wait("kubelet_started", 0, 60) is not None, "drakubelet started")
         if gate:
             phase_gate_on(cluster, node)
+            phase_amd(cluster, work)
         else:
             phase_gate_off(cluster, node)
     finally:
