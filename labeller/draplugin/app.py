@@ -150,10 +150,7 @@ class DraPlugin:
         except Exception as exc:  # a bug in a probe must not end the plugin: it is retried like a late driver
             log.exception("probe failed", reason="probe-failed")
             return f"probe failed: {type(exc).__name__}: {exc}"
-        failed = failed_vendors(inventory)
-        for driver, devices in self._devices.items():
-            if driver not in found and self._vendor(driver).name in failed:
-                found[driver] = devices  # carried forward: see the module docstring
+        self._carry_forward(inventory, found)
         troubles = self.serve(found)
         troubles += [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
         if troubles:
@@ -261,14 +258,15 @@ class DraPlugin:
 
     def _on_dropped(self, driver: str, fields: frozenset[str]) -> None:
         """The publisher's word (its thread): the API server left ``fields`` out of what it kept of the
-        driver's slices. Counters dropped: publish that driver as without dynamicMig, said once."""
+        driver's slices (or refused a slice with counters). Counters not kept: publish that driver as
+        without dynamicMig, said once."""
         if driver in self._no_counters or not any("sharedCounters" in f or "consumesCounters" in f for f in fields):
             return
         self._no_counters.add(driver)
-        log.warning("the API server dropped the shared counters of the driver's ResourceSlices (Kubernetes' "
-                    "DRAPartitionableDevices feature gate is off): publishing its devices that exist, as without "
-                    "labeller.dra.dynamicMig", reason="counters-dropped", driver=driver,
-                    fields=sorted(fields)[:8])
+        log.warning("the API server does not keep the shared counters of the driver's ResourceSlices (Kubernetes' "
+                    "DRAPartitionableDevices feature gate is off, or a release that wants them in slices of their "
+                    "own): publishing its devices that exist, as without labeller.dra.dynamicMig",
+                    reason="counters-dropped", driver=driver, fields=sorted(fields)[:8])
         self._republish.set()
         self._wake()
 
@@ -279,10 +277,15 @@ class DraPlugin:
         except Exception:  # as in probe: a bug must not end the plugin; the next probe tries again
             log.exception("publishing again failed", reason="probe-failed")
             return
-        for driver, devices in self._devices.items():
-            if driver not in found:
-                found[driver] = devices
+        self._carry_forward(inventory, found)
         self.serve(found)
+
+    def _carry_forward(self, inventory: Inventory, found: dict[str, list[DraDevice]]) -> None:
+        """A vendor whose backend failed keeps what it published: see the module docstring."""
+        failed = failed_vendors(inventory)
+        for driver, devices in self._devices.items():
+            if driver not in found and self._vendor(driver).name in failed:
+                found[driver] = devices
 
     def _vendor(self, driver: str) -> Vendor:
         return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)

@@ -25,7 +25,10 @@ starts deletes its node's slices) is repaired as soon as the watch says so, a dr
 before and not now has its slices removed, and slices of other drivers or nodes are never touched.
 What the server kept of a write that lacks fields it was sent (a feature gate off drops them, with no
 error) is told to ``dropped`` once per pool written, with the fields' paths
-(``labeller.draplugin.dropped``): the plugin publishes without them from then on.
+(``labeller.draplugin.dropped``): the plugin publishes without them from then on. A slice with
+shared counters the server refuses for good (a release that wants counter sets in slices of their
+own) is told the same way, ``spec.sharedCounters`` with the server's message, before the write is
+retried.
 
 A failed write is retried after a jittered backoff (at most about 1 s apart during the first minute
 of an outage); the reflector lists again after a broken watch, so the view is true again within
@@ -318,6 +321,8 @@ class SlicePublisher:
 
     def _write_pool(self, driver: str, wanted: list[Obj], live: dict[str, Obj]) -> None:
         """Write ``wanted`` at a generation past every live one, and delete the pool's other slices."""
+        from labeller.cluster.kube import KubeError
+
         top = max((_generation(s) for s in live.values()), default=0)
         generation = max(top, self._generations.get(driver, 0)) + 1
         if generation > INT64_MAX:  # only ever what this process wrote before and is gone: it no longer counts
@@ -327,11 +332,17 @@ class SlicePublisher:
             body = copy.deepcopy(slice_)
             body["spec"]["pool"]["generation"] = generation
             existing = live.get(_name(body))
-            if existing is None:
-                answer = self._write("create", functools.partial(self.api.create_resource_slice, body))
-            else:
-                body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-                answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body), body))
+            try:
+                if existing is None:
+                    answer = self._write("create", functools.partial(self.api.create_resource_slice, body))
+                else:
+                    body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+                    answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body),
+                                                                     body))
+            except KubeError as exc:
+                if exc.status in REFUSED and body["spec"].get("sharedCounters") and self.dropped is not None:
+                    self.dropped(driver, frozenset({f"spec.sharedCounters (refused: {exc.message[:200]})"}))
+                raise
             self._remember(body, answer)
             lost |= dropped_fields(body["spec"], answer.get("spec") or {})
         self._generations[driver] = generation  # only once written: a refused write takes no generation

@@ -21,7 +21,7 @@ from labeller.host import NodeOptions, open_host
 from tests.builders import wait_for
 from tests.draplugin.conftest import NVIDIA, Dirs, Running, running_plugin
 from tests.draplugin.test_draplugin_prepare import spec_file
-from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.apiserver import Fault, FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet
 from tests.plugin.profile_files import write_yaml
 from tests.plugin.test_plugin_cdi import check_spec
@@ -290,3 +290,23 @@ def test_the_fake_api_server_checks_counters_as_1_34_does_and_drops_them_without
             with pytest.raises(Exception, match=message):
                 gated.resource_slices.create("", {**counted_slice(counters, uses or [use]),
                                                   "metadata": {"name": f"s{len(message)}"}})
+
+
+def test_a_server_that_refuses_slices_with_counters_gets_the_devices_that_exist(
+        gated_api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs, tmp_path: Path) -> None:
+    """A release that wants counter sets in slices of their own refuses ours (422): one warning, and the
+    MIG devices that exist are published, as without the gate (here: none, the GPU has no MIG device yet)."""
+    profile = tmp_path / "a100.yaml"
+    write_yaml(profile, {"name": "a100", "nvidia": {"driver_version": "550.54.15", "cuda_driver_version": 12040,
+                                                     "gpus": [{"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-a100",
+                                                               "pci_bus_id": "0000:07:00.0", "pci_device_id": 0x20B0,
+                                                               "memory_bytes": 42505273344, "mig_mode": "enabled"}]}})
+    message = 'ResourceSlice is invalid: spec: Invalid value: "": only one of `sharedCounters` or `devices` is allowed'
+    gated_api.faults.add(Fault(verb="create", resource="resourceslices", status=422, times=1, message=message))
+    with structlog.testing.capture_logs() as logs, \
+            dynamic_plugin(gated_api, drakubelet, dirs, str(profile), ready=False) as run:
+        wait_for(lambda: any(e.get("reason") == "counters-dropped" for e in logs))
+        wait_for(lambda: run.plugin.publisher.in_sync)  # published again since: without counters, nothing
+        assert run.slices(NVIDIA) == []
+    warned = [e for e in logs if e.get("reason") == "counters-dropped"]
+    assert len(warned) == 1 and "only one of `sharedCounters`" in warned[0]["fields"][0]
