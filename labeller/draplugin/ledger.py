@@ -30,7 +30,6 @@ Record format, version 1::
 
 from __future__ import annotations
 
-import errno
 import json
 import re
 import threading
@@ -113,19 +112,11 @@ class Ledger:
             yield fd
 
     def _read(self, fd: int, device: str) -> Entry | None:
-        name = f"{device}.json"
-        try:
-            data = ownfiles.read(fd, name, RECORD_LIMIT)
-            return None if data is None else parse(data, device)
-        except (ownfiles.NotOurs, ownfiles.TooLarge, BadEntry) as exc:
-            problem = str(exc)
-        except OSError as exc:
-            if exc.errno not in (errno.EISDIR, errno.ELOOP):
-                raise
-            problem = exc.strerror or str(exc)
-        aside = ownfiles.move_aside(fd, name)
+        found = ownfiles.read_record(fd, f"{device}.json", RECORD_LIMIT, lambda data: parse(data, device), (BadEntry,))
+        if not isinstance(found, ownfiles.MovedAside):
+            return found
         log.warning("a record of a made device that is not the plugin's; moved aside", reason="bad-ledger",
-                    driver=self.driver, device=device, moved_to=str(self.directory / aside), error=problem)
+                    driver=self.driver, device=device, moved_to=str(self.directory / found.name), error=found.problem)
         return None
 
     def names(self) -> frozenset[str]:

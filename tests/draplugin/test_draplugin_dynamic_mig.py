@@ -310,3 +310,17 @@ def test_a_server_that_refuses_slices_with_counters_gets_the_devices_that_exist(
         assert run.slices(NVIDIA) == []
     warned = [e for e in logs if e.get("reason") == "counters-dropped"]
     assert len(warned) == 1 and "only one of `sharedCounters`" in warned[0]["fields"][0]
+
+
+def test_a_ledger_record_that_is_not_the_plugins_is_moved_aside_and_nothing_is_undone_for_it(tmp_path: Path) -> None:
+    made = tmp_path / NVIDIA / "made"
+    made.mkdir(parents=True)
+    (made / "gpu-0-mig-1g5gb-19-0.json").write_text('{"version": 1, "device": "gpu-0-mig-1g5gb-19-0"}')
+    victim = tmp_path / "victim.json"
+    victim.write_text(json.dumps({"version": 1, "device": "gpu-0-mig-1g5gb-19-1", "claim": "c", "plan": {},
+                                  "made": None}))
+    (made / "gpu-0-mig-1g5gb-19-1.json").symlink_to(victim)
+    ledger = Ledger(tmp_path, NVIDIA)
+    assert ledger.names() == frozenset()
+    assert sorted(p.name for p in made.iterdir()) == ["gpu-0-mig-1g5gb-19-0.json.bad", "gpu-0-mig-1g5gb-19-1.json.bad"]
+    assert (made / "gpu-0-mig-1g5gb-19-1.json.bad").is_symlink() and victim.exists()
