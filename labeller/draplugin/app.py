@@ -13,9 +13,15 @@ each vendor the config serves through DRA (``Host.dra_devices``), one driver per
   board and the vendors' checkers, ``labeller.process.health``): an unhealthy device stays in its
   slice with device taints saying why, and one gone from the probe stays a while tainted NoExecute
   (``labeller.draplugin.taints``). A claim that names an unhealthy device is refused;
-- fields of a feature gate the API server has off are dropped by it; the publisher says so and the
-  plugin publishes without that feature from then on (``gates.GateFallbacks``: one line per gate).
-  Without DRADeviceTaints, that is an unhealthy device left out of its slice instead of tainted.
+- fields of a feature gate the API server has off are dropped by it (or refused, naming them); the
+  publisher says so and the plugin derives the last probe's devices again and publishes them without
+  that feature from then on (``gates.GateFallbacks``: one line per gate). Without DRADeviceTaints,
+  that is an unhealthy device left out of its slice instead of tainted.
+
+Under ``labeller.dra.dynamicMig`` a vendor publishes devices that are made at prepare, drawing on
+shared counters (KEP-4815); the plugin tells it which devices it made (each driver's ledger,
+``labeller.draplugin.ledger``) and whether the API server keeps counters (``DraState``): without
+DRAPartitionableDevices, the vendors publish the partitions that exist, as without dynamicMig.
 
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
@@ -40,7 +46,8 @@ from labeller.config import ConfigError
 from labeller.draplugin.cdi import ClaimSpecs
 from labeller.draplugin.checkpoint import Checkpoint
 from labeller.draplugin.configs import DriverConfigs
-from labeller.draplugin.gates import GateFallbacks
+from labeller.draplugin.gates import PARTITIONABLE_DEVICES, GateFallbacks
+from labeller.draplugin.ledger import Ledger
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
 from labeller.draplugin.publisher import SliceApi, SlicePublisher
@@ -48,10 +55,11 @@ from labeller.draplugin.server import DraService, DriverSockets
 from labeller.draplugin.taints import DEFAULT_HOLD_S, GATE, Gone, published
 from labeller.host import Host
 from labeller.inventory import Inventory, ProbeError
+from labeller.offer import Offer
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
-from labeller.vendor.dra import ConfigSettings
+from labeller.vendor.dra import ConfigSettings, DraState
 
 log = structlog.get_logger(__name__)
 
@@ -119,6 +127,10 @@ class DraPlugin:
         self._next_tick = 0.0
         self.probes = 0  # probes done (a test awaits the next one)
         self._served: tuple[str, ...] | None = None  # the drivers served, as last said
+        self._ledgers: dict[str, Ledger] = {}  # driver -> what it made for claims
+        self._probed: tuple[Inventory, Offer] | None = None  # the last probe, to derive again under the gates off
+        self._republish = threading.Event()  # a gate turned out off: derive and publish again (the loop's work)
+        self._wake: Callable[[], None] = lambda: None
 
     # --- the Service ---------------------------------------------------------------------------
 
@@ -132,6 +144,7 @@ class DraPlugin:
         return all(d.sockets.registered for d in drivers) and self.publisher.in_sync
 
     def begin(self, wake: Callable[[], None], stop: threading.Event) -> None:
+        self._wake = wake
         self.publisher.start()
 
     def probe(self) -> str | None:
@@ -140,7 +153,8 @@ class DraPlugin:
         try:
             inventory = self.host.probe()
             offer = self.host.offer(inventory)
-            found = self.host.dra_devices(inventory, offer)
+            found = self.host.dra_devices(inventory, offer, states=self._states())
+            self._probed = (inventory, offer)
         except ProbeError as exc:
             return str(exc)
         except ConfigError as exc:
@@ -149,10 +163,7 @@ class DraPlugin:
         except Exception as exc:  # a bug in a probe must not end the plugin: it is retried like a late driver
             log.exception("probe failed", reason="probe-failed")
             return f"probe failed: {type(exc).__name__}: {exc}"
-        failed = failed_vendors(inventory)
-        for driver, devices in self._devices.items():
-            if driver not in found and self._vendor(driver).name in failed:
-                found[driver] = devices  # carried forward: see the module docstring
+        self._carry_forward(inventory, found)
         troubles = self.serve(found)
         troubles += [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
         if troubles:
@@ -183,6 +194,9 @@ class DraPlugin:
         log.info("devices found; publishing", reason="driver-ready", attempts=attempts, waited_s=round(waited_s, 1))
 
     def work(self, now: float) -> float:
+        if self._republish.is_set() and self._probed is not None:
+            self._republish.clear()
+            self._publish_again(*self._probed)
         if now >= self._next_tick:
             for driver in self.drivers.values():
                 try:
@@ -237,6 +251,52 @@ class DraPlugin:
         self.drivers = drivers
         return problems
 
+    # --- devices made at prepare, and the API server's counters --------------------------------------
+
+    def _ledger(self, driver: str) -> Ledger | None:
+        """The driver's ledger of what it made (its vendor makes devices at prepare); OSError when its
+        directory cannot be kept."""
+        vendor = self._vendor(driver)
+        if vendor.dra is None or vendor.dra.maker is None:
+            return None
+        if driver not in self._ledgers:
+            self._ledgers[driver] = Ledger(self.settings.plugins_dir, driver)
+        return self._ledgers[driver]
+
+    def _states(self) -> dict[str, DraState]:
+        """What each driver made, and whether the API server keeps counters (DRAPartitionableDevices)."""
+        counters = PARTITIONABLE_DEVICES not in self.gates.off
+        states = {}
+        for vendor in self.host.vendors:
+            if vendor.dra is None:
+                continue
+            driver = vendor.dra.driver
+            try:
+                ledger = self._ledger(driver)
+            except OSError as exc:  # made devices are then taken as someone else's: left alone
+                log.error("cannot read what the driver made for claims", reason="bad-directory", driver=driver,
+                          error=str(exc.strerror or exc))
+                ledger = None
+            states[driver] = DraState(ledger.names() if ledger is not None else frozenset(), counters)
+        return states
+
+    def _publish_again(self, inventory: Inventory, offer: Offer) -> None:
+        """The last probe's devices, derived again under the gates now off, and served (the loop's thread)."""
+        try:
+            found = self.host.dra_devices(inventory, offer, states=self._states())
+        except Exception:  # as in probe: a bug must not end the plugin; the next probe tries again
+            log.exception("publishing again failed", reason="probe-failed")
+            return
+        self._carry_forward(inventory, found)
+        self.serve(found)
+
+    def _carry_forward(self, inventory: Inventory, found: dict[str, list[DraDevice]]) -> None:
+        """A vendor whose backend failed keeps what it published: see the module docstring."""
+        failed = failed_vendors(inventory)
+        for driver, devices in self._devices.items():
+            if driver not in found and self._vendor(driver).name in failed:
+                found[driver] = devices
+
     def _vendor(self, driver: str) -> Vendor:
         return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)
 
@@ -251,8 +311,11 @@ class DraPlugin:
             assert entry is not None
             return self._as_published(driver, entry.snapshot)
 
+        ledger = self._ledger(driver)
+        maker = vendor.dra.maker if vendor.dra is not None else None
+        make = (lambda: maker(self.host.host_root, self.host.handles)) if maker is not None else None
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
-                            current, configs)
+                            current, configs, ledger, make)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
         entry = _Driver(sockets, snapshot, preparer)
@@ -291,13 +354,17 @@ class DraPlugin:
                 self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(
                     len(devices) - well + len(gone.get(driver, ())))
 
-    def _on_dropped(self, driver: str, fields: frozenset[str]) -> None:
-        """The API server did not keep these fields (the publisher's worker): publish again without the
-        feature gates that turned out off (``labeller.draplugin.gates``)."""
-        if self.gates.dropped(driver, fields):
+    def _on_dropped(self, driver: str, fields: frozenset[str], refused: str = "") -> bool:
+        """The API server did not keep these fields, or refused a slice naming them (``refused``: its
+        message) (the publisher's worker): the loop derives the last probe's devices again and publishes
+        them without the feature gates that turned out off (``labeller.draplugin.gates``). Whether the
+        fields are a gate's that is off."""
+        if self.gates.dropped(driver, fields, refused):
             for gate in self.gates.off:
                 self.metrics.gates_off.labels(gate=gate).set(1)
-            self._publish()
+            self._republish.set()
+            self._wake()
+        return self.gates.off_for(fields)
 
     # --- health -----------------------------------------------------------------------------------
 
