@@ -243,6 +243,14 @@ class Node:
         except (urllib.error.URLError, OSError):
             return False
 
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples on the plugin's /metrics (the port its latest run logged)."""
+        port = [e["port"] for e in self.log() if e.get("event") == "metrics server listening"][-1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((name + "{", name + " ")))
+
     def spec_files(self) -> list[Path]:
         return sorted((self.dir / "cdi").glob("*.json"))
 

@@ -49,7 +49,6 @@ import signal
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
@@ -100,14 +99,6 @@ class MemoryNode(Node):
              "--registry-dir", str(self.dir / "reg"), "--plugins-dir", str(self.dir / "plugins"),
              "--cdi-spec-dir", str(self.dir / "cdi"), "--metrics-port", "0", "--metrics-bind", "127.0.0.1", *extra],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(self.dir / "plugin.log").open("a"), text=True, env=env)
-
-    def metric(self, name: str) -> float:
-        """The sum of a metric's samples on the plugin's /metrics."""
-        port = [e["port"] for e in self.log() if e.get("event") == "metrics server listening"][-1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + "{", name + " ")))
 
     def spec_env(self, cdi_id: str) -> dict[str, str]:
         """The environment a container given this CDI device gets: the claim's and the device's."""
