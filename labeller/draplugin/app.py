@@ -151,9 +151,9 @@ class DraPlugin:
         self.probes += 1
         self.metrics.probes.inc()
         try:
-            inventory = self.host.probe()
+            inventory, states = self._read_node()
             offer = self.host.offer(inventory)
-            found = self.host.dra_devices(inventory, offer, states=self._states())
+            found = self.host.dra_devices(inventory, offer, states=states)
             self._probed = (inventory, offer)
         except ProbeError as exc:
             return str(exc)
@@ -279,6 +279,24 @@ class DraPlugin:
                 ledger = None
             states[driver] = DraState(ledger.names() if ledger is not None else frozenset(), counters)
         return states
+
+    def _read_node(self) -> tuple[Inventory, dict[str, DraState]]:
+        """The node's inventory and what each driver made, read so that they agree. The GPUs are read
+        first, then the ledgers: a device undone in between (a claim unprepared meanwhile) would be one
+        the GPUs have and no ledger holds, someone else's to the vendor, its placements withdrawn until
+        the next probe. So both are read again while a ledger changed meanwhile (three times at most: a
+        node that busy is settled by the next probe)."""
+        for _ in range(3):
+            changes = self._ledger_changes()
+            inventory = self.host.probe()
+            states = self._states()
+            if self._ledger_changes() == changes:
+                break
+        return inventory, states
+
+    def _ledger_changes(self) -> int:
+        """Changes to every driver's ledger so far (a ledger opened meanwhile adds none)."""
+        return sum(ledger.changes for ledger in list(self._ledgers.values()))
 
     def _publish_again(self, inventory: Inventory, offer: Offer) -> None:
         """The last probe's devices, derived again under the gates now off, and served (the loop's thread)."""

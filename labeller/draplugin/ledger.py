@@ -97,6 +97,7 @@ class Ledger:
         self.directory = plugins_dir / driver / DIRECTORY
         self._lock = threading.Lock()
         self._entries: dict[str, Entry] = {}
+        self._changes = 0  # records written or removed since start: see ``changes``
         try:
             with self._open(create=False) as fd:
                 ownfiles.remove_stale(fd, _STALE)
@@ -132,6 +133,13 @@ class Ledger:
         with self._lock:
             return self._entries.get(device)
 
+    @property
+    def changes(self) -> int:
+        """How many times a record was written or removed since the ledger was opened: a reader that
+        must agree with the hardware (the DRA plugin's probe) reads it before and after."""
+        with self._lock:
+            return self._changes
+
     def of_claim(self, claim: str) -> list[Entry]:
         with self._lock:
             return [entry for entry in self._entries.values() if entry.claim == claim]
@@ -144,6 +152,7 @@ class Ledger:
                                                           "\n").encode(), 0o600)
         with self._lock:
             self._entries[entry.device] = entry
+            self._changes += 1
 
     def begin(self, device: str, claim: str, plan: Mapping[str, Any]) -> None:
         """Record the intent to make ``device`` for ``claim`` (OSError: nothing recorded, make nothing)."""
@@ -165,3 +174,4 @@ class Ledger:
             pass
         with self._lock:
             self._entries.pop(device, None)
+            self._changes += 1

@@ -238,6 +238,33 @@ def test_placements_someone_else_takes_leave_the_slice_at_once_not_kept_as_gone(
     assert not [e for e in logs if e.get("reason") in ("device-gone", "write-refused", "feature-gate-off")]
 
 
+def test_a_mig_device_unmade_while_the_probe_reads_the_gpus_is_not_taken_for_someone_elses(
+        gated_api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
+    """A probe reads the GPUs, then what the plugin made: a claim unprepared in between (its MIG device
+    destroyed, its record gone) must not make the MIG device the probe saw pass for someone else's, its
+    placements withdrawn and the slice written twice (a claim allocated one of them meanwhile would fail)."""
+    with dynamic_plugin(gated_api, drakubelet, dirs) as run:
+        claim, answer = prepared(drakubelet, run, "racing", "gpu-5-mig-3g20gb-9-4")
+        assert answer.error == "" and mig_layout(run.nvml, 5) == [("3g.20gb", 4)]
+        before = run.devices()
+        probe, unprepared = run.plugin.host.probe, []
+
+        def probe_then_unprepare() -> Any:
+            inventory = probe()
+            if not unprepared:  # the GPUs read with the MIG device; the claim unprepared before the ledger is
+                unprepared.append(drakubelet.unprepare("pod-racing", [claim])[claim.uid].error)
+            return inventory
+        run.plugin.host.probe = probe_then_unprepare  # type: ignore[method-assign]
+        since = time.monotonic()
+        run.sighup()
+        wait_for(lambda: unprepared)
+        run.sighup()  # the loop's next probe: the one that raced is over, what it published is written
+        wait_for(lambda: run.plugin.publisher.in_sync)
+        assert unprepared == [""] and mig_layout(run.nvml, 5) == []
+        assert run.devices() == before and "consumesCounters" in run.device("gpu-5-mig-3g20gb-9-4")
+        assert not [v for v in ("create", "update", "delete") if gated_api.log.count(v, "resourceslices", since)]
+
+
 def test_a_restart_undoes_what_was_made_for_claims_never_prepared_and_nothing_else(
         gated_api: FakeApiServer, drakubelet: FakeDraKubelet, dirs: Dirs) -> None:
     plugin = dynamic_plugin(gated_api, drakubelet, dirs)
