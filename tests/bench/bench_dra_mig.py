@@ -11,7 +11,10 @@ Budgets (issue 30):
     simulated NVML (the GPU and compute instance made, the ledger and checkpoint records, the CDI
     spec written), each claim unprepared (its MIG device destroyed) before the next; the devices go
     round the GPUs, profiles and placements;
-  - 0 ResourceSlice writes while idle.
+  - 0 ResourceSlice writes while idle (``--idle`` seconds, a probe every second: the probes counted
+    on the plugin's /metrics).
+
+Each budget's line ends ``ok`` or ``OVER BUDGET``; exits 1 when one is over.
 
     python tests/bench/bench_dra_mig.py [--claims 400] [--idle 20]
 """
@@ -37,6 +40,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench.bench_daemon import metric  # noqa: E402
 from tests.bench.bench_dra import percentile, slice_writes, wait  # noqa: E402
 from tests.bench.bench_plugin import rss_mib  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
@@ -64,7 +68,11 @@ def seconds_after_start(log: Path) -> float:
     return (stamp[done] - stamp[0]).total_seconds()
 
 
-def main() -> None:
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "OVER BUDGET"
+
+
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--claims", type=int, default=400)
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle to count writes over")
@@ -91,9 +99,13 @@ def main() -> None:
             wait(lambda: "ResourceSlices published" in log.read_text())
             slices = api.slices(NODE, NVIDIA)
             devices = [d["name"] for s in slices for d in s["spec"]["devices"]]
-            print(f"8 A100 40GB, MIG enabled, dynamicMig: {len(slices)} slices, {len(devices)} devices; counter sets "
-                  f"published {seconds_after_start(log) * 1000:.0f} ms after the plugin started (budget <= 1 s), "
-                  f"{published * 1000:.0f} ms after the process started (interpreter start and imports included)")
+            after_start = seconds_after_start(log)
+            counted = sum(1 for s in slices if s["spec"].get("sharedCounters"))
+            within = after_start <= 1.0 and counted == 8
+            print(f"8 A100 40GB, MIG enabled, dynamicMig: {len(slices)} slices ({counted} with a counter set), "
+                  f"{len(devices)} devices; counter sets published {after_start * 1000:.0f} ms after the plugin "
+                  f"started (budget <= 1 s: {verdict(within)}), {published * 1000:.0f} ms after the process started "
+                  "(interpreter start and imports included)")
             wait(lambda: kubelet.registered(NVIDIA))
 
             claims = []
@@ -114,22 +126,31 @@ def main() -> None:
                 unprepares.append((time.perf_counter() - began) * 1000)
                 if gone.error:
                     raise SystemExit(f"unprepare failed: {gone.error}")
+            p99 = percentile(prepares, 99)
+            within = within and p99 <= 100
             print(f"NodePrepareResources of one MIG device made at prepare, {args.claims} claims over "
                   f"{min(args.claims, len(devices))} profiles and placements: "
                   f"p50 {statistics.median(prepares):.2f} ms, "
-                  f"p99 {percentile(prepares, 99):.2f} ms, max {max(prepares):.2f} ms (budget p99 <= 100 ms); "
+                  f"p99 {p99:.2f} ms, max {max(prepares):.2f} ms (budget p99 <= 100 ms: {verdict(p99 <= 100)}); "
                   f"NodeUnprepareResources (MIG device destroyed): p50 {statistics.median(unprepares):.2f} ms, "
                   f"p99 {percentile(unprepares, 99):.2f} ms; plugin RSS {rss_mib(process.pid):.1f} MiB")
-            idle_from = time.monotonic()
-            time.sleep(args.idle)
-            print(f"idle {args.idle:.0f} s: {slice_writes(api, idle_from)} ResourceSlice writes "
-                  f"(budget 0; {slice_writes(api)} in all, the first publication included)")
+            port = next(json.loads(line)["port"] for line in log.read_text().splitlines()
+                        if '"metrics server listening"' in line)
+            idle_from, probes = time.monotonic(), metric(port, "gpu_labeller_dra_probes_total")
+            time.sleep(args.idle)  # a measurement over a span: nothing is awaited
+            idle = slice_writes(api, idle_from)
+            probed = metric(port, "gpu_labeller_dra_probes_total") - probes
+            within = within and idle == 0 and probed > 0
+            print(f"idle {args.idle:.0f} s: {idle} ResourceSlice writes over {probed:.0f} probes "
+                  f"(budget 0: {verdict(idle == 0 and probed > 0)}; {slice_writes(api)} in all, the first "
+                  "publication included)")
         finally:
             process.terminate()
             process.wait(10)
             if not os.environ.get("BENCH_KEEP"):
                 shutil.rmtree(work, ignore_errors=True)
+    return 0 if within else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

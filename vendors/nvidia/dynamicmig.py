@@ -77,33 +77,48 @@ class _Taken:
     compute: int = 0
 
 
+_SUMMED = ("memory", COMPUTE_SLICES, *(counter for counter, _, _ in _COUNTED))  # the counters _vector gives
+
+
+def _vector(profile: MigProfile) -> tuple[int, ...]:
+    """What a MIG device of ``profile`` takes of each counter of ``_SUMMED``, in that order."""
+    return (profile.memory_mib * MIB, profile.slices, *(getattr(profile, field) for _, _, field in _COUNTED))
+
+
 @functools.lru_cache(maxsize=64)
 def _most(profiles: tuple[MigProfile, ...], taken: _Taken) -> tuple[tuple[str, int], ...]:
     """Each counter's most, over every set of placements the GPU can hold together beside what is
-    taken: no overlap, each profile within its instances, the GPU within its compute slices."""
+    taken: no overlap, each profile within its instances, the GPU within its compute slices.
+
+    Every subset of a set that fits fits too, so the search grows sets from placements that fit alone,
+    each placement's memory slices a bit mask (an A100's 2,300 sets in a few milliseconds); a memory
+    slice's most is 1 where a placement that fits alone covers it."""
     total_compute = max(p.slices for p in profiles)
     held = dict(taken.instances)
-    free = sorted(((p, start, size) for p in profiles for start, size in p.placements
-                   if taken.slices.isdisjoint(range(start, start + size))), key=lambda item: item[1])
-    most: dict[str, int] = {}
+    alone = [(p, start, size) for p in profiles for start, size in p.placements
+             if taken.slices.isdisjoint(range(start, start + size)) and held.get(p.id, 0) < p.instances
+             and taken.compute + p.slices <= total_compute]
+    if not alone:
+        return ()
+    free = [(sum(1 << i for i in range(start, start + size)), p.id, p.instances, p.slices, _vector(p))
+            for p, start, size in alone]
+    best = [0] * len(_SUMMED)
 
-    def visit(first: int, used: frozenset[int], counts: dict[int, int], sums: dict[str, int], compute: int) -> None:
-        for counter, value in sums.items():
-            most[counter] = max(most.get(counter, 0), value)
+    def visit(first: int, used: int, counts: dict[int, int], sums: tuple[int, ...], compute: int) -> None:
+        for k, value in enumerate(sums):
+            if value > best[k]:
+                best[k] = value
         for n in range(first, len(free)):
-            profile, start, size = free[n]
-            cover = range(start, start + size)
-            if (not used.isdisjoint(cover) or counts.get(profile.id, 0) >= profile.instances
-                    or compute + profile.slices > total_compute):
+            cover, profile_id, instances, slices, more = free[n]
+            if used & cover or counts.get(profile_id, 0) >= instances or compute + slices > total_compute:
                 continue
-            counts[profile.id] = counts.get(profile.id, 0) + 1
-            more = takes(profile, start, size)
-            visit(n + 1, used | set(cover), counts, {k: sums.get(k, 0) + more.get(k, 0) for k in sums.keys() | more},
-                  compute + profile.slices)
-            counts[profile.id] -= 1
+            counts[profile_id] = counts.get(profile_id, 0) + 1
+            visit(n + 1, used | cover, counts, tuple(a + b for a, b in zip(sums, more)), compute + slices)
+            counts[profile_id] -= 1
 
-    visit(0, frozenset(), dict(held), {}, taken.compute)
-    return tuple(sorted(most.items()))
+    visit(0, 0, held, (0,) * len(_SUMMED), taken.compute)
+    slices = {i for _, start, size in alone for i in range(start, start + size)}
+    return tuple(sorted([*zip(_SUMMED, best), *((memory_slice(i), 1) for i in slices)]))
 
 
 def _gpu_instances(migs: Iterable[MigDevice]) -> dict[int, MigDevice]:
