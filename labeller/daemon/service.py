@@ -33,7 +33,7 @@ from labeller.daemon.reconcile import (
 from labeller.cluster.permissions import PermissionLog
 from labeller.daemon.sinks import NodeMissing, NotOurs, PermissionDenied, Sink, SinkError, Unavailable
 from labeller.inventory import ProbeError
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 from labeller.process.loop import LoopOptions
 
 if TYPE_CHECKING:

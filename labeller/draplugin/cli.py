@@ -25,7 +25,7 @@ from labeller.process.configsource import ConfigSource
 from labeller.process.follow import ConfigMetrics, follow_own_node
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
-from labeller.runtime import defer_signals
+from labeller.process.signals import defer_signals
 from labeller.vendor.dra import ConfigSettings
 from vendors import VENDORS
 

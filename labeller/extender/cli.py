@@ -30,7 +30,7 @@ from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.errors import InputError
 from labeller.process.httpserver import (HealthServer, HttpLimits, raise_open_files_limit, server_tls,
                                          start_http_server)
-from labeller.runtime import defer_signals, run_until_signalled
+from labeller.process.signals import defer_signals, run_until_signalled
 
 log = structlog.get_logger("gpu_labeller.extender")
 

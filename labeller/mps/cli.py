@@ -16,7 +16,7 @@ from labeller.commands.params import Duration
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
-from labeller.runtime import defer_signals
+from labeller.process.signals import defer_signals
 from vendors.nvidia.mpscontrol import Tools
 
 log = structlog.get_logger(__name__)

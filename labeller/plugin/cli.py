@@ -25,7 +25,7 @@ from labeller.plugin.prober import Prober
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, serve
-from labeller.runtime import defer_signals
+from labeller.process.signals import defer_signals
 
 if TYPE_CHECKING:
     from labeller.plugin.gpushare_allocate import PodApi

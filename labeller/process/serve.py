@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from labeller.process.loop import ProcessLoop
 from labeller.process.httpserver import start_http_server
-from labeller.runtime import run_until_signalled
+from labeller.process.signals import run_until_signalled
 
 log = structlog.get_logger(__name__)
 

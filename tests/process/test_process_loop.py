@@ -18,7 +18,7 @@ from labeller.host import Host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import Exit, LoopOptions, ProcessLoop
 from labeller.process.serve import Endpoints, readiness
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 from tests.builders import wait_for
 
 
