@@ -32,7 +32,7 @@ from labeller.daemon.desired import Desired
 from labeller.daemon.reconcile import FightGuard, ProbeResult
 from labeller.daemon.reports import Reports
 from labeller.daemon.sinks import NodeMissing, NotOurs, PermissionDenied, Sink, SinkError
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 from labeller.process.loop import LoopOptions
 
 if TYPE_CHECKING:

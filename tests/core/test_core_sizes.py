@@ -55,8 +55,6 @@ PENDING = frozenset({
     "class labeller.process.connections.ConnectionServer",
     "class labeller.process.follow.ConfigFollower",
     "class labeller.process.loop.ProcessLoop",
-    "function labeller.process.httpserver._handler",
-    "imports labeller.daemon.cli",
 })
 
 PROPERTY_DECORATORS = {"property", "cached_property", "functools.cached_property"}
