@@ -19,9 +19,9 @@ each vendor the config serves through DRA (``Host.dra_devices``), one driver per
   that is an unhealthy device left out of its slice instead of tainted.
 
 Under ``labeller.dra.dynamicMig`` a vendor publishes devices that are made at prepare, drawing on
-shared counters (KEP-4815); the plugin tells it which devices it made (each driver's ledger,
-``labeller.draplugin.ledger``) and whether the API server keeps counters (``DraState``): without
-DRAPartitionableDevices, the vendors publish the partitions that exist, as without dynamicMig.
+shared counters (KEP-4815); each probe tells it which devices the driver made and whether the API
+server keeps counters (``derive.Derivation``: without DRAPartitionableDevices, the vendors publish
+the partitions that exist, as without dynamicMig).
 
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
@@ -46,8 +46,8 @@ from labeller.config import ConfigError
 from labeller.draplugin.cdi import ClaimSpecs
 from labeller.draplugin.checkpoint import Checkpoint
 from labeller.draplugin.configs import DriverConfigs
-from labeller.draplugin.gates import PARTITIONABLE_DEVICES, GateFallbacks
-from labeller.draplugin.ledger import Ledger
+from labeller.draplugin.derive import Derivation, Found
+from labeller.draplugin.gates import GateFallbacks
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
 from labeller.draplugin.publisher import SliceApi, SlicePublisher
@@ -55,11 +55,10 @@ from labeller.draplugin.server import DraService, DriverSockets
 from labeller.draplugin.taints import DEFAULT_HOLD_S, GATE, Gone, published
 from labeller.host import Host
 from labeller.inventory import Inventory, ProbeError
-from labeller.offer import Offer
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
-from labeller.vendor.dra import ConfigSettings, DraState
+from labeller.vendor.dra import ConfigSettings
 
 log = structlog.get_logger(__name__)
 
@@ -127,8 +126,7 @@ class DraPlugin:
         self._next_tick = 0.0
         self.probes = 0  # probes done (a test awaits the next one)
         self._served: tuple[str, ...] | None = None  # the drivers served, as last said
-        self._ledgers: dict[str, Ledger] = {}  # driver -> what it made for claims
-        self._probed: tuple[Inventory, Offer] | None = None  # the last probe, to derive again under the gates off
+        self.derivation = Derivation(host, settings.plugins_dir, self.gates)  # each probe's devices
         self._republish = threading.Event()  # a gate turned out off: derive and publish again (the loop's work)
         self._wake: Callable[[], None] = lambda: None
 
@@ -151,10 +149,7 @@ class DraPlugin:
         self.probes += 1
         self.metrics.probes.inc()
         try:
-            inventory, states = self._read_node()
-            offer = self.host.offer(inventory)
-            found = self.host.dra_devices(inventory, offer, states=states)
-            self._probed = (inventory, offer)
+            inventory, found = self.derivation.probe()
         except ProbeError as exc:
             return str(exc)
         except ConfigError as exc:
@@ -194,9 +189,9 @@ class DraPlugin:
         log.info("devices found; publishing", reason="driver-ready", attempts=attempts, waited_s=round(waited_s, 1))
 
     def work(self, now: float) -> float:
-        if self._republish.is_set() and self._probed is not None:
+        if self._republish.is_set():
             self._republish.clear()
-            self._publish_again(*self._probed)
+            self._publish_again()
         if now >= self._next_tick:
             for driver in self.drivers.values():
                 try:
@@ -251,64 +246,21 @@ class DraPlugin:
         self.drivers = drivers
         return problems
 
-    # --- devices made at prepare, and the API server's counters --------------------------------------
+    # --- a gate found off: the last probe published again ----------------------------------------
 
-    def _ledger(self, driver: str) -> Ledger | None:
-        """The driver's ledger of what it made (its vendor makes devices at prepare); OSError when its
-        directory cannot be kept."""
-        vendor = self._vendor(driver)
-        if vendor.dra is None or vendor.dra.maker is None:
-            return None
-        if driver not in self._ledgers:
-            self._ledgers[driver] = Ledger(self.settings.plugins_dir, driver)
-        return self._ledgers[driver]
-
-    def _states(self) -> dict[str, DraState]:
-        """What each driver made, and whether the API server keeps counters (DRAPartitionableDevices)."""
-        counters = PARTITIONABLE_DEVICES not in self.gates.off
-        states = {}
-        for vendor in self.host.vendors:
-            if vendor.dra is None:
-                continue
-            driver = vendor.dra.driver
-            try:
-                ledger = self._ledger(driver)
-            except OSError as exc:  # made devices are then taken as someone else's: left alone
-                log.error("cannot read what the driver made for claims", reason="bad-directory", driver=driver,
-                          error=str(exc.strerror or exc))
-                ledger = None
-            states[driver] = DraState(ledger.names() if ledger is not None else frozenset(), counters)
-        return states
-
-    def _read_node(self) -> tuple[Inventory, dict[str, DraState]]:
-        """The node's inventory and what each driver made, read so that they agree. The GPUs are read
-        first, then the ledgers: a device undone in between (a claim unprepared meanwhile) would be one
-        the GPUs have and no ledger holds, someone else's to the vendor, its placements withdrawn until
-        the next probe. So both are read again while a ledger changed meanwhile (three times at most: a
-        node that busy is settled by the next probe)."""
-        for _ in range(3):
-            changes = self._ledger_changes()
-            inventory = self.host.probe()
-            states = self._states()
-            if self._ledger_changes() == changes:
-                break
-        return inventory, states
-
-    def _ledger_changes(self) -> int:
-        """Changes to every driver's ledger so far (a ledger opened meanwhile adds none)."""
-        return sum(ledger.changes for ledger in list(self._ledgers.values()))
-
-    def _publish_again(self, inventory: Inventory, offer: Offer) -> None:
+    def _publish_again(self) -> None:
         """The last probe's devices, derived again under the gates now off, and served (the loop's thread)."""
         try:
-            found = self.host.dra_devices(inventory, offer, states=self._states())
+            again = self.derivation.again()
         except Exception:  # as in probe: a bug must not end the plugin; the next probe tries again
             log.exception("publishing again failed", reason="probe-failed")
             return
-        self._carry_forward(inventory, found)
-        self.serve(found)
+        if again is not None:
+            inventory, found = again
+            self._carry_forward(inventory, found)
+            self.serve(found)
 
-    def _carry_forward(self, inventory: Inventory, found: dict[str, list[DraDevice]]) -> None:
+    def _carry_forward(self, inventory: Inventory, found: Found) -> None:
         """A vendor whose backend failed keeps what it published: see the module docstring."""
         failed = failed_vendors(inventory)
         for driver, devices in self._devices.items():
@@ -329,7 +281,7 @@ class DraPlugin:
             assert entry is not None
             return self._as_published(driver, entry.snapshot)
 
-        ledger = self._ledger(driver)
+        ledger = self.derivation.ledger(vendor)
         maker = vendor.dra.maker if vendor.dra is not None else None
         make = (lambda: maker(self.host.host_root, self.host.handles)) if maker is not None else None
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,

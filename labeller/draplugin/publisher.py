@@ -63,7 +63,7 @@ from labeller.quantity import parse as parse_quantity
 from labeller.cluster.reflector import Reflector
 from labeller.draplugin.metrics import DraMetrics
 from labeller.resourceslices import DraDevice, resource_slices
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 
 log = structlog.get_logger(__name__)
 
