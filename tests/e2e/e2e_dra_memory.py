@@ -47,7 +47,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from fractions import Fraction
@@ -59,8 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from labeller.quantity import parse as parse_quantity  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
-from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, check, figure, verdict,  # noqa: E402
-                                wait)
+from tests.e2e.draplane import (Cluster, Node, check, figure, open_plane, verdict, wait)  # noqa: E402
 from tests.e2e.e2e_dra import claim_template, pod, request  # noqa: E402
 
 NODE, PROFILE = "mem-t4", "t4-x4-gpushare"
@@ -402,14 +400,11 @@ def start(cluster: Cluster, work: Path, gates: bool) -> MemoryNode:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_k8s_dra_argument(parser)
     parser.add_argument("--pods", type=int, default=36)
-    args = parser.parse_args()
-    if not (args.k8s_dra / "up.sh").exists():
-        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+    opened = open_plane(parser, "glm-")
+    if opened is None:
         return 2
-    work = Path(tempfile.mkdtemp(prefix="glm-", dir="/tmp"))
-    cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
+    args, cluster, work = opened
     node: MemoryNode | None = None
     try:
         node = start(cluster, work, gates=True)

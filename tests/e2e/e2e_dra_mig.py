@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -53,8 +51,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
-                                figure, verdict, wait)
+from tests.e2e.draplane import (Cluster, Node, chart_device_classes, check, figure, open_plane, verdict,  # noqa: E402
+                                wait)
 from tests.e2e.e2e_dra import claim_template, delete_pod, pod, prepared, request  # noqa: E402
 
 NODE, AMD_NODE = "dra-mig-dyn", "dra-amd-dyn"
@@ -331,13 +329,10 @@ def run_phase(cluster: Cluster, work: Path, gate: bool) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_k8s_dra_argument(parser)
-    args = parser.parse_args()
-    if not (args.k8s_dra / "up.sh").exists():
-        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+    opened = open_plane(parser, "gld-mig-")
+    if opened is None:
         return 2
-    work = Path(tempfile.mkdtemp(prefix="gld-mig-", dir="/tmp"))
-    cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
+    _, cluster, work = opened
     began = time.monotonic()
     run_phase(cluster, work, gate=True)
     run_phase(cluster, work, gate=False)
