@@ -13,9 +13,15 @@ each vendor the config serves through DRA (``Host.dra_devices``), one driver per
   board and the vendors' checkers, ``labeller.process.health``): an unhealthy device stays in its
   slice with device taints saying why, and one gone from the probe stays a while tainted NoExecute
   (``labeller.draplugin.taints``). A claim that names an unhealthy device is refused;
-- fields of a feature gate the API server has off are dropped by it; the publisher says so and the
-  plugin publishes without that feature from then on (``gates.GateFallbacks``: one line per gate).
-  Without DRADeviceTaints, that is an unhealthy device left out of its slice instead of tainted.
+- fields of a feature gate the API server has off are dropped by it (or refused, naming them); the
+  publisher says so and the plugin derives the last probe's devices again and publishes them without
+  that feature from then on (``gates.GateFallbacks``: one line per gate). Without DRADeviceTaints,
+  that is an unhealthy device left out of its slice instead of tainted.
+
+Under ``labeller.dra.dynamicMig`` a vendor publishes devices that are made at prepare, drawing on
+shared counters (KEP-4815); each probe tells it which devices the driver made and whether the API
+server keeps counters (``derive.Derivation``: without DRAPartitionableDevices, the vendors publish
+the partitions that exist, as without dynamicMig).
 
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
@@ -40,6 +46,7 @@ from labeller.config import ConfigError
 from labeller.draplugin.cdi import ClaimSpecs
 from labeller.draplugin.checkpoint import Checkpoint
 from labeller.draplugin.configs import DriverConfigs
+from labeller.draplugin.derive import Derivation, Found
 from labeller.draplugin.gates import GateFallbacks
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
@@ -119,6 +126,9 @@ class DraPlugin:
         self._next_tick = 0.0
         self.probes = 0  # probes done (a test awaits the next one)
         self._served: tuple[str, ...] | None = None  # the drivers served, as last said
+        self.derivation = Derivation(host, settings.plugins_dir, self.gates)  # each probe's devices
+        self._republish = threading.Event()  # a gate turned out off: derive and publish again (the loop's work)
+        self._wake: Callable[[], None] = lambda: None
 
     # --- the Service ---------------------------------------------------------------------------
 
@@ -132,15 +142,14 @@ class DraPlugin:
         return all(d.sockets.registered for d in drivers) and self.publisher.in_sync
 
     def begin(self, wake: Callable[[], None], stop: threading.Event) -> None:
+        self._wake = wake
         self.publisher.start()
 
     def probe(self) -> str | None:
         self.probes += 1
         self.metrics.probes.inc()
         try:
-            inventory = self.host.probe()
-            offer = self.host.offer(inventory)
-            found = self.host.dra_devices(inventory, offer)
+            inventory, found = self.derivation.probe()
         except ProbeError as exc:
             return str(exc)
         except ConfigError as exc:
@@ -149,10 +158,7 @@ class DraPlugin:
         except Exception as exc:  # a bug in a probe must not end the plugin: it is retried like a late driver
             log.exception("probe failed", reason="probe-failed")
             return f"probe failed: {type(exc).__name__}: {exc}"
-        failed = failed_vendors(inventory)
-        for driver, devices in self._devices.items():
-            if driver not in found and self._vendor(driver).name in failed:
-                found[driver] = devices  # carried forward: see the module docstring
+        self._carry_forward(inventory, found)
         troubles = self.serve(found)
         troubles += [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
         if troubles:
@@ -183,6 +189,9 @@ class DraPlugin:
         log.info("devices found; publishing", reason="driver-ready", attempts=attempts, waited_s=round(waited_s, 1))
 
     def work(self, now: float) -> float:
+        if self._republish.is_set():
+            self._republish.clear()
+            self._publish_again()
         if now >= self._next_tick:
             for driver in self.drivers.values():
                 try:
@@ -237,6 +246,27 @@ class DraPlugin:
         self.drivers = drivers
         return problems
 
+    # --- a gate found off: the last probe published again ----------------------------------------
+
+    def _publish_again(self) -> None:
+        """The last probe's devices, derived again under the gates now off, and served (the loop's thread)."""
+        try:
+            again = self.derivation.again()
+        except Exception:  # as in probe: a bug must not end the plugin; the next probe tries again
+            log.exception("publishing again failed", reason="probe-failed")
+            return
+        if again is not None:
+            inventory, found = again
+            self._carry_forward(inventory, found)
+            self.serve(found)
+
+    def _carry_forward(self, inventory: Inventory, found: Found) -> None:
+        """A vendor whose backend failed keeps what it published: see the module docstring."""
+        failed = failed_vendors(inventory)
+        for driver, devices in self._devices.items():
+            if driver not in found and self._vendor(driver).name in failed:
+                found[driver] = devices
+
     def _vendor(self, driver: str) -> Vendor:
         return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)
 
@@ -251,8 +281,11 @@ class DraPlugin:
             assert entry is not None
             return self._as_published(driver, entry.snapshot)
 
+        ledger = self.derivation.ledger(vendor)
+        maker = vendor.dra.maker if vendor.dra is not None else None
+        make = (lambda: maker(self.host.host_root, self.host.handles)) if maker is not None else None
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
-                            current, configs)
+                            current, configs, ledger, make)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
         entry = _Driver(sockets, snapshot, preparer)
@@ -291,13 +324,17 @@ class DraPlugin:
                 self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(
                     len(devices) - well + len(gone.get(driver, ())))
 
-    def _on_dropped(self, driver: str, fields: frozenset[str]) -> None:
-        """The API server did not keep these fields (the publisher's worker): publish again without the
-        feature gates that turned out off (``labeller.draplugin.gates``)."""
-        if self.gates.dropped(driver, fields):
+    def _on_dropped(self, driver: str, fields: frozenset[str], refused: str = "") -> bool:
+        """The API server did not keep these fields, or refused a slice naming them (``refused``: its
+        message) (the publisher's worker): the loop derives the last probe's devices again and publishes
+        them without the feature gates that turned out off (``labeller.draplugin.gates``). Whether the
+        fields are a gate's that is off."""
+        if self.gates.dropped(driver, fields, refused):
             for gate in self.gates.off:
                 self.metrics.gates_off.labels(gate=gate).set(1)
-            self._publish()
+            self._republish.set()
+            self._wake()
+        return self.gates.off_for(fields)
 
     # --- health -----------------------------------------------------------------------------------
 

@@ -132,113 +132,123 @@ Answer = tuple[int, bytes, str]  # HTTP code, body, content type
 App = Callable[[str, str, bytes], "Answer | None"]
 
 
-def _handler(ready: Callable[[], bool], healthy: Callable[[], bool], registry: CollectorRegistry | None,
-             app: App | None, limits: HttpLimits) -> Callable[[Connection], bool]:
-    """``serve(connection)``: answer the requests of one connection that has sent its first bytes,
-    for as long as they come back to back; whether to keep the connection open."""
+@dataclass(frozen=True)
+class Site:
+    """What one server answers: ``app`` first, then /healthz (``healthy``), /readyz (``ready``) and
+    /metrics (``registry``, when given), within ``limits``."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
-        disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
+    ready: Callable[[], bool]
+    healthy: Callable[[], bool]
+    registry: CollectorRegistry | None
+    app: App | None
+    limits: HttpLimits
 
-        def __init__(self, connection: Connection) -> None:
-            # BaseRequestHandler.__init__ without the socketserver it would keep: there is none here
-            self.first_bytes = connection.first_bytes
-            self.request, self.client_address = connection.sock, connection.address
-            self.setup()
-            try:
-                self.handle()
-            finally:
-                self.finish()
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+class Handler(BaseHTTPRequestHandler):
+    """Answers the requests of one connection that has sent its first bytes, for as long as they come
+    back to back; ``close_connection`` says afterwards whether to close it."""
 
-        def setup(self) -> None:
-            super().setup()
-            self.rfile.close()  # the socket's own file: reads go through the deadline instead
-            self._reader = _DeadlineReader(self.connection, limits.request_timeout_s, self.first_bytes)
-            self.rfile = self._buffered = io.BufferedReader(self._reader)
+    protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
+    disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
 
-        def handle(self) -> None:
-            self.close_connection = True  # until a request says otherwise
+    def __init__(self, connection: Connection, site: Site) -> None:
+        # BaseRequestHandler.__init__ without the socketserver it would keep: there is none here
+        self.site, self.first_bytes = site, connection.first_bytes
+        self.request, self.client_address = connection.sock, connection.address
+        self.setup()
+        try:
+            self.handle()
+        finally:
+            self.finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: reads go through the deadline instead
+        self._reader = _DeadlineReader(self.connection, self.site.limits.request_timeout_s, self.first_bytes)
+        self.rfile = self._buffered = io.BufferedReader(self._reader)
+
+    def handle(self) -> None:
+        self.close_connection = True  # until a request says otherwise
+        self.handle_one_request()
+        while not self.close_connection and self._next_request_comes():
             self.handle_one_request()
-            while not self.close_connection and self._next_request_comes():
-                self.handle_one_request()
 
-        def _next_request_comes(self) -> bool:
-            """Whether the next request's bytes come within the linger (or are here already)."""
-            self._reader.linger(KEEP_ALIVE_LINGER_S)
-            if self._buffered.peek(1):
-                return True
-            self.close_connection = self._reader.eof
-            return False
+    def _next_request_comes(self) -> bool:
+        """Whether the next request's bytes come within the linger (or are here already)."""
+        self._reader.linger(KEEP_ALIVE_LINGER_S)
+        if self._buffered.peek(1):
+            return True
+        self.close_connection = self._reader.eof
+        return False
 
-        def handle_one_request(self) -> None:
-            self._reader.restart()
-            super().handle_one_request()
+    def handle_one_request(self) -> None:
+        self._reader.restart()
+        super().handle_one_request()
 
-        def _body(self) -> bytes | None:
-            """The request's body, or None once it was refused: no usable Content-Length, or over the cap."""
-            length = self.headers.get("Content-Length")
-            refusal = (411, "a Content-Length is required\n") if length is None else (
-                (400, f"Content-Length {length!r} is not a length\n") if not length.strip().isdigit() else
-                (413, f"body of {int(length)} bytes is over the limit of {limits.max_body_bytes} (--max-body-bytes)\n")
-                if int(length) > limits.max_body_bytes else None)
-            if refusal is not None:
-                self.close_connection = True  # the body is not read: nothing more on this connection is
-                self._answer(refusal[0], refusal[1].encode())
-                return None
-            body = self.rfile.read(int(length or 0))
-            if len(body) < int(length or 0):
-                self.close_connection = True
-                return None
-            return body
+    def _body(self) -> bytes | None:
+        """The request's body, or None once it was refused: no usable Content-Length, or over the cap."""
+        length, cap = self.headers.get("Content-Length"), self.site.limits.max_body_bytes
+        refusal = (411, "a Content-Length is required\n") if length is None else (
+            (400, f"Content-Length {length!r} is not a length\n") if not length.strip().isdigit() else
+            (413, f"body of {int(length)} bytes is over the limit of {cap} (--max-body-bytes)\n")
+            if int(length) > cap else None)
+        if refusal is not None:
+            self.close_connection = True  # the body is not read: nothing more on this connection is
+            self._answer(refusal[0], refusal[1].encode())
+            return None
+        body = self.rfile.read(int(length or 0))
+        if len(body) < int(length or 0):
+            self.close_connection = True
+            return None
+        return body
 
-        def do_POST(self) -> None:
-            body = self._body()
-            if body is None:
-                return
-            answer = self._call("POST", body)
-            self._answer(*answer if answer is not None else (404, b"not found\n"))
+    def do_POST(self) -> None:
+        body = self._body()
+        if body is None:
+            return
+        answer = self._call("POST", body)
+        self._answer(*answer if answer is not None else (404, b"not found\n"))
 
-        def _call(self, method: str, body: bytes) -> Answer | None:
-            if app is None:
-                return None
-            try:
-                return app(method, self.path.split("?", 1)[0], body)
-            except Exception:  # one line to the client, the traceback to the log
-                log.exception("request failed", reason="request-failed", path=self.path.split("?", 1)[0])
-                return 500, b"internal error\n", "text/plain; charset=utf-8"
+    def _call(self, method: str, body: bytes) -> Answer | None:
+        if self.site.app is None:
+            return None
+        try:
+            return self.site.app(method, self.path.split("?", 1)[0], body)
+        except Exception:  # one line to the client, the traceback to the log
+            log.exception("request failed", reason="request-failed", path=self.path.split("?", 1)[0])
+            return 500, b"internal error\n", "text/plain; charset=utf-8"
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            answer = self._call("GET", b"")
-            if answer is not None:
-                self._answer(*answer)
-            elif path == "/healthz":
-                self._answer(*(200, b"ok\n") if healthy() else (503, b"loop stalled\n"))
-            elif path == "/readyz":
-                self._answer(*(200, b"ready\n") if ready() else (503, b"not ready\n"))
-            elif path == "/metrics" and registry is not None:
-                self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            else:
-                self._answer(404, b"not found\n")
+    def do_GET(self) -> None:
+        path, site = self.path.split("?", 1)[0], self.site
+        answer = self._call("GET", b"")
+        if answer is not None:
+            self._answer(*answer)
+        elif path == "/healthz":
+            self._answer(*(200, b"ok\n") if site.healthy() else (503, b"loop stalled\n"))
+        elif path == "/readyz":
+            self._answer(*(200, b"ready\n") if site.ready() else (503, b"not ready\n"))
+        elif path == "/metrics" and site.registry is not None:
+            self._answer(200, generate_latest(site.registry), CONTENT_TYPE_LATEST)
+        else:
+            self._answer(404, b"not found\n")
 
-        def _answer(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-            self.connection.settimeout(limits.request_timeout_s)
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
+    def _answer(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.connection.settimeout(self.site.limits.request_timeout_s)
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
 
-    def serve(connection: Connection) -> bool:
-        return not Handler(connection).close_connection
 
-    return serve
+def _handler(site: Site) -> Callable[[Connection], bool]:
+    """``serve(connection)`` for the connection server: whether to keep the connection open."""
+    return lambda connection: not Handler(connection, site).close_connection
 
 
 class HealthServer:
@@ -271,7 +281,7 @@ def start_http_server(port: int, bind: str = "0.0.0.0", ready: Callable[[], bool
         listener.close()
         raise PortUnavailable(f"{flag} {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
     bound = int(listener.getsockname()[1])
-    connections = ConnectionServer(listener, _handler(ready, healthy, registry, app, limits),
+    connections = ConnectionServer(listener, _handler(Site(ready, healthy, registry, app, limits)),
                                    max_connections=limits.max_connections,
                                    handshake_timeout_s=limits.tls_handshake_timeout_s,
                                    idle_timeout_s=limits.request_timeout_s, tls=tls, name=f"http-{bound}")

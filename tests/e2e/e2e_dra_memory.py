@@ -47,9 +47,7 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from fractions import Fraction
@@ -61,8 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from labeller.quantity import parse as parse_quantity  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
-from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, check, figure, verdict,  # noqa: E402
-                                wait)
+from tests.e2e.draplane import (Cluster, Node, check, figure, open_plane, verdict, wait)  # noqa: E402
 from tests.e2e.e2e_dra import claim_template, pod, request  # noqa: E402
 
 NODE, PROFILE = "mem-t4", "t4-x4-gpushare"
@@ -101,14 +98,6 @@ class MemoryNode(Node):
              "--registry-dir", str(self.dir / "reg"), "--plugins-dir", str(self.dir / "plugins"),
              "--cdi-spec-dir", str(self.dir / "cdi"), "--metrics-port", "0", "--metrics-bind", "127.0.0.1", *extra],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(self.dir / "plugin.log").open("a"), text=True, env=env)
-
-    def metric(self, name: str) -> float:
-        """The sum of a metric's samples on the plugin's /metrics."""
-        port = [e["port"] for e in self.log() if e.get("event") == "metrics server listening"][-1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + "{", name + " ")))
 
     def spec_env(self, cdi_id: str) -> dict[str, str]:
         return cdi_env(self.spec_files(), cdi_id)
@@ -418,14 +407,11 @@ def start(cluster: Cluster, work: Path, gates: bool) -> MemoryNode:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_k8s_dra_argument(parser)
     parser.add_argument("--pods", type=int, default=36)
-    args = parser.parse_args()
-    if not (args.k8s_dra / "up.sh").exists():
-        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+    opened = open_plane(parser, "glm-")
+    if opened is None:
         return 2
-    work = Path(tempfile.mkdtemp(prefix="glm-", dir="/tmp"))
-    cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
+    args, cluster, work = opened
     node: MemoryNode | None = None
     try:
         node = start(cluster, work, gates=True)
