@@ -12,10 +12,11 @@ under the kubelet's root-dir (k8s-node's kubelet runs with ``--root-dir $NODE_ST
 and MPS root under the node's state folder; the real kubelet v1.34 has our plugin prepare the claims, containerd
 1.6 runs the pods.
 
-Start "gates-on": DRAExtendedResource, DRAConsumableCapacity and DRADeviceTaints on every component: the API server
-(also serving ``resource.k8s.io/v1alpha3``: the 1.34 scheduler with DRADeviceTaints schedules no DRA pod until it
-can list DeviceTaintRules), the scheduler, the controller-manager (also running the device-taint-eviction-controller)
-and the kubelet (``APISERVER_EXTRA_ARGS``, ``SCHEDULER_EXTRA_ARGS``, ``KCM_EXTRA_ARGS``, ``KUBELET_EXTRA_ARGS``).
+Start "gates-on": DRAExtendedResource, DRAConsumableCapacity, DRADeviceTaints and DRAPartitionableDevices on every
+component: the API server (also serving ``resource.k8s.io/v1alpha3``: the 1.34 scheduler with DRADeviceTaints
+schedules no DRA pod until it can list DeviceTaintRules), the scheduler, the controller-manager (also running the
+device-taint-eviction-controller) and the kubelet (``APISERVER_EXTRA_ARGS``, ``SCHEDULER_EXTRA_ARGS``,
+``KCM_EXTRA_ARGS``, ``KUBELET_EXTRA_ARGS``).
 
 1. ``simulate.profile`` (dgx-h100): the DRA plugin registers with the real kubelet and publishes the profile's
    GPUs; the Node's allocatable has no ``nvidia.com/gpu``; the chart's DeviceClass gpu.nvidia.com is stored with
@@ -38,20 +39,27 @@ and the kubelet (``APISERVER_EXTRA_ARGS``, ``SCHEDULER_EXTRA_ARGS``, ``KCM_EXTRA
    published, tainted ``gpu.nvidia.com/gpu-lost:NoExecute``; the eviction controller deletes the pod and the real
    kubelet unprepares its claim; a new pod asking gpu-3 stays Pending; gpu-3 back in the file: untainted, and the
    Pending pod is scheduled onto it and prepared. ``helm uninstall``.
+5. MIG devices made at prepare: the default config ``labeller.dra.dynamicMig: true`` (migStrategy mixed) on
+   dgx-a100-mig-dynamic (A100 40GB: GPUs 0-1 whole, 2-3 split by an admin, 4-7 MIG enabled and empty; the
+   profile file's simulated NVML keeps its MIG devices in a state file beside it, read here): the plugin publishes
+   a counter set for each of GPUs 4-7; NVIDIA's gpu-test4 (four pods, each asking 1g.5gb twice, 2g.10gb and
+   3g.20gb of one GPU) runs 4 of 4: two on the admin's GPUs, and for the other two the real kubelet has our plugin
+   make their MIG devices on two empty GPUs; each claim's CDI spec names its one GPU; the pods deleted, the MIG
+   devices made are destroyed, the admin's left alone. ``helm uninstall``.
 
 Start "gates-off": no gate anywhere (1.34's defaults), the same install as 3-4:
 
-5. The plugin logs one ``reason=feature-gate-off`` line for DRAConsumableCapacity and publishes the GPUs
+6. The plugin logs one ``reason=feature-gate-off`` line for DRAConsumableCapacity and publishes the GPUs
    exclusive; a claim asking 2 GiB of gpu-0 gets the whole GPU (the API server dropped its capacity request), a
    second asking gpu-0 stays Pending; gpu-3 dropped from the file leaves the slice untainted, with one line for
    DRADeviceTaints; the DeviceClass is stored without ``extendedResourceName`` and a pod asking
    ``nvidia.com/gpu: 1`` stays Pending.
 
-The simulated profile of 3-5 is a file (a copy of the built-in t4-x4-gpushare) that this script edits, as
-tests/e2e/e2e_dra_taints.py does. The chart mounts no such file (``simulate.profile`` names a built-in profile):
-the file lives in the DRA plugin's MPS root (``dra.mpsRoot``, a host directory it mounts at the same path) and
-``dra.extraEnv`` points GPU_LABELLER_SIMULATE at it; the labeller and device plugin get the built-in profile the
-same way (``extraEnv``).
+The simulated profile of 3-6 is a file (a copy of the built-in t4-x4-gpushare or dgx-a100-mig-dynamic) that this
+script writes and edits, as tests/e2e/e2e_dra_taints.py does. The chart mounts no such file (``simulate.profile``
+names a built-in profile): the file lives in the DRA plugin's MPS root (``dra.mpsRoot``, a host directory it mounts
+read-write at the same path) and ``dra.extraEnv`` points GPU_LABELLER_SIMULATE at it; the labeller and device
+plugin get the built-in profile the same way (``extraEnv``).
 
 Prints each check and the times; exits with 1 when a check fails (2: cannot start), after stopping the node.
 """
@@ -75,13 +83,16 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e import e2e_node  # noqa: E402
 from tests.e2e.e2e_dra import claim_object, claim_pod  # noqa: E402
 from tests.e2e.e2e_dra_memory import CAPACITY, GIB, cdi_env, prepared_usage, usage  # noqa: E402
+from tests.e2e.e2e_dra_mig import ADMIN_LAYOUT, claim_gpus, dynamic_profile, gpu_test4_objects, layout  # noqa: E402
+from tests.e2e.e2e_dra_mig import PROFILE as MIG_PROFILE  # noqa: E402
 from tests.e2e.e2e_node import NAMESPACE, RELEASE, Cluster, Start, check, figure, took, wait  # noqa: E402
 from tests.plugin.profile_files import write_yaml  # noqa: E402
 
 Obj = dict[str, Any]
 NVIDIA = "gpu.nvidia.com"
 LOST = (f"{NVIDIA}/gpu-lost", "", "NoExecute")
-GATES = "--feature-gates=DRAExtendedResource=true,DRAConsumableCapacity=true,DRADeviceTaints=true"
+GATES = ("--feature-gates=DRAExtendedResource=true,DRAConsumableCapacity=true,DRADeviceTaints=true,"
+         "DRAPartitionableDevices=true")
 GATED = {"APISERVER_EXTRA_ARGS": f"{GATES} --runtime-config=resource.k8s.io/v1alpha3=true",
          "SCHEDULER_EXTRA_ARGS": GATES,
          "KCM_EXTRA_ARGS": f"{GATES} --controllers=device-taint-eviction-controller",  # added to k8s-node's *
@@ -89,6 +100,7 @@ GATED = {"APISERVER_EXTRA_ARGS": f"{GATES} --runtime-config=resource.k8s.io/v1al
 POD = "ext-gpu"
 SHARED = "t4-x4-gpushare"  # 4 Tesla T4 of 15109 MiB: 14 GiB each to share
 MEMORY_CONFIG = {"version": "v1", "sharing": {"memory": {"unit": "GiB"}}}
+DYNAMIC_MIG_CONFIG = {"version": "v1", "flags": {"migStrategy": "mixed"}, "labeller": {"dra": {"dynamicMig": True}}}
 
 
 def values(cluster: Cluster, state: Path) -> Obj:
@@ -107,27 +119,39 @@ def profile_file(state: Path) -> Path:
     return state / "dra-mps" / "simulated" / "node.yaml"
 
 
-def shared_values(cluster: Cluster, state: Path) -> Obj:
-    """The values of 3-5: memory sharing in the default config; the labeller and device plugin on the built-in
-    t4-x4-gpushare, the DRA plugin on the file (a copy of it) this script edits."""
+def file_values(cluster: Cluster, state: Path, builtin: str, config: Obj) -> Obj:
+    """The values of 3-6: ``config`` as the default config; the labeller and device plugin on the built-in
+    profile ``builtin``, the DRA plugin on the profile file (a copy of it) this script writes."""
     out = values(cluster, state)
     out["simulate"] = {"profile": ""}
-    out["config"] = {"data": {"default": MEMORY_CONFIG}}
-    builtin = [{"name": "GPU_LABELLER_SIMULATE", "value": SHARED}]
-    out["labeller"] = {"extraEnv": builtin}
-    out["devicePlugin"] = {"extraEnv": builtin}
+    out["config"] = {"data": {"default": config}}
+    builtin_env = [{"name": "GPU_LABELLER_SIMULATE", "value": builtin}]
+    out["labeller"] = {"extraEnv": builtin_env}
+    out["devicePlugin"] = {"extraEnv": builtin_env}
     out["dra"]["extraEnv"] = [{"name": "GPU_LABELLER_SIMULATE", "value": str(profile_file(state))}]
     return out
+
+
+def write_profile(state: Path, document: Obj) -> Obj:
+    """``document`` as the DRA plugin's profile file, its simulated NVML's state file (a former run's MIG
+    devices) removed; returned."""
+    profile_file(state).parent.mkdir(parents=True, exist_ok=True)
+    if document.get("nvidia", {}).get("state_file"):
+        mig_state(state, document).unlink(missing_ok=True)
+    write_yaml(profile_file(state), document)
+    return document
+
+
+def mig_state(state: Path, document: Obj) -> Path:
+    """Where the simulated NVML of the profile file keeps its MIG devices (its ``nvidia.state_file``)."""
+    return profile_file(state).parent / document["nvidia"]["state_file"]
 
 
 def shared_profile(state: Path) -> Obj:
     """The built-in t4-x4-gpushare, written to the profile file; returned as written."""
     from vendors.simulate import load_profile, resolve
 
-    document = load_profile(resolve(SHARED))
-    profile_file(state).parent.mkdir(parents=True, exist_ok=True)
-    write_yaml(profile_file(state), document)
-    return document
+    return write_profile(state, load_profile(resolve(SHARED)))
 
 
 def without_last_gpu(document: Obj) -> Obj:
@@ -239,18 +263,19 @@ def gate_off_lines(cluster: Cluster) -> list[tuple[str, list[str]]]:
             if e.get("reason") == "feature-gate-off"]
 
 
-def installed(helm: Any, cluster: Cluster, release_values: Obj, devices: int) -> None:
-    """``helm install``, then the DRA plugin Ready and registered with the real kubelet, ``devices`` published."""
+def installed(helm: Any, cluster: Cluster, release_values: Obj, devices: int | None) -> None:
+    """``helm install``, then the DRA plugin Ready and registered with the real kubelet, ``devices`` published
+    (None: some)."""
     began = time.monotonic()
     release = helm.install(str(e2e_node.CHART), RELEASE, release_values, create_namespace=True, timeout=300)
     figure(f"helm install: {time.monotonic() - began:.1f} s (status {release['status']})")
     ready = wait(lambda: cluster.ready("dra-plugin"))
     check(ready is not None, f"the DRA plugin pod Running and Ready ({took(ready)} after the install)")
     registration = Path(release_values["dra"]["registryDir"]) / f"{NVIDIA}-reg.sock"
-    published = wait(lambda: len(nvidia_devices(cluster)) == devices)
+    published = wait(lambda: len(nvidia_devices(cluster)) == devices if devices else nvidia_devices(cluster))
     check(published is not None and registration.is_socket(),
           f"registered with the real kubelet ({registration.name}) and published {len(nvidia_devices(cluster))} "
-          f"GPUs of {NVIDIA} ({took(published)})")
+          f"devices of {NVIDIA} ({took(published)})")
 
 
 def uninstalled(helm: Any, cluster: Cluster, release_values: Obj) -> None:
@@ -456,7 +481,7 @@ def scenario_shared_node(cluster: Cluster, state: Path) -> None:
     import helm_python
 
     profile = shared_profile(state)
-    release_values = shared_values(cluster, state)
+    release_values = file_values(cluster, state, SHARED, MEMORY_CONFIG)
     with helm_python.Config(kubeconfig_path=cluster.kubeconfig, namespace=NAMESPACE) as helm:
         installed(helm, cluster, release_values, 4)
         scenario_memory_sharing(cluster, state)
@@ -466,10 +491,56 @@ def scenario_shared_node(cluster: Cluster, state: Path) -> None:
         uninstalled(helm, cluster, release_values)
 
 
+def scenario_dynamic_mig(cluster: Cluster, state: Path) -> None:
+    import helm_python
+
+    print(f"5. MIG devices made at prepare (labeller.dra.dynamicMig) on {MIG_PROFILE}: NVIDIA's gpu-test4",
+          flush=True)
+    profile = write_profile(state, dynamic_profile())
+    made = mig_state(state, profile)
+    release_values = file_values(cluster, state, MIG_PROFILE, DYNAMIC_MIG_CONFIG)
+    with helm_python.Config(kubeconfig_path=cluster.kubeconfig, namespace=NAMESPACE) as helm:
+        installed(helm, cluster, release_values, None)
+        counted = wait(lambda: len([s for s in cluster.json("get", "resourceslices")["items"]
+                                    if s["spec"].get("nodeName") == cluster.node
+                                    and s["spec"].get("sharedCounters")]) == 4, 60)
+        check(counted is not None, f"a counter set for each of the 4 empty MIG GPUs stored by the API server "
+              f"({took(counted)})")
+        began = time.monotonic()
+        cluster.apply(gpu_test4_objects({"image": cluster.image, "imagePullPolicy": "Never",
+                                         "command": ["python", "-c", "import time; time.sleep(3600)"]}))
+        pods = [f"test4-{n}" for n in range(4)]
+        running = wait(lambda: all(phase(cluster, p) == "Running" for p in pods), 240)
+        check(running is not None, f"4 of 4 gpu-test4 pods (1g.5gb twice, 2g.10gb, 3g.20gb of one GPU each) Running "
+              f"({took(running)} after creation)" + ("" if running is not None else
+                                                    f": {[(p, pending(cluster, p)) for p in pods]}"))
+        figure(f"gpu-test4: 4 pods of 4 containers Running {time.monotonic() - began:.1f} s after creation")
+        layouts = {gpu: layout(made, gpu) for gpu in range(4, 8)}
+        split = [gpu for gpu, devices in layouts.items() if devices]
+        check(len(split) == 2 and all(sorted(p for p, _ in layouts[g]) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
+                                      for g in split),
+              f"the real kubelet had our plugin make the MIG devices of 2 pods at prepare, on GPUs {split}: "
+              f"{[layouts[g] for g in split]}")
+        uids = [c["metadata"]["uid"] for c in cluster.json("get", "resourceclaims", "-n", "default")["items"]
+                if c["metadata"]["name"].startswith("test4-")]
+        per_claim = claim_gpus([path for uid in uids for path in spec_files(state, uid)])
+        check(sorted(sorted(g) for g in per_claim) == sorted([f"/dev/nvidia{g}"] for g in (2, 3, *split)),
+              f"each of the 4 claims prepared, its CDI spec naming its one GPU: {sorted(sorted(g) for g in per_claim)}")
+        check(layout(made, 2) == layout(made, 3) == ADMIN_LAYOUT, "the admin's MIG devices of GPUs 2-3 as they were")
+        delete_pods(cluster, *pods)
+        gone = wait(lambda: not any(spec_files(state, uid) for uid in uids)
+                    and all(layout(made, gpu) == [] for gpu in range(4, 8)), 60)
+        check(gone is not None and layout(made, 2) == layout(made, 3) == ADMIN_LAYOUT,
+              f"the pods deleted: the 4 claims unprepared, the MIG devices made destroyed, the admin's left alone "
+              f"({took(gone)})")
+        uninstalled(helm, cluster, release_values)
+
+
 def gates_on(args: argparse.Namespace) -> int:
     cluster = Cluster(args.state, args.node_name, args.kubectl, args.image, args.profile)
     scenario_extended_resource(cluster, args.state)
     scenario_shared_node(cluster, args.state)
+    scenario_dynamic_mig(cluster, args.state)
     return verdict()
 
 
@@ -478,9 +549,9 @@ def gates_on(args: argparse.Namespace) -> int:
 def scenario_gates_off(cluster: Cluster, state: Path) -> None:
     import helm_python
 
-    print(f"5. the gates off: the same install ({SHARED}, sharing.memory) as before these features", flush=True)
+    print(f"6. the gates off: the same install ({SHARED}, sharing.memory) as before these features", flush=True)
     profile = shared_profile(state)
-    release_values = shared_values(cluster, state)
+    release_values = file_values(cluster, state, SHARED, MEMORY_CONFIG)
     with helm_python.Config(kubeconfig_path=cluster.kubeconfig, namespace=NAMESPACE) as helm:
         installed(helm, cluster, release_values, 4)
         said = wait(lambda: gate_off_lines(cluster), 30)
