@@ -54,7 +54,6 @@ PENDING = frozenset({
     "class labeller.draplugin.publisher.SlicePublisher",
     "class labeller.process.follow.ConfigFollower",
     "class labeller.process.loop.ProcessLoop",
-    "function labeller.process.httpserver._handler",
     "imports labeller.daemon.cli",
 })
 
