@@ -230,7 +230,7 @@ class ConnectionServer:
         self._hand_back.wake()
 
     def _timeout(self) -> float | None:
-        deadlines = [d for d in (self._idle.deadline(), self._acceptor.paused_until) if d is not None]
+        deadlines = [d for d in (*self._idle.deadlines(), self._acceptor.paused_until) if d is not None]
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
     def _on_event(self, key: selectors.SelectorKey) -> None:

@@ -121,9 +121,9 @@ class IdleConnections:
         has shown no certificate yet), else the one longest without a request."""
         return self._handshaking.oldest() or self._waiting.oldest()
 
-    def deadline(self) -> float | None:
-        deadlines = [d for d in (self._handshaking.deadline(), self._waiting.deadline()) if d is not None]
-        return min(deadlines) if deadlines else None
+    def deadlines(self) -> tuple[float | None, float | None]:
+        """When the oldest handshake and the oldest wait for a request run out (None: there is none)."""
+        return self._handshaking.deadline(), self._waiting.deadline()
 
     def expire(self, now: float) -> None:
         for connection in self._handshaking.expired(now):
