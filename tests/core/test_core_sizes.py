@@ -52,7 +52,6 @@ LIMITS = Limits()
 PENDING = frozenset({
     "class labeller.draplugin.app.DraPlugin",
     "class labeller.draplugin.publisher.SlicePublisher",
-    "class labeller.process.connections.ConnectionServer",
     "class labeller.process.follow.ConfigFollower",
     "class labeller.process.loop.ProcessLoop",
 })
