@@ -24,7 +24,7 @@ from labeller.log import LEVELS, configure
 # name -> ("module:attribute" of a click command loaded on first use, short help for --help)
 LAZY_COMMANDS = {
     "run": ("labeller.daemon.cli:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
-    "cleanup": ("labeller.daemon.cli:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
+    "cleanup": ("labeller.commands.cleanup:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
     "device-plugin": ("labeller.plugin.cli:device_plugin",
                       "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
     "dra-plugin": ("labeller.draplugin.cli:dra_plugin",

@@ -241,6 +241,11 @@ class Config:
         "labeller.dra.vendors", (), "the vendors whose GPUs this node serves through DRA (the DRA plugin's "
         "ResourceSlices) instead of the device plugin's extended resources",
         kind="list of vendors with a DRA driver (`nvidia`, `amd`)")
+    dra_dynamic_mig: bool = setting(
+        "labeller.dra.dynamicMig", False, "publish each MIG-enabled NVIDIA GPU as counters and one device per MIG "
+        "profile and placement, the MIG device made at prepare and destroyed at unprepare (NVIDIA's DynamicMIG); each "
+        "AMD GPU that can switch its compute partition as one device per partition of every mode, the mode switched "
+        "at prepare. Needs Kubernetes' DRAPartitionableDevices; without it, the devices that exist")
     # the vendors' settings (Vendor.settings) that differ from their defaults: config.section(cls) reads one
     sections: tuple[object, ...] = ()
 
@@ -531,6 +536,7 @@ def parse_config(raw: Any, names: ResourceNames) -> Config:
         plugin=build(PluginFlags, raw),
         gfd=build(GfdFlags, raw),
         dra_vendors=_dra_vendors(raw, names),
+        dra_dynamic_mig=key_of(Config, "dra_dynamic_mig").value(raw),
     )
     for section in names.settings:
         if section.settings is not None:

@@ -5,7 +5,7 @@ Node, where to read that Node); ``open_host`` resolves them into a ``Host``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from labeller.nodelabels import node_labels
 from labeller.resourceslices import DraDevice
 from labeller.upstream import Overrides, overlay
 from labeller.vendor import Vendor
+from labeller.vendor.dra import DraState
 from vendors import RESOURCE_NAMES, VENDORS
 
 if TYPE_CHECKING:
@@ -69,15 +70,19 @@ class Host:
             label_set.sources.update(state.sources)
         return label_set
 
-    def dra_devices(self, inventory: Inventory, offer: Offer, every_vendor: bool = False) -> dict[str, list[DraDevice]]:
+    def dra_devices(self, inventory: Inventory, offer: Offer, every_vendor: bool = False,
+                    states: Mapping[str, DraState] | None = None) -> dict[str, list[DraDevice]]:
         """What the node publishes through DRA, by driver ("gpu.nvidia.com"): the devices of each
         vendor the config serves through DRA (``labeller.dra.vendors``) that has any here, its GPUs
         shared by memory under ``sharing.memory`` (``sharing.memory_shared_devices``); with
-        ``every_vendor``, of every vendor with a DRA driver, served or not (what ``explain`` shows)."""
+        ``every_vendor``, of every vendor with a DRA driver, served or not (what ``explain`` shows).
+        ``states``: what the DRA plugin knows of each driver (what it made, whether the API server
+        keeps counters); none: nothing made, counters kept."""
         found = {}
         for vendor in self.vendors:
             if vendor.dra is not None and (every_vendor or self.config.served_by_dra(vendor.name)):
-                devices = vendor.dra.devices(inventory, offer, self.config)
+                state = (states or {}).get(vendor.dra.driver, DraState())
+                devices = vendor.dra.devices(inventory, offer, self.config, state)
                 if self.config.sharing.memory is not None and vendor.devices.memory_shared is not None:
                     devices = sharing.memory_shared_devices(devices, self.config.sharing.memory)
                 if devices:

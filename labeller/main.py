@@ -2,7 +2,7 @@
 
 It installs the SIGINT handler before anything else is imported (loading the kubernetes client takes
 a while), so an interrupt at any time is the same: exit 130, nothing printed. The long-running
-commands take SIGINT over while they serve (``labeller.runtime.run_until_signalled``: a clean stop).
+commands take SIGINT over while they serve (``labeller.process.signals.run_until_signalled``: a clean stop).
 """
 
 from __future__ import annotations

@@ -25,9 +25,13 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
@@ -234,6 +238,32 @@ def move_aside(dir_fd: int, name: str, suffix: str = ".bad") -> str:
             raise
         return aside
     raise FileExistsError(errno.EEXIST, f"no free name to move it aside after {_ASIDE_TRIES} tries", name)
+
+
+@dataclass(frozen=True)
+class MovedAside:
+    """A record that was not the process's own, and the name it was moved aside to."""
+
+    name: str
+    problem: str
+
+
+def read_record(dir_fd: int, name: str, limit: int, parse: Callable[[bytes], T],
+                refused: tuple[type[Exception], ...]) -> T | MovedAside | None:
+    """The record at ``name`` as ``parse`` reads it; None when there is none. Anything that is not one
+    (not a regular file, over ``limit`` bytes, a directory, a link, or what ``parse`` refuses with one
+    of ``refused``) is moved aside (``move_aside``) and said so. Other OSErrors are raised."""
+    not_ours: tuple[type[Exception], ...] = (NotOurs, TooLarge, *refused)
+    try:
+        data = read(dir_fd, name, limit)
+        return None if data is None else parse(data)
+    except not_ours as exc:
+        problem = str(exc)
+    except OSError as exc:
+        if exc.errno not in (errno.EISDIR, errno.ELOOP):
+            raise
+        problem = exc.strerror or str(exc)
+    return MovedAside(move_aside(dir_fd, name), problem)
 
 
 def remove_stale(dir_fd: int, pattern: re.Pattern[str]) -> list[str]:

@@ -5,7 +5,10 @@ A vendor's DRA role (``labeller.vendor.dra``) turns the inventory into ``DraDevi
 name, typed attributes and capacities, each with where its value came from, and the physical
 device (``labeller.offer.PhysicalDevice``) it stands for, the same object the device plugin serves.
 ``resource_slices`` lays them out as the API wants them: one pool per driver, named after the node,
-split over slices of at most 128 devices. Pure: no I/O, no client.
+split over slices of at most 128 devices. A device that draws on shared counters (a MIG device made
+at prepare, KEP-4815's partitionable devices: ``DraDevice.consumes``) goes into the slice of its
+counter set, one slice per set with the set itself (``sharedCounters``), as Kubernetes 1.34 wants
+them: a device may only name counters of its own slice. Pure: no I/O, no client.
 """
 
 from __future__ import annotations
@@ -127,6 +130,32 @@ class DeviceTaint:
 
 
 @dataclass(frozen=True)
+class CounterSet:
+    """Counters that devices draw on (a ResourceSlice's ``sharedCounters`` entry): a GPU's memory
+    slices, compute slices and engines, which its partitions use up as they are allocated. ``name``
+    is a DNS label unique in the pool, as is each counter's."""
+
+    name: str
+    counters: Mapping[str, Capacity]
+
+    def document(self) -> dict[str, Any]:
+        return {"name": self.name,
+                "counters": {key: self.counters[key].document() for key in sorted(self.counters)}}
+
+
+@dataclass(frozen=True)
+class CounterUse:
+    """What allocating a device takes of one counter set (a Device's ``consumesCounters`` entry)."""
+
+    counter_set: CounterSet
+    counters: Mapping[str, int]
+
+    def document(self) -> dict[str, Any]:
+        return {"counterSet": self.counter_set.name,
+                "counters": {key: {"value": quantity(self.counters[key])} for key in sorted(self.counters)}}
+
+
+@dataclass(frozen=True)
 class DraDevice:
     """One device of a ResourceSlice: a whole GPU, a MIG device or a GPU partition.
 
@@ -137,7 +166,15 @@ class DraDevice:
     ``health_key`` the health checks report. ``allow_multiple_allocations``: several claims may be
     allocated the device at once, each consuming part of its capacities (``Capacity.request_policy``):
     Kubernetes 1.34's consumable capacity, ``sharing.memory`` in DRA. ``taints`` say why the device
-    should not be used (the DRA plugin's health taints, ``labeller.draplugin.taints``)."""
+    should not be used (the DRA plugin's health taints, ``labeller.draplugin.taints``).
+
+    A partition made at prepare (a MIG device of ``labeller.dra.dynamicMig``) ``consumes`` counters
+    of its GPU, and ``make`` says what preparing it makes first (the vendor's ``DeviceMaker`` reads
+    it: the GPU, the profile and the placement; JSON-able); its ``physical`` stands for the partition
+    to be, with the GPU's health key, until the maker answers the one made. ``exclusive`` is
+    (group, variant) for devices that cannot be held at once in different variants (an AMD GPU's
+    partitions, all of one compute partition mode): the plugin refuses a claim whose device's
+    variant differs from one another claim holds in the group."""
 
     name: str
     physical: PhysicalDevice
@@ -145,18 +182,24 @@ class DraDevice:
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
     allow_multiple_allocations: bool = False
     taints: tuple[DeviceTaint, ...] = ()
+    consumes: tuple[CounterUse, ...] = ()
+    make: Mapping[str, Any] | None = None
+    exclusive: tuple[str, str] | None = None
 
     @property
     def health_key(self) -> str:
         return self.physical.health_key
 
     def document(self) -> dict[str, Any]:
-        """The API's Device, attributes and capacities in name order, then its taints."""
+        """The API's Device: attributes and capacities in name order, the counters it draws on, whether
+        it may be shared, its taints."""
         out: dict[str, Any] = {"name": self.name}
         if self.attributes:
             out["attributes"] = {key: self.attributes[key].document() for key in sorted(self.attributes)}
         if self.capacity:
             out["capacity"] = {key: self.capacity[key].document() for key in sorted(self.capacity)}
+        if self.consumes:
+            out["consumesCounters"] = [use.document() for use in self.consumes]
         if self.allow_multiple_allocations:
             out["allowMultipleAllocations"] = True
         if self.taints:
@@ -206,32 +249,58 @@ def slice_name(node_name: str, driver: str, index: int) -> str:
     return f"{node_name}-{driver_part}-{index}"
 
 
+def _groups(devices: Sequence[DraDevice]) -> list[tuple[list[CounterSet], list[DraDevice]]]:
+    """The devices as slices hold them: those that draw on no counters first, in chunks of at most
+    128, then each counter set with the devices that draw on it (in the order they come). ValueError
+    when a counter set has more devices than one slice holds."""
+    plain = [d for d in devices if not d.consumes]
+    groups: list[tuple[list[CounterSet], list[DraDevice]]] = [
+        ([], plain[i:i + MAX_DEVICES_PER_SLICE]) for i in range(0, len(plain), MAX_DEVICES_PER_SLICE)]
+    by_sets: dict[tuple[str, ...], tuple[list[CounterSet], list[DraDevice]]] = {}
+    for device in devices:
+        if device.consumes:
+            sets = {use.counter_set.name: use.counter_set for use in device.consumes}
+            key = tuple(sorted(sets))
+            if key not in by_sets:
+                by_sets[key] = ([sets[name] for name in key], [])
+                groups.append(by_sets[key])
+            by_sets[key][1].append(device)
+    for counter_sets, members in by_sets.values():
+        if len(members) > MAX_DEVICES_PER_SLICE:
+            names = ", ".join(c.name for c in counter_sets)
+            raise ValueError(f"{len(members)} devices draw on counter set(s) {names}; one slice holds at most "
+                             f"{MAX_DEVICES_PER_SLICE}")
+    return groups
+
+
 def resource_slices(node_name: str, devices_by_driver: Mapping[str, Sequence[DraDevice]], generation: int = 1
                     ) -> list[dict[str, Any]]:
     """The ResourceSlice objects of one node, JSON-ready: per driver one pool named after the node,
     its devices in the given order split over as many slices as the 128-device limit needs (each
-    slice says how many the pool has), deterministic names. A driver without devices publishes no
-    slice."""
+    slice says how many the pool has), then one slice per counter set with the devices that draw on
+    it; deterministic names. A driver without devices publishes no slice."""
     slices: list[dict[str, Any]] = []
     for driver in sorted(devices_by_driver):
-        devices = list(devices_by_driver[driver])
-        chunks = [devices[i:i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
-        for index, chunk in enumerate(chunks):
+        groups = _groups(devices_by_driver[driver])
+        for index, (sets, chunk) in enumerate(groups):
+            spec: dict[str, Any] = {
+                "driver": driver,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(groups)},
+            }
+            if sets:
+                spec["sharedCounters"] = [counter_set.document() for counter_set in sets]
+            spec["devices"] = [device.document() for device in chunk]
             slices.append({
                 "apiVersion": API_VERSION,
                 "kind": "ResourceSlice",
                 "metadata": {"name": slice_name(node_name, driver, index)},
-                "spec": {
-                    "driver": driver,
-                    "nodeName": node_name,
-                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                    "devices": [device.document() for device in chunk],
-                },
+                "spec": spec,
             })
     return slices
 
 
-def exclusive(devices: Sequence[DraDevice]) -> list[DraDevice]:
+def unshared(devices: Sequence[DraDevice]) -> list[DraDevice]:
     """The devices as each is allocated to one claim at a time: without ``allow_multiple_allocations``
     and request policies (what an API server without ``DRAConsumableCapacity`` keeps of them)."""
     return [dataclasses.replace(d, allow_multiple_allocations=False, capacity={
@@ -243,3 +312,11 @@ def untainted(devices: Sequence[DraDevice]) -> list[DraDevice]:
     """The devices without taints (what is published where the API server drops ``Device.taints``,
     ``DRADeviceTaints`` off): an unhealthy device leaves the slice, as it leaves the device plugin's list."""
     return [d for d in devices if not d.taints]
+
+
+def unpartitioned(devices: Sequence[DraDevice]) -> list[DraDevice]:
+    """The devices that draw on no counters and are not made at prepare (what is published where the
+    API server drops ``sharedCounters`` and ``consumesCounters``, ``DRAPartitionableDevices`` off: a
+    partition published without the counters that keep it apart from its siblings would be allocated
+    beside them). The vendors publish the partitions that exist instead (``DraState.counters``)."""
+    return [d for d in devices if not d.consumes and d.make is None]

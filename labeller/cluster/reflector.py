@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 
 from labeller.cluster.permissions import PermissionLog
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 
 log = structlog.get_logger("gpu_labeller.cluster")
 
@@ -38,6 +38,34 @@ Lister = Callable[[], tuple[list[Obj], str]]  # () -> (every item, the list's re
 Watcher = Callable[[str, int], Iterable[tuple[str, Obj]]]  # (resourceVersion, timeout_s) -> (event type, object)
 # A watch that ends this soon having brought nothing is waited on like a failure, never resumed at once.
 SHORTEST_WATCH_S = 1.0
+
+
+class Outage:
+    """One outage of a list-and-watch, as the log tells it: a warning when it begins, debug lines while
+    it lasts, one info line with its duration when a list works again."""
+
+    def __init__(self, resource: str, context: dict[str, str]) -> None:
+        self.resource, self.context = resource, context
+        self.since: float | None = None  # when it began (monotonic); None: no outage
+
+    def begin_quietly(self) -> None:
+        """An outage that something else reported (a 403, to the permission log)."""
+        self.since = self.since or time.monotonic()
+
+    def failed(self, exc: Exception, retry_in_s: float) -> None:
+        fields = {"reason": "api-error", "resource": self.resource, "error": str(exc),
+                  "retry_in_s": round(retry_in_s, 2), **self.context}
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning("watch failed, retrying", **fields)
+        else:
+            log.debug("watch failed again", **fields)
+
+    def ended(self) -> None:
+        if self.since is not None:
+            log.info("watch works again", reason="api-recovered", resource=self.resource,
+                     down_s=round(time.monotonic() - self.since, 1), **self.context)
+            self.since = None
 
 
 class Reflector:
@@ -56,10 +84,13 @@ class Reflector:
         self.stop = stop
         self.permissions = permissions if permissions is not None else PermissionLog()
         self.watch_timeout_s = watch_timeout_s
-        self.context = dict(context or {})
         self.lists = 0  # every list, the first included
         self.backoff = Backoff(base_s=0.2, cap_s=10.0, quick_cap_s=1.0, quick_for_s=60.0)
-        self._failing_since: float | None = None
+        self.outage = Outage(resource, dict(context or {}))
+
+    @property
+    def context(self) -> dict[str, str]:
+        return self.outage.context
 
     def start(self, name: str | None = None) -> threading.Thread:
         """``run`` on a daemon thread of its own."""
@@ -81,33 +112,20 @@ class Reflector:
             except Forbidden as exc:
                 self.stale()
                 self.permissions.report(exc, **self.context)
-                self._failing_since = self._failing_since or time.monotonic()
+                self.outage.begin_quietly()  # the permission log said it
             except KubeError as exc:
                 self.stale()
                 failure = exc
             delay = self.backoff.next()  # never a tight list-watch loop, even if 410 repeats
             if failure is not None:
-                self._report_failure(failure, delay)
+                self.outage.failed(failure, delay)
             self.stop.wait(delay)
-
-    def _report_failure(self, exc: Exception, retry_in_s: float) -> None:
-        """A warning when an outage begins; quiet (debug) while it lasts."""
-        fields = {"reason": "api-error", "resource": self.resource, "error": str(exc),
-                  "retry_in_s": round(retry_in_s, 2), **self.context}
-        if self._failing_since is None:
-            self._failing_since = time.monotonic()
-            log.warning("watch failed, retrying", **fields)
-        else:
-            log.debug("watch failed again", **fields)
 
     def _list_then_watch(self) -> None:
         items, resource_version = self.lister()
         self.lists += 1
         self.permissions.granted("list", resource=self.resource)
-        if self._failing_since is not None:
-            log.info("watch works again", reason="api-recovered", resource=self.resource,
-                     down_s=round(time.monotonic() - self._failing_since, 1), **self.context)
-            self._failing_since = None
+        self.outage.ended()
         self.replace(items, resource_version)
         while not self.stop.is_set():
             began, events = time.monotonic(), 0

@@ -22,7 +22,7 @@ from labeller.config import ConfigError
 from labeller.inventory import Inventory, ProbeError
 from labeller.host import Host, NodeOptions, open_host
 from labeller.offer import Offer
-from labeller.commands.options import BadInput, discovery_options
+from labeller.commands.options import BadInput, discovery_options, format_option, node_name_option
 from labeller.commands.upstream import EPILOG, upstream_options
 from labeller.outputs import FORMATS, render, write_atomic
 from labeller.resourceslices import resource_slices
@@ -102,9 +102,9 @@ def offer_of(host: Host, inventory: Inventory, options: NodeOptions) -> Offer:
 
 @click.command(epilog=EPILOG)
 @discovery_options
-@click.option("--format", "fmt", type=click.Choice([*FORMATS, *SNIPPET_FORMATS]), default="text", show_default=True,
-              help="text: key=value lines; nfd: NFD features.d file; selector, affinity: a ready-to-paste "
-                   "nodeSelector or node affinity selecting nodes like this one (presence and model).")
+@format_option(*FORMATS, *SNIPPET_FORMATS,
+               help="text: key=value lines; nfd: NFD features.d file; selector, affinity: a ready-to-paste "
+                    "nodeSelector or node affinity selecting nodes like this one (presence and model).")
 @click.option("--min-memory", type=click.IntRange(min=1), metavar="MIB",
               help="With --format affinity: GPUs with at least this much memory (a Gt on nvidia.com/gpu.memory) "
                    "instead of this model.")
@@ -228,7 +228,7 @@ def offer_text(document: dict[str, Any]) -> str:
 
 @click.command(epilog=EPILOG)
 @discovery_options
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@format_option()
 @upstream_options("resources")
 def resources(node_options: NodeOptions, fmt: str) -> None:
     """Print what the device plugin would advertise on this node: each resource, its devices and
@@ -253,13 +253,12 @@ def _dra_vendors(text: str, host: Host) -> tuple[str, ...]:
 
 @click.command()
 @discovery_options
-@click.option("--node-name", envvar="NODE_NAME", help="The Node the slices are for (their pool and spec.nodeName); "
-              "default: this machine's host name. [env: NODE_NAME]")
+@node_name_option("The Node the slices are for (their pool and spec.nodeName); default: this machine's host name. "
+                  "[env: NODE_NAME]")
 @click.option("--dra-vendors", metavar="VENDORS|all",
               help="Show the slices as if the config's labeller.dra.vendors were these vendors (comma-separated, "
                    "or all): what moving the node to DRA would publish.")
-@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True,
-              help="yaml: one document per slice (kubectl apply -f takes it); json: a v1 List.")
+@format_option("yaml", "json", help="yaml: one document per slice (kubectl apply -f takes it); json: a v1 List.")
 def resourceslices(node_options: NodeOptions, dra_vendors: str | None, fmt: str) -> None:
     """Print the ResourceSlices the DRA plugin would publish for this node: one pool per DRA driver the
     config serves (labeller.dra.vendors), devices named and described as the vendors' DRA drivers do
@@ -285,8 +284,7 @@ def resourceslices(node_options: NodeOptions, dra_vendors: str | None, fmt: str)
 
 
 @click.command()
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="json: a list of {name, description}.")
+@format_option(help="json: a list of {name, description}.")
 def profiles(fmt: str) -> None:
     """List the built-in simulated node profiles."""
     from vendors.simulate import builtin_profiles

@@ -10,12 +10,13 @@ import os
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import click
 from click.core import ParameterSource
 
-from labeller.commands.completion import complete_profiles
+from labeller.commands.completion import complete_node_names, complete_profiles
+from labeller.commands.params import Duration
 from labeller.errors import InputError
 from labeller.host import NodeOptions
 from labeller.namedconfigs import CONFIG_LABEL
@@ -146,36 +147,102 @@ def config_label_option(func: F) -> F:
              "label); '' follows none. [env: GPU_LABELLER_CONFIG_LABEL]")(func)
 
 
+def node_name_option(help: str, envvar: tuple[str, ...] = ("NODE_NAME",)) -> Callable[[F], F]:
+    """``--node-name`` (completing the Node names the credentials reach), a node option; ``help`` says
+    what the command needs it for, and ends with its ``[env: ...]``."""
+
+    def decorate(func: F) -> F:
+        func = _as_node_options(func)
+        return click.option("--node-name", envvar=list(envvar), shell_complete=complete_node_names,
+                            help=help)(func)
+
+    return decorate
+
+
 KUBECONFIG_HELP = ("Kubeconfig file. Default, as kubectl: the files KUBECONFIG lists (':'-separated, merged), "
                    "else ~/.kube/config, else the pod's service account.")
 
 
-def kubeconfig_option(func: F) -> F:
+@overload
+def kubeconfig_option(func: F) -> F: ...
+
+
+@overload
+def kubeconfig_option(*, when: str) -> Callable[[F], F]: ...
+
+
+def kubeconfig_option(func: F | None = None, *, when: str = "") -> F | Callable[[F], F]:
     """``--kubeconfig FILE``: every command that talks to the cluster takes it, and finds its credentials
-    by the one rule of labeller.cluster.connect (KUBECONFIG is read there, not by click)."""
-    return click.option("--kubeconfig", type=click.Path(dir_okay=False), metavar="FILE",
-                        help=KUBECONFIG_HELP)(func)
+    by the one rule of labeller.cluster.connect (KUBECONFIG is read there, not by click). ``when``: the
+    help's leading condition, for a command that talks to the cluster only sometimes
+    (``@kubeconfig_option(when="With --cluster (which it implies)")``)."""
+
+    def decorate(func: F) -> F:
+        return click.option("--kubeconfig", type=click.Path(dir_okay=False), metavar="FILE",
+                            help=f"{when}: {KUBECONFIG_HELP}" if when else KUBECONFIG_HELP)(func)
+
+    return decorate(func) if func is not None else decorate
 
 
-def own_node_options(func: F) -> F:
-    """``--config-label``, ``--node-name`` and ``--kubeconfig``, for the processes that follow their
-    Node's config label without writing labels (``device-plugin``, ``mps-control-daemon``)."""
-    func = _as_node_options(func)
-    func = kubeconfig_option(func)
-    func = click.option("--node-name", envvar="NODE_NAME",
-                        help="This Node's name, to follow --config-label. [env: NODE_NAME]")(func)
-    return config_label_option(func)
+def own_node_options(node_name_help: str) -> Callable[[F], F]:
+    """``--config-label``, ``--node-name`` and ``--kubeconfig``, for the processes on a node that follow
+    its config label without writing labels (``device-plugin``, ``dra-plugin``, ``mps-control-daemon``);
+    ``node_name_help`` as ``node_name_option``'s."""
+
+    def decorate(func: F) -> F:
+        func = kubeconfig_option(func)
+        func = node_name_option(node_name_help)(func)
+        return config_label_option(func)
+
+    return decorate
 
 
 def endpoint_options(port: int, ready: str = "") -> Callable[[F], F]:
     """``--metrics-port`` (default ``port``) and ``--metrics-bind`` of a long-running process's health
-    and metrics endpoints; ``ready`` says when /readyz answers 200, where that needs saying."""
+    and metrics endpoints, which reach the command as one ``endpoint`` (labeller.process.serve.Endpoint);
+    ``ready`` says when /readyz answers 200, where that needs saying."""
     readyz = f"/readyz ({ready})" if ready else "/readyz"
 
     def decorate(func: F) -> F:
-        func = click.option("--metrics-bind", default="0.0.0.0", show_default=True,
-                            help="Address the metrics server binds.")(func)
+        @functools.wraps(func)
+        def command(*args: Any, metrics_port: int, metrics_bind: str, **kwargs: Any) -> Any:
+            from labeller.process.serve import Endpoint  # the process layer: never on a dry run's path
+
+            return func(*args, endpoint=Endpoint(metrics_port, metrics_bind), **kwargs)
+
+        decorated: F = click.option("--metrics-bind", default="0.0.0.0", show_default=True,
+                                    help="Address the metrics server binds.")(command)  # type: ignore[assignment]
         return click.option("--metrics-port", type=click.IntRange(0, 65535), default=port, show_default=True,
-                            help=f"Port for /healthz, {readyz} and /metrics (0: any free port).")(func)
+                            help=f"Port for /healthz, {readyz} and /metrics (0: any free port).")(decorated)
 
     return decorate
+
+
+def health_recovery_option(then: str) -> Callable[[F], F]:
+    """``--health-recovery-seconds`` of the plugins; ``then``: what becomes of a device that recovered."""
+    return click.option(
+        "--health-recovery-seconds", type=Duration(), default="60s", show_default=True,
+        envvar="DP_HEALTH_RECOVERY_SECONDS",
+        help=f"An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is {then}. "
+             "[env: DP_HEALTH_RECOVERY_SECONDS]")
+
+
+def mps_tools_options(nvidia_smi_sets: str) -> Callable[[F], F]:
+    """``--mps-control`` and ``--nvidia-smi``, the NVIDIA tools of the commands that run MPS control
+    daemons; ``nvidia_smi_sets``: what the command sets with nvidia-smi."""
+
+    def decorate(func: F) -> F:
+        func = click.option("--nvidia-smi", default="nvidia-smi", show_default=True, envvar="NVIDIA_SMI",
+                            help=f"The nvidia-smi binary that sets {nvidia_smi_sets}. [env: NVIDIA_SMI]")(func)
+        return click.option("--mps-control", default="nvidia-cuda-mps-control", show_default=True,
+                            envvar="MPS_CONTROL",
+                            help="The nvidia-cuda-mps-control binary (looked up on PATH). [env: MPS_CONTROL]")(func)
+
+    return decorate
+
+
+def format_option(*choices: str, help: str | None = None) -> Callable[[F], F]:
+    """``--format`` among ``choices`` (default: the first; text and json when none are given), as
+    ``fmt``."""
+    names = list(choices or ("text", "json"))
+    return click.option("--format", "fmt", type=click.Choice(names), default=names[0], show_default=True, help=help)

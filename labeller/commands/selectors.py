@@ -21,7 +21,7 @@ from labeller.explain import AttributeExplanation, Explanation, explain_attribut
 from labeller.explain import explain as explain_keys
 from labeller.log import at_least
 from labeller.host import NodeOptions, open_host
-from labeller.commands.options import KUBECONFIG_HELP, BadInput, discovery_options, kubeconfig_option
+from labeller.commands.options import BadInput, discovery_options, format_option, kubeconfig_option
 from labeller.selectors import (Selector, SelectorError, Term, hint, load_selector, near_miss, nothing_matches,
                                 parse_selector)
 
@@ -29,7 +29,7 @@ from labeller.selectors import (Selector, SelectorError, Term, hint, load_select
 @click.command()
 @click.argument("keys", nargs=-1, metavar="[KEY ...]", shell_complete=complete_label_keys)
 @discovery_options
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@format_option()
 def explain(keys: tuple[str, ...], node_options: NodeOptions, fmt: str) -> None:
     """Say where each label comes from (backend, exact source, rule, upstream tool), or why a key
     is not produced. A KEY <driver>/<name> (gpu.nvidia.com/productName, gpu.amd.com/memory,
@@ -169,12 +169,10 @@ def match_report(selector: Selector, targets: Sequence[Target], verbose: bool, w
               help="Evaluate against the Nodes of the cluster (one list call) instead of profiles, with the "
                    "credentials every command finds: --kubeconfig, else KUBECONFIG, else ~/.kube/config, else the "
                    "pod's service account.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), metavar="FILE",
-              help=f"With --cluster (which it implies): {KUBECONFIG_HELP}")
+@kubeconfig_option(when="With --cluster (which it implies)")
 @click.option("--verbose", "-v", is_flag=True, help="Also say why each other target does not match.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="json: {targets, matched, total, terms, results: [{name, match, term, near, reasons}], hints}, "
-                   "every target included.")
+@format_option(help="json: {targets, matched, total, terms, results: [{name, match, term, near, reasons}], hints}, "
+               "every target included.")
 def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str, ...], profiles_dir: Path | None,
           config_path: Path | None, cluster: bool, kubeconfig: str | None, verbose: bool, fmt: str) -> None:
     """Which nodes a label selector (k=v, k!=v, k in (a,b), k notin (a,b), k, !k) or a node affinity
@@ -206,7 +204,7 @@ def match(selector_text: str | None, affinity: Path | None, profiles: tuple[str,
 
 @click.command()
 @kubeconfig_option
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@format_option()
 @click.argument("names", nargs=-1, metavar="[NODE ...]", shell_complete=complete_node_names)
 def nodes(kubeconfig: str | None, fmt: str, names: tuple[str, ...]) -> None:
     """The GPU nodes at a glance, one line each: vendor, model, count, memory, sharing, MIG, each GPU

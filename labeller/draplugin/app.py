@@ -15,9 +15,15 @@ inventory and offer into the DRA devices of each vendor the config serves throug
   board and the vendors' checkers, ``labeller.process.health``): an unhealthy device stays in its
   slice with device taints saying why, and one gone from the probe stays a while tainted NoExecute
   (``labeller.draplugin.taints``). A claim that names an unhealthy device is refused;
-- fields of a feature gate the API server has off are dropped by it; the publisher says so and the
-  plugin publishes without that feature from then on (``gates.GateFallbacks``: one line per gate).
-  Without DRADeviceTaints, that is an unhealthy device left out of its slice instead of tainted.
+- fields of a feature gate the API server has off are dropped by it (or refused, naming them); the
+  publisher says so and the plugin derives the last probe's devices again and publishes them without
+  that feature from then on (``gates.GateFallbacks``: one line per gate). Without DRADeviceTaints,
+  that is an unhealthy device left out of its slice instead of tainted.
+
+Under ``labeller.dra.dynamicMig`` a vendor publishes devices that are made at prepare, drawing on
+shared counters (KEP-4815); each probe tells it which devices the driver made and whether the API
+server keeps counters (``derive.Derivation``: without DRAPartitionableDevices, the vendors publish
+the partitions that exist, as without dynamicMig).
 
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
@@ -32,8 +38,6 @@ at the sockets every ``tick_seconds`` instead.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +51,7 @@ from labeller.config import ConfigError
 from labeller.draplugin.cdi import ClaimSpecs
 from labeller.draplugin.checkpoint import Checkpoint
 from labeller.draplugin.configs import DriverConfigs
+from labeller.draplugin.derive import Derivation, Found
 from labeller.draplugin.gates import GateFallbacks
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import Devices, Preparer
@@ -127,6 +132,8 @@ class DraPlugin:
         self._next_tick = 0.0
         self.probes = 0  # probes done (a test awaits the next one)
         self._served: tuple[str, ...] | None = None  # the drivers served, as last said
+        self.derivation = Derivation(host, settings.plugins_dir, self.gates)  # each probe's devices
+        self._republish = threading.Event()  # a gate turned out off: derive and publish again (the loop's work)
         self._wake: Callable[[], None] = lambda: None  # the loop's, from ``begin``
         self.watch: DirectoryWatch | None = None  # the socket and profile directories, from ``begin``
         self.board.hardware_listeners.append(lambda reason: self._wake())
@@ -160,7 +167,8 @@ class DraPlugin:
     def gone_due(self) -> object:
         """The devices gone from the probe that the next probe drops (``Gone.due``): one more is a
         reason to probe now (``probe_inputs``), not at the next ``--probe-interval``."""
-        return tuple(self.gone.due(functools.partial(self._held, self.drivers)))
+        drivers = self.drivers
+        return tuple(self.gone.due(lambda driver, name: self._held(drivers, driver, name)))
 
     def _watch_directories(self) -> None:
         """What wakes the loop: the registration directory, each driver's socket directory, and the
@@ -176,9 +184,7 @@ class DraPlugin:
         self.probes += 1
         self.metrics.probes.inc()
         try:
-            inventory = self.host.probe()
-            offer = self.host.offer(inventory)
-            found = self.host.dra_devices(inventory, offer)
+            inventory, found = self.derivation.probe()
         except ProbeError as exc:
             return str(exc)
         except ConfigError as exc:
@@ -187,10 +193,7 @@ class DraPlugin:
         except Exception as exc:  # a bug in a probe must not end the plugin: it is retried like a late driver
             log.exception("probe failed", reason="probe-failed")
             return f"probe failed: {type(exc).__name__}: {exc}"
-        failed = failed_vendors(inventory)
-        for driver, devices in self._devices.items():
-            if driver not in found and self._vendor(driver).name in failed:
-                found[driver] = devices  # carried forward: see the module docstring
+        self._carry_forward(inventory, found)
         troubles = self.serve(found)
         troubles += [f"{r.backend}: {r.detail}" for r in inventory.reports if r.status in ("unavailable", "error")]
         if troubles:
@@ -221,9 +224,12 @@ class DraPlugin:
         log.info("devices found; publishing", reason="driver-ready", attempts=attempts, waited_s=round(waited_s, 1))
 
     def work(self, now: float) -> float:
-        """Look at the sockets: at every turn of the loop while inotify watches their directories (a
-        change wakes it), else every ``tick_seconds``; when to look next (a socket to create again
-        after a failure)."""
+        """Publish again if a gate turned out off; look at the sockets: at every turn of the loop while
+        inotify watches their directories (a change wakes it), else every ``tick_seconds``; when to look
+        next (a socket to create again after a failure)."""
+        if self._republish.is_set():
+            self._republish.clear()
+            self._publish_again()
         watching = self.watch is not None and self.watch.watching
         if watching or now >= self._next_tick:
             for driver in self.drivers.values():
@@ -232,7 +238,7 @@ class DraPlugin:
                 except Exception:  # one bad tick must not end the loop: the next one retries
                     log.exception("socket check failed; retrying", driver=driver.sockets.driver)
             self._next_tick = now + self.settings.tick_seconds
-        retry = min((d.sockets.next_try() for d in self.drivers.values()), default=math.inf)
+        retry = min((d.sockets.next_try() for d in self.drivers.values()), default=float("inf"))
         return retry if watching else min(self._next_tick, retry)
 
     # --- what is served ------------------------------------------------------------------------
@@ -263,7 +269,8 @@ class DraPlugin:
             if GATE in self.gates.off:  # no taint to publish a gone device with: it is simply gone
                 self.gone.clear()
             else:
-                went, dropped = self.gone.update(self._devices, found, functools.partial(self._held, drivers))
+                went, dropped = self.gone.update(self._devices, found,
+                                                 lambda driver, name: self._held(drivers, driver, name))
                 for driver, name in went:
                     log.warning("device gone from the probe: published tainted NoExecute while it may be in use",
                                 driver=driver, device=name, reason="device-gone",
@@ -281,6 +288,27 @@ class DraPlugin:
         self._watch_directories()
         return problems
 
+    # --- a gate found off: the last probe published again ----------------------------------------
+
+    def _publish_again(self) -> None:
+        """The last probe's devices, derived again under the gates now off, and served (the loop's thread)."""
+        try:
+            again = self.derivation.again()
+        except Exception:  # as in probe: a bug must not end the plugin; the next probe tries again
+            log.exception("publishing again failed", reason="probe-failed")
+            return
+        if again is not None:
+            inventory, found = again
+            self._carry_forward(inventory, found)
+            self.serve(found)
+
+    def _carry_forward(self, inventory: Inventory, found: Found) -> None:
+        """A vendor whose backend failed keeps what it published: see the module docstring."""
+        failed = failed_vendors(inventory)
+        for driver, devices in self._devices.items():
+            if driver not in found and self._vendor(driver).name in failed:
+                found[driver] = devices
+
     def _vendor(self, driver: str) -> Vendor:
         return next(v for v in self.host.vendors if v.dra is not None and v.dra.driver == driver)
 
@@ -295,8 +323,11 @@ class DraPlugin:
             assert entry is not None
             return self._as_published(driver, entry.snapshot)
 
+        ledger = self.derivation.ledger(vendor)
+        maker = vendor.dra.maker if vendor.dra is not None else None
+        make = (lambda: maker(self.host.host_root, self.host.handles)) if maker is not None else None
         preparer = Preparer(driver, self.settings.node_name, vendor, self.api.get_resource_claim, checkpoint, specs,
-                            current, configs)
+                            current, configs, ledger, make)
         sockets = DriverSockets(driver, self.settings.registry_dir, self.settings.plugins_dir,
                                 DraService(preparer, self.metrics), self.metrics)
         entry = _Driver(sockets, snapshot, preparer)
@@ -335,13 +366,17 @@ class DraPlugin:
                 self.metrics.devices.labels(driver=driver, health=UNHEALTHY).set(
                     len(devices) - well + len(gone.get(driver, ())))
 
-    def _on_dropped(self, driver: str, fields: frozenset[str]) -> None:
-        """The API server did not keep these fields (the publisher's worker): publish again without the
-        feature gates that turned out off (``labeller.draplugin.gates``)."""
-        if self.gates.dropped(driver, fields):
+    def _on_dropped(self, driver: str, fields: frozenset[str], refused: str = "") -> bool:
+        """The API server did not keep these fields, or refused a slice naming them (``refused``: its
+        message) (the publisher's worker): the loop derives the last probe's devices again and publishes
+        them without the feature gates that turned out off (``labeller.draplugin.gates``). Whether the
+        fields are a gate's that is off."""
+        if self.gates.dropped(driver, fields, refused):
             for gate in self.gates.off:
                 self.metrics.gates_off.labels(gate=gate).set(1)
-            self._publish()
+            self._republish.set()
+            self._wake()
+        return self.gates.off_for(fields)
 
     # --- health -----------------------------------------------------------------------------------
 

@@ -45,7 +45,6 @@ started again).
 
 from __future__ import annotations
 
-import errno
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -247,20 +246,14 @@ class Checkpoint:
             return self._get(fd, uid)
 
     def _get(self, fd: int, uid: str) -> PreparedClaim | None:
-        name = f"{uid}.json"
-        try:
-            data = ownfiles.read(fd, name, RECORD_LIMIT)
-            return None if data is None else parse(data, uid, self.driver, self.pool, self.read_applied)
-        except (ownfiles.NotOurs, ownfiles.TooLarge, BadRecord) as exc:
-            problem = str(exc)
-        except OSError as exc:
-            if exc.errno not in (errno.EISDIR, errno.ELOOP):
-                raise
-            problem = exc.strerror or str(exc)
-        aside = ownfiles.move_aside(fd, name)
+        found = ownfiles.read_record(fd, f"{uid}.json", RECORD_LIMIT,
+                                     lambda data: parse(data, uid, self.driver, self.pool, self.read_applied),
+                                     (BadRecord,))
+        if not isinstance(found, ownfiles.MovedAside):
+            return found
         log.warning("a checkpoint record that is not the plugin's; moved aside, the claim is prepared again",
-                    reason="bad-checkpoint", driver=self.driver, uid=uid, moved_to=str(self.directory / aside),
-                    error=problem)
+                    reason="bad-checkpoint", driver=self.driver, uid=uid, moved_to=str(self.directory / found.name),
+                    error=found.problem)
         return None
 
     def claims(self) -> list[PreparedClaim]:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
-import structlog
 
 from labeller.cluster.connect import connect
-from labeller.commands.options import (BadInput, discovery_options, endpoint_options, given_as, own_node_options,
+from labeller.commands.options import (BadInput, discovery_options, endpoint_options, given_as,
+                                       health_recovery_option, mps_tools_options, own_node_options,
                                        parent_must_exist)
 from labeller.commands.params import Duration
 from labeller.commands.upstream import EPILOG, upstream_options
@@ -19,22 +20,19 @@ from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_MPS_ROOT, DEFA
                                    DEFAULT_REGISTRY_DIR, DraPlugin, DraSettings, probe_inputs)
 from labeller.draplugin.checkpoint import DIRECTORY
 from labeller.draplugin.metrics import DraMetrics
-from labeller.host import NodeOptions, open_host
+from labeller.host import Host, NodeOptions
 from labeller.ownfiles import directory_problem
-from labeller.process.configsource import ConfigSource
-from labeller.process.follow import ConfigMetrics, follow_own_node
-from labeller.process.loop import LoopOptions, ProcessLoop
-from labeller.process.serve import Endpoints, serve
-from labeller.runtime import defer_signals
+from labeller.process.follow import ConfigFollower
+from labeller.process.loop import LoopOptions
+from labeller.process.serve import Endpoint, Process, Served, serve
 from labeller.vendor.dra import ConfigSettings
 from vendors import VENDORS
-
-log = structlog.get_logger(__name__)
 
 
 @click.command("dra-plugin", epilog=EPILOG)
 @discovery_options
-@own_node_options
+@own_node_options("This Node's name (required): the pool and spec.nodeName of its ResourceSlices, and the Node "
+                  "whose --config-label is followed. [env: NODE_NAME]")
 @click.option("--plugins-dir", "--kubelet-plugins-directory-path", "plugins_dir",
               type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_PLUGINS_DIR, show_default=True,
               envvar=["DRA_PLUGINS_DIR", "KUBELET_PLUGINS_DIRECTORY_PATH"],
@@ -51,10 +49,7 @@ log = structlog.get_logger(__name__)
               default=DEFAULT_CDI_SPEC_DIR, show_default=True, envvar=["CDI_SPEC_DIR", "CDI_ROOT"],
               help="Where each prepared claim's CDI spec file goes (gpu-labeller-dra_<driver>_<claim UID>.json); "
                    "--cdi-root is NVIDIA's and AMD's DRA drivers' name. [env: CDI_SPEC_DIR, CDI_ROOT]")
-@click.option("--health-recovery-seconds", type=Duration(), default="60s", show_default=True,
-              envvar="DP_HEALTH_RECOVERY_SECONDS",
-              help="An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is "
-                   "published again (0: never). [env: DP_HEALTH_RECOVERY_SECONDS]")
+@health_recovery_option("published again (0: never)")
 @click.option("--probe-interval", type=Duration(minimum=0.1), default="300s", show_default=True,
               envvar="DRA_PROBE_INTERVAL",
               help="How often the node is probed in full, besides the changes it watches (within a second: "
@@ -65,12 +60,9 @@ log = structlog.get_logger(__name__)
               help="Host directory of the MPS control daemons of claims whose config shares a GPU by MPS: "
                    "<dir>/<daemon ID>/pipe and log, and <dir>/shm, their /dev/shm (mounted there in the plugin "
                    "and in the claims' containers). [env: DRA_MPS_ROOT]")
-@click.option("--mps-control", default="nvidia-cuda-mps-control", show_default=True, envvar="MPS_CONTROL",
-              help="The nvidia-cuda-mps-control binary (looked up on PATH). [env: MPS_CONTROL]")
-@click.option("--nvidia-smi", default="nvidia-smi", show_default=True, envvar="NVIDIA_SMI",
-              help="The nvidia-smi binary that sets a GPU's time slice and compute mode. [env: NVIDIA_SMI]")
+@mps_tools_options("a GPU's time slice and compute mode")
 @upstream_options("dra-plugin")
-def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path, metrics_port: int, metrics_bind: str,
+def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path, endpoint: Endpoint,
                cdi_spec_dir: Path, health_recovery_seconds: float, probe_interval: float, mps_root: Path,
                mps_control: str, nvidia_smi: str) -> None:
     """Publish this node's GPUs as ResourceSlices and prepare their claims (kubelet DRA plugin, v1).
@@ -90,7 +82,6 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     SIGHUP: re-read the config and probe again. SIGTERM or SIGINT: remove the sockets, exit 0.
     Health env: DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
     """
-    defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     node_name = node_options.node_name
     if not mps_root.is_absolute():
@@ -100,31 +91,25 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
     parent_must_exist(plugins_dir, "plugins_dir")
     parent_must_exist(registry_dir, "registry_dir")
     _own_directories_must_be_directories(plugins_dir, cdi_spec_dir)
-    api = connect(node_options.kubeconfig)
-    stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
-    metrics = DraMetrics()
-    follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_dra"), stop)
     settings = DraSettings(node_name=node_name, plugins_dir=plugins_dir, registry_dir=registry_dir,
                            cdi_spec_dir=cdi_spec_dir, recovery_seconds=health_recovery_seconds,
                            configs=ConfigSettings(mps_root, mps_control=mps_control, nvidia_smi=nvidia_smi))
-    with open_host(node_options, selection) as host:
-        if follower is not None:
-            follower.apply(host)
-        plugin = DraPlugin(host, settings, api, metrics)
-        loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval),
-                           config=ConfigSource(host, node_options.config_path, follower),
-                           inputs=probe_inputs(host, plugin.board, plugin.gone_due),
-                           inputs_polled=plugin.inputs_polled)
-        endpoints = Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: plugin.ready)
-        try:
-            code = serve(loop, endpoints, "metrics server listening", node=node_name)
-        finally:
-            stop.set()
-            plugin.close()
-            api.close()
-    if code:
-        sys.exit(code)
-    log.info("DRA plugin stopped")
+    metrics = DraMetrics()
+    with contextlib.closing(connect(node_options.kubeconfig)) as api:
+
+        @contextlib.contextmanager
+        def publishing(host: Host, follower: ConfigFollower | None) -> Iterator[Served]:
+            plugin = DraPlugin(host, settings, api, metrics)
+            try:
+                yield Served(plugin, LoopOptions(interval_s=probe_interval),
+                             inputs=probe_inputs(host, plugin.board, plugin.gone_due),
+                             inputs_polled=plugin.inputs_polled)
+            finally:
+                plugin.close()
+
+        code = serve(Process(node_options, endpoint, metrics.registry, "gpu_labeller_dra", publishing,
+                             started="metrics server listening", stopped="DRA plugin stopped"))
+    sys.exit(code)
 
 
 def _own_directories_must_be_directories(plugins_dir: Path, cdi_spec_dir: Path) -> None:

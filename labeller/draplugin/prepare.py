@@ -13,6 +13,13 @@ what was applied in the checkpoint, and answer the CDI device IDs of exactly tho
 wrong fails that claim alone, with a message naming the device or the config's entry, key and value
 (what was applied by then is undone); the other claims of the call are prepared.
 
+A device published before it exists (a MIG device of ``labeller.dra.dynamicMig``: ``DraDevice.make``)
+is made first, after the holds and before the configs, by the vendor's ``DeviceMaker``, each step
+recorded in the driver's ledger (``labeller.draplugin.ledger``: the intent, then what was made); the
+claim's CDI spec names the device made (its GPU's and instances' device nodes). A claim that fails
+after that has what it made undone; unpreparing undoes it after the configs. At start, what was made
+for a claim the checkpoint does not hold (a prepare that never completed) is undone, and nothing else.
+
 A claim already in the checkpoint is answered from it without reading the API (the kubelet calls
 again after a restart, and for every pod that shares the claim): it is prepared once. Unpreparing
 undoes what its configs applied (the last claim time-slicing a GPU sets it back to Default, its MPS
@@ -45,11 +52,13 @@ from labeller.draplugin import shares
 from labeller.draplugin.cdi import ClaimSpecs, SpecDevice, cdi_id, cdi_name, claim_spec
 from labeller.draplugin.checkpoint import UID, AppliedConfig, Checkpoint, PreparedClaim, PreparedDevice
 from labeller.draplugin.configs import DriverConfigs, Group
+from labeller.draplugin.ledger import Entry, Ledger
 from labeller.labels import is_dns_label, is_dns_subdomain
+from labeller.offer import PhysicalDevice
 from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
 from labeller.sharing import MEMORY
-from labeller.vendor.dra import ConfigRefused, Share
+from labeller.vendor.dra import ConfigRefused, DeviceMaker, MakeRefused, Share
 
 log = structlog.get_logger(__name__)
 
@@ -104,16 +113,22 @@ def _check_names(claim: ClaimRef) -> None:
         raise ClaimError(f"claim {claim}: name {claim.name[:253]!r} is not a DNS-1123 subdomain")
 
 
+Variant = Callable[[str], "tuple[str, str] | None"]  # device name -> (group, variant): DraDevice.exclusive
+
+
 class Holds:
     """Which prepared claims hold each device of the driver: what the checkpoint holds at start,
     then every claim prepared or unprepared since. A device held exclusively by one claim is refused
     to another, unless both allocations may share it (both carry a ``shareID``: consumable capacity
     of a device that allows multiple allocations), and the shares of a device never consume more
     than its capacities (``shares.over_capacity``); an admin-access allocation holds nothing and is
-    refused nothing, as upstream's scheduler counts it."""
+    refused nothing, as upstream's scheduler counts it. Devices of one group (``variant``: an AMD
+    GPU's partitions) are refused to a claim while another claim holds one of another variant (a
+    partition of another compute partition mode)."""
 
-    def __init__(self, claims: Iterable[PreparedClaim]) -> None:
+    def __init__(self, claims: Iterable[PreparedClaim], variant: Variant | None = None) -> None:
         self._lock = threading.Lock()
+        self._variant: Variant = variant or (lambda name: None)
         self._claims: dict[str, PreparedClaim] = {}
         # device -> (claim UID, share ID) -> that allocation of the device
         self._holders: dict[str, dict[tuple[str, str | None], PreparedDevice]] = {}
@@ -130,8 +145,12 @@ class Holds:
                 others = self._conflicting(claim.uid, device)
                 if others:
                     more = f" and {len(others) - 1} other(s)" if len(others) > 1 else ""
-                    conflicts.append(f"device {device.device} is prepared for claim {others[0]} "
-                                     f"({others[0].uid}){more}, and the allocations do not both allow sharing it")
+                    same = any(d.device == device.device for d in others[0].devices)
+                    what = (f"device {device.device} is prepared for claim {others[0]} ({others[0].uid}){more}, and "
+                            "the allocations do not both allow sharing it" if same else
+                            f"device {device.device}: its GPU is held in another mode ({self._mode(others[0])}) by "
+                            f"claim {others[0]} ({others[0].uid}){more}")
+                    conflicts.append(what)
             for name, totals in sorted((capacities or {}).items()):
                 mine = [d for d in claim.devices if d.device == name and not d.admin]
                 theirs = [(self._claims[uid], held) for (uid, _), held in self._holders.get(name, {}).items()
@@ -145,7 +164,17 @@ class Holds:
         holders = self._holders.get(device.device, {})
         found = dict.fromkeys(other for (other, _), held in holders.items()
                               if other != uid and not _may_share(device, held))
+        variant = self._variant(device.device)
+        if variant is not None and not device.admin:
+            for name, others in self._holders.items():
+                theirs = self._variant(name) if name != device.device else None
+                if theirs is not None and theirs[0] == variant[0] and theirs[1] != variant[1]:
+                    found.update(dict.fromkeys(other for (other, _), held in others.items()
+                                               if other != uid and not held.admin))
         return [self._claims[other] for other in found]
+
+    def _mode(self, claim: PreparedClaim) -> str:
+        return ", ".join(sorted({v[1] for d in claim.devices if (v := self._variant(d.device)) is not None}))
 
     def restore(self, uid: str, claim: PreparedClaim | None) -> None:
         """What ``uid`` holds is ``claim``'s devices again (a prepare that failed after ``take``), or nothing."""
@@ -195,13 +224,16 @@ def _may_share(wanted: PreparedDevice, held: PreparedDevice) -> bool:
 
 class Preparer:
     def __init__(self, driver: str, pool: str, vendor: Vendor, read_claim: ClaimReader, checkpoint: Checkpoint,
-                 specs: ClaimSpecs, devices: Callable[[], Devices], configs: DriverConfigs) -> None:
+                 specs: ClaimSpecs, devices: Callable[[], Devices], configs: DriverConfigs,
+                 ledger: Ledger | None = None, maker: Callable[[], DeviceMaker] | None = None) -> None:
         self.driver, self.pool, self.vendor = driver, pool, vendor
         self.read_claim, self.checkpoint, self.specs, self.devices = read_claim, checkpoint, specs, devices
         self.configs = configs
+        self.ledger, self._make_maker = ledger, maker
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         prepared = checkpoint.claims()
-        self.holds = Holds(prepared)
+        self.holds = Holds(prepared, self._exclusive)
+        self._reconcile({claim.uid for claim in prepared})
         for claim in prepared:
             for applied in claim.configs:  # what a previous process applied: known again, its daemons found
                 try:
@@ -233,15 +265,18 @@ class Preparer:
             conflicts = self.holds.take(prepared, totals)
             if conflicts:
                 raise ClaimError(f"{self.driver}: claim {claim}: {'; '.join(conflicts)}")
+            made: dict[str, PhysicalDevice] = {}
             try:
+                made = self._make(claim, prepared, now)
                 applied = self._apply(claim, prepared, groups, now)
                 prepared = dataclasses.replace(prepared, configs=tuple(applied))
                 try:
-                    self._write(claim, prepared, now)
+                    self._write(claim, prepared, now, made)
                 except ClaimError:
                     self._undo(claim, applied, quiet=True)
                     raise
             except ClaimError:
+                self._unmake_quietly(claim, made)
                 self.holds.restore(claim.uid, done)
                 raise
             if applied:
@@ -287,8 +322,10 @@ class Preparer:
         elif problems:
             raise ClaimError(f"{self.driver}: claim {claim}: cannot undo its configs: {'; '.join(problems)}")
 
-    def _write(self, claim: ClaimRef, prepared: PreparedClaim, now: Devices) -> None:
-        """The claim's CDI spec file, then its checkpoint record; ClaimError (neither written) when one cannot be."""
+    def _write(self, claim: ClaimRef, prepared: PreparedClaim, now: Devices,
+               made: Mapping[str, PhysicalDevice] | None = None) -> None:
+        """The claim's CDI spec file (a device made for it: the one made), then its checkpoint record;
+        ClaimError (neither written) when one cannot be."""
         extra: dict[str, list[Mapping[str, Any]]] = {}
         for config in prepared.configs:
             for name in config.devices if config.applied.edits else ():
@@ -300,8 +337,10 @@ class Preparer:
             edits = list(extra.get(held.device, ()))
             if held.key in per_share:
                 edits.append({"env": [f"{key}={value}" for key, value in sorted(per_share[held.key].items())]})
-            devices.append(SpecDevice(cdi_name(claim.uid, held.device, held.share_id), now.by_name[held.device],
-                                      tuple(edits)))
+            device = now.by_name[held.device]
+            if made and held.device in made:
+                device = dataclasses.replace(device, physical=made[held.device])
+            devices.append(SpecDevice(cdi_name(claim.uid, held.device, held.share_id), device, tuple(edits)))
         try:
             self.specs.write(claim.uid, claim_spec(self.vendor, devices, now.config, now.host_root, claim_env))
         except (OSError, ValueError) as exc:
@@ -379,6 +418,107 @@ class Preparer:
         results = (allocation.get("devices") or {}).get("results") or []
         return allocation, [r for r in results if isinstance(r, dict) and r.get("driver") == self.driver]
 
+    # --- devices made at prepare ------------------------------------------------------------------
+
+    def _exclusive(self, name: str) -> tuple[str, str] | None:
+        device = self.devices().by_name.get(name)
+        return device.exclusive if device is not None else None
+
+    @property
+    def maker(self) -> DeviceMaker | None:
+        """The vendor's maker, on the host's current handles (a simulated profile edited is a new NVML)."""
+        return self._make_maker() if self._make_maker is not None else None
+
+    def _make(self, claim: ClaimRef, prepared: PreparedClaim, now: Devices) -> dict[str, PhysicalDevice]:
+        """Make the claim's devices that do not exist yet, each recorded in the ledger; by name, the unit
+        each is. ClaimError (what this call made undone) when one cannot be made."""
+        made: dict[str, PhysicalDevice] = {}
+        try:
+            for held in prepared.devices:
+                device = now.by_name[held.device]
+                if device.make is not None:
+                    made[device.name] = self._make_one(claim, device)
+        except ClaimError:
+            self._unmake_quietly(claim, made)
+            raise
+        return made
+
+    def _make_one(self, claim: ClaimRef, device: DraDevice) -> PhysicalDevice:
+        maker, ledger = self.maker, self.ledger
+        if maker is None or ledger is None or device.make is None:
+            raise ClaimError(f"{self.driver}: claim {claim}: device {device.name} is made at prepare, and this "
+                             "driver makes no device")
+        where = f"{self.driver}: claim {claim}: device {device.name}"
+        old = ledger.get(device.name)
+        if old is not None and old.claim != claim.uid:
+            raise ClaimError(f"{where} is made for claim {old.claim}")
+        try:
+            if old is not None:  # what an earlier prepare of the claim made and lost (its CDI spec went)
+                self._unmake(old)
+            ledger.begin(device.name, claim.uid, device.make)
+        except (MakeRefused, OSError) as exc:
+            raise ClaimError(f"{where}: cannot record it: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            result = maker.make(device)
+        except MakeRefused as exc:
+            self._forget(device.name)
+            raise ClaimError(f"{self.driver}: claim {claim}: {exc}") from None
+        try:
+            ledger.done(device.name, result.record)
+        except OSError as exc:
+            self._unmake_quietly(claim, {device.name: result.physical})
+            raise ClaimError(f"{where}: cannot record it: {exc.strerror or exc}") from None
+        return result.physical
+
+    def _unmake(self, entry: Entry) -> None:
+        """Undo what ``entry`` records and forget it; MakeRefused or OSError (kept) when it cannot be."""
+        maker = self.maker
+        if maker is None:
+            raise MakeRefused("this driver makes no device")
+        if entry.made is not None:
+            maker.unmake(entry.made)
+        else:
+            maker.abandon(entry.plan)
+        assert self.ledger is not None  # an entry comes from it
+        self.ledger.remove(entry.device)
+
+    def _forget(self, device: str) -> None:
+        """Forget an intent that made nothing (logged where the record cannot be removed: a restart undoes it)."""
+        try:
+            if self.ledger is not None:
+                self.ledger.remove(device)
+        except OSError as exc:
+            log.error("the record of a device that was not made cannot be removed", reason="ledger-not-removed",
+                      driver=self.driver, device=device, error=str(exc))
+
+    def _unmake_quietly(self, claim: ClaimRef, made: Mapping[str, PhysicalDevice]) -> None:
+        """Undo what a prepare that failed made; what cannot be undone is logged (and kept: a restart retries)."""
+        for name in made:
+            entry = self.ledger.get(name) if self.ledger is not None else None
+            if entry is None:
+                continue
+            try:
+                self._unmake(entry)
+            except (MakeRefused, OSError) as exc:
+                log.error("a device made for a claim that failed was not undone", reason="device-not-undone",
+                          driver=self.driver, claim=str(claim), device=name, error=str(exc))
+
+    def _reconcile(self, prepared: set[str]) -> None:
+        """At start: undo what was made for claims the checkpoint does not hold (prepares that never
+        completed), and records of intents that were never done."""
+        for entry in self.ledger.entries() if self.ledger is not None else ():
+            if entry.claim in prepared and entry.made is not None:
+                continue
+            try:
+                self._unmake(entry)
+            except (MakeRefused, OSError) as exc:
+                log.error("a device made for a claim that was never prepared could not be undone; retried at the "
+                          "next start", reason="device-not-undone", driver=self.driver, device=entry.device,
+                          uid=entry.claim, error=str(exc))
+                continue
+            log.info("a device made for a claim that was never prepared undone", reason="made-unprepared",
+                     driver=self.driver, device=entry.device, uid=entry.claim)
+
     def unprepare(self, claim: ClaimRef) -> None:
         """Undo ``prepare`` (nothing to do is fine); ClaimError when a file cannot be removed. A file
         of the claim that is not a regular file is not the plugin's: left alone, and logged."""
@@ -392,6 +532,12 @@ class Preparer:
                     self.configs.forget(claim.uid)
                 except ConfigRefused as exc:
                     raise ClaimError(f"{self.driver}: claim {claim}: cannot undo its configs: {exc}") from None
+            for entry in self.ledger.of_claim(claim.uid) if self.ledger is not None else ():
+                try:
+                    self._unmake(entry)
+                except (MakeRefused, OSError) as exc:
+                    raise ClaimError(f"{self.driver}: claim {claim}: cannot undo device {entry.device}: "
+                                     f"{getattr(exc, 'strerror', None) or exc}") from None
             for what, remove in (("CDI spec", self.specs.remove), ("checkpoint record", self.checkpoint.remove)):
                 try:
                     remove(claim.uid)

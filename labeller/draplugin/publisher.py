@@ -27,7 +27,11 @@ each write of a pool the fields of our slices that the answers lack (``dropped``
 ``devices[].allowMultipleAllocations``) go to ``on_dropped(driver, paths)``, once per write that lost
 some: the one place where the plugin learns which gates the server has off, for every feature that
 publishes gated fields (``labeller.draplugin.gates``). What the server kept counts as ours (no write
-loop); the listener decides what to publish instead.
+loop); the listener decides what to publish instead. A slice the server refuses for good naming
+fields it carries (a release that takes counter sets only in slices of their own:
+``only one of `sharedCounters` or `devices` is allowed``) goes to the same listener, with the
+server's message: where those fields are a gate's that is now off, the pool is not started again but
+retried, and by then published without them.
 
 A taint's ``timeAdded`` is the server's stamp (``Device.taints``, the DRA plugin's health taints): a
 taint published again (the same device, key, value and effect) keeps the stamp it has, and the stamp
@@ -45,9 +49,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -58,14 +63,15 @@ from labeller.quantity import parse as parse_quantity
 from labeller.cluster.reflector import Reflector
 from labeller.draplugin.metrics import DraMetrics
 from labeller.resourceslices import DraDevice, resource_slices
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 
 log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
-# (driver, the fields of its slices' specs the server did not keep, as ``dropped`` names them)
-FieldsDropped = Callable[[str, frozenset[str]], None]
+# (driver, the fields of its slices' specs the server did not keep, as ``dropped`` names them, and "";
+# or those of a slice it refused naming them, and its message) -> whether they are a gate's that is off
+FieldsDropped = Callable[[str, frozenset[str], str], bool]
 
 INT64_MAX = 2**63 - 1  # the largest pool generation the API can hold
 REFUSED = (400, 422)  # answers that say the same request will never be accepted
@@ -113,11 +119,21 @@ def _quantities(holder: Obj, *keys: str) -> None:
             holder[key] = [quantity(v) if isinstance(v, str) else v for v in value]
 
 
+def _counted(counters: Any) -> None:
+    """Each counter's ``value`` of a ``counters`` map (a counter set's, a device's use of one) as a value."""
+    for counter in (counters or {}).values() if isinstance(counters, dict) else ():
+        if isinstance(counter, dict):
+            _quantities(counter, "value")
+
+
 def content(spec: Obj) -> Any:
     """What a slice says, for comparing: its spec without the pool's generation and the taints' stamps,
-    quantities as values."""
+    quantities (capacities, request policies, counters) as values."""
     spec = copy.deepcopy(spec)
     (spec.get("pool") or {}).pop("generation", None)
+    for counter_set in spec.get("sharedCounters") or []:
+        if isinstance(counter_set, dict):
+            _counted(counter_set.get("counters"))
     for device in spec.get("devices") or []:
         for capacity in (device.get("capacity") or {}).values():
             if not isinstance(capacity, dict):
@@ -131,6 +147,9 @@ def content(spec: Obj) -> Any:
         for taint in device.get("taints") or []:
             if isinstance(taint, dict):
                 taint.pop("timeAdded", None)
+        for use in device.get("consumesCounters") or []:
+            if isinstance(use, dict):
+                _counted(use.get("counters"))
     return _canonical(spec)
 
 
@@ -151,6 +170,24 @@ def dropped(written: Any, kept: Any, path: str = "") -> set[str]:
         for ours, theirs in zip(written, kept):
             found |= dropped(ours, theirs, f"{path}[]")
     return found
+
+
+def _paths(value: Any, path: str = "") -> Iterator[str]:
+    """The path of every field in ``value`` (as ``dropped`` names them), each list item's as ``[]``."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            yield where
+            yield from _paths(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _paths(item, f"{path}[]")
+
+
+def named_fields(spec: Obj, message: str) -> frozenset[str]:
+    """The fields of ``spec`` whose name (a path's last key) ``message`` holds as a word."""
+    words = set(re.findall(r"[A-Za-z0-9_-]+", message))
+    return frozenset(p for p in _paths(content(spec)) if p.rpartition(".")[2].removesuffix("[]") in words)
 
 
 def _stamps(slices: Iterable[Obj]) -> dict[tuple[str, str, str, str], str]:
@@ -203,6 +240,7 @@ class SlicePublisher:
         self._generations: dict[str, int] = {}  # driver -> the pool generation this process last wrote
         self._repairing: dict[str, str] = {}  # driver -> why its pool is being started again, until written
         self._started_again: set[str] = set()  # drivers whose pool was deleted for that, until written
+        self._refused_fields: set[str] = set()  # drivers whose slices were refused for a gate's fields, until written
         self._changes = 0  # grows with every publish and every change seen; reconciling catches up with it
         self._reconciled = -1
         self._worker: threading.Thread | None = None
@@ -337,8 +375,11 @@ class SlicePublisher:
         try:
             self._write_pool(driver, wanted, live)
         except KubeError as exc:
-            if exc.status not in REFUSED or not live or driver in self._started_again:
-                raise  # transient, or refused with no old slice in the way (what we write is wrong): retried
+            if (exc.status not in REFUSED or not live or driver in self._started_again
+                    or driver in self._refused_fields):
+                # transient, refused with no old slice in the way (what we write is wrong), or refused for a
+                # gate's fields (published again without them): retried
+                raise
             self._write_pool(driver, wanted, self._start_again(driver, "write-refused", error=str(exc)))
 
     def _start_again(self, driver: str, reason: str, **why: Any) -> dict[str, Obj]:
@@ -359,9 +400,12 @@ class SlicePublisher:
         """The pool is as published: a repair under way is over."""
         self._repairing.pop(driver, None)
         self._started_again.discard(driver)
+        self._refused_fields.discard(driver)
 
     def _write_pool(self, driver: str, wanted: list[Obj], live: dict[str, Obj]) -> None:
         """Write ``wanted`` at a generation past every live one, and delete the pool's other slices."""
+        from labeller.cluster.kube import KubeError
+
         top = max((_generation(s) for s in live.values()), default=0)
         generation = max(top, self._generations.get(driver, 0)) + 1
         if generation > INT64_MAX:  # only ever what this process wrote before and is gone: it no longer counts
@@ -377,11 +421,17 @@ class SlicePublisher:
                     if stamp is not None and "timeAdded" not in taint:
                         taint["timeAdded"] = stamp
             existing = live.get(_name(body))
-            if existing is None:
-                answer = self._write("create", functools.partial(self.api.create_resource_slice, body))
-            else:
-                body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-                answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body), body))
+            try:
+                if existing is None:
+                    answer = self._write("create", functools.partial(self.api.create_resource_slice, body))
+                else:
+                    body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+                    answer = self._write("update", functools.partial(self.api.update_resource_slice, _name(body),
+                                                                     body))
+            except KubeError as exc:
+                if exc.status in REFUSED and self._gate_refused(driver, body["spec"], exc.message):
+                    self._refused_fields.add(driver)
+                raise
             lost |= self._remember(body, answer)
         self._generations[driver] = generation  # only once written: a refused write takes no generation
         names = {_name(s) for s in wanted}
@@ -391,7 +441,13 @@ class SlicePublisher:
         log.info("ResourceSlices published", driver=driver, node=self.node_name, generation=generation,
                  slices=len(wanted), devices=sum(len(s["spec"]["devices"]) for s in wanted), removed=len(stale))
         if lost and self.on_dropped is not None:
-            self.on_dropped(driver, frozenset(lost))
+            self.on_dropped(driver, frozenset(lost), "")
+
+    def _gate_refused(self, driver: str, spec: Obj, message: str) -> bool:
+        """A slice refused for good: its fields the server's message names go to ``on_dropped``; whether
+        they are a gate's that is off (then the pool is published again without them, not started again)."""
+        named = named_fields(spec, message)
+        return bool(named) and self.on_dropped is not None and self.on_dropped(driver, named, message)
 
     def _delete(self, slices: dict[str, Obj]) -> None:
         """Delete these slices, each only while it is the one seen (a uid precondition)."""

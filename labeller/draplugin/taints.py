@@ -22,7 +22,10 @@ only acts on a device it still finds in a slice, and a device simply dropped fro
 leave its pods running against nothing. It stays (``Gone``) while a claim prepared on this node
 still holds it, and at least ``hold_s`` (the pods whose claims were allocated it but not prepared
 yet), then goes at the next probe (the DRA plugin probes as soon as one is due: ``due``). It comes
-back as itself, untainted, if the probe finds it again.
+back as itself, untainted, if the probe finds it again. A partition offered on counters (made at
+prepare, ``labeller.dra.dynamicMig``) that is no longer offered is not such a device: it is an offer,
+not hardware (one made for a claim is published as itself while it exists), and it could not be
+published without the counters it draws on, which change with what is offered.
 
 Where the API server drops the taints (the gate off), nothing changes from before taints: the gate's
 fallback (``labeller.draplugin.gates``: ``untainted``) leaves every tainted device out, so an unhealthy
@@ -91,7 +94,7 @@ class Gone:
             names = {d.name for d in devices}
             gone = {name: entry for name, entry in self._gone.get(driver, {}).items() if name not in names}
             for position, device in enumerate(before.get(driver, ())):
-                if device.name not in names and device.name not in gone:
+                if device.name not in names and device.name not in gone and not device.consumes:
                     gone[device.name] = (device, position, now)
                     went.append((driver, device.name))
             kept = {name: entry for name, entry in gone.items() if now - entry[2] < self.hold_s or held(driver, name)}

@@ -6,33 +6,22 @@ Loaded lazily by ``labeller.cli``: importing this module pulls in the Kubernetes
 from __future__ import annotations
 
 import json
-import ssl
 import sys
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import click
-import structlog
 
-from labeller.extender.binder import Binder, BindOptions
-from labeller.extender.cache import ShareCache
-from labeller.extender.feed import Feed, load_once
-from labeller.extender.metrics import Metrics
-from labeller.extender.placement import POLICIES
-from labeller.extender.server import Extender
-from labeller.gpushare import RESOURCE_MEM
 from labeller.cluster.connect import connect
-from labeller.cluster.kube import Kube, KubeError
-from labeller.commands.options import BadInput, kubeconfig_option
+from labeller.cluster.kube import KubeError
+from labeller.commands.options import BadInput, format_option, kubeconfig_option
 from labeller.commands.params import Duration, format_duration
 from labeller.commands.upstream import EPILOG, upstream_options
-from labeller.errors import InputError
-from labeller.process.httpserver import (HealthServer, HttpLimits, raise_open_files_limit, server_tls,
-                                         start_http_server)
-from labeller.runtime import defer_signals, run_until_signalled
-
-log = structlog.get_logger("gpu_labeller.extender")
+from labeller.extender.app import Listen, serve
+from labeller.extender.binder import BindOptions
+from labeller.extender.cache import ShareCache
+from labeller.extender.feed import load_once
+from labeller.extender.placement import POLICIES
+from labeller.gpushare import RESOURCE_MEM
+from labeller.process.httpserver import HttpLimits, raise_open_files_limit, server_tls
 
 DEFAULT_PORT = 39999  # gpushare's
 POOL_SIZE = 16  # connections to the API: three watches, binds and the HTTP handlers' reads
@@ -89,81 +78,24 @@ def scheduler_extender(port: int, bind_address: str | None, tls_cert_file: str |
                        request_timeout: float, tls_handshake_timeout: float, max_connections: int,
                        watch_timeout: float) -> None:
     """Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible: filter, prioritize, bind."""
-    defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
-    options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout, scheduler_names=scheduler_names)
-    limits = HttpLimits(max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
-                        max_connections=max_connections, tls_handshake_timeout_s=tls_handshake_timeout)
-    raise_open_files_limit(max_connections + SPARE_FILES)
     tls_files = (tls_cert_file, tls_key_file, client_ca_file)
     if any(tls_files) and not all(tls_files):
         raise BadInput("--tls-cert-file, --tls-key-file and --client-ca-file go together: give all three or none")
-    try:
-        tls = (server_tls(tls_cert_file, tls_key_file, client_ca_file)
-               if tls_cert_file and tls_key_file and client_ca_file else None)
-        bind_address = bind_address or ("0.0.0.0" if tls else "127.0.0.1")
-        running = start(lambda metrics: connect(kubeconfig, observer=metrics.observe_request, pool_size=POOL_SIZE),
-                        port, bind_address, options, int(watch_timeout), limits=limits, tls=tls)
-        if metrics_port is not None:
-            running.extra.append(start_http_server(metrics_port, bind_address, ready=running.http_ready,
-                                                   registry=running.metrics.registry, flag="--metrics-port",
-                                                   limits=limits))
-    except InputError as exc:
-        raise BadInput(str(exc)) from None
-    if tls is None:
-        log.warning("serving without authentication: whoever reaches the port can bind pods; give --tls-cert-file, "
-                    "--tls-key-file and --client-ca-file", reason="unauthenticated", bind=bind_address,
-                    port=running.http.port)
-    log.info("started", reason="start", port=running.http.port, policy=policy, tls=tls is not None,
-             metrics_port=metrics_port)
-    run_until_signalled(running.stop.wait, running.stop.set, lambda: None)
-    running.close()
-    log.info("stopped", reason="stop")
-
-
-@dataclass
-class Running:
-    """A started extender: its cache, HTTP server (``http.port``) and the event that stops it."""
-
-    cache: ShareCache
-    metrics: Metrics
-    binder: Binder
-    feed: Feed
-    http: HealthServer
-    stop: threading.Event
-    kube: Kube
-    extra: list[HealthServer] = field(default_factory=list)  # the plain health and metrics port, when asked for
-
-    def http_ready(self) -> bool:
-        return len(self.cache.synced) == len(self.feed.sources)
-
-    def close(self) -> None:
-        self.stop.set()
-        for server in (self.http, *self.extra):
-            server.close()
-        self.kube.close()
-
-
-def start(make_kube: Callable[[Metrics], Kube], port: int, bind_address: str = "0.0.0.0",
-          options: BindOptions = BindOptions(), watch_timeout_s: int = 300, limits: HttpLimits = HttpLimits(),
-          tls: ssl.SSLContext | None = None) -> Running:
-    """Serve the extender on ``port`` and follow the cluster; ready once every first list is in."""
-    cache = ShareCache()
-    metrics = Metrics(cache)
-    kube = make_kube(metrics)
-    binder = Binder(kube, cache, options, observe_wait=metrics.bind_wait.observe)
-    stop = threading.Event()
-    feed = Feed(kube, cache, stop, watch_timeout_s=watch_timeout_s)
-    http = start_http_server(port, bind_address, ready=lambda: len(cache.synced) == len(feed.sources),
-                             registry=metrics.registry, app=Extender(cache, binder, metrics), flag="--port",
-                             limits=limits, tls=tls)
-    feed.start()
-    return Running(cache, metrics, binder, feed, http, stop, kube)
+    raise_open_files_limit(max_connections + SPARE_FILES)
+    tls = (server_tls(tls_cert_file, tls_key_file, client_ca_file)
+           if tls_cert_file and tls_key_file and client_ca_file else None)
+    limits = HttpLimits(max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
+                        max_connections=max_connections, tls_handshake_timeout_s=tls_handshake_timeout)
+    listen = Listen(port, bind_address or ("0.0.0.0" if tls else "127.0.0.1"), tls, metrics_port, limits)
+    options = BindOptions(policy=policy, wait_s=bind_wait, stale_s=assume_timeout, scheduler_names=scheduler_names)
+    sys.exit(serve(lambda metrics: connect(kubeconfig, observer=metrics.observe_request, pool_size=POOL_SIZE),
+                   listen, options, int(watch_timeout)))
 
 
 @click.command(epilog=EPILOG)
 @click.argument("node", required=False)
 @kubeconfig_option
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@format_option()
 @upstream_options("inspect")
 def inspect(node: str | None, kubeconfig: str | None, fmt: str) -> None:
     """Per node and GPU: total, used and free GPU memory (aliyun.com/gpu-mem units) and the pods on it."""

@@ -4,33 +4,26 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-import structlog
 
-from labeller.process.follow import ConfigMetrics, follow_own_node
-from labeller.host import NodeOptions, open_host
-from labeller.commands.options import (BadInput, discovery_options, endpoint_options, given_as, own_node_options,
-                                      parent_must_exist)
-from labeller.commands.params import Duration
+from labeller.commands.options import (BadInput, discovery_options, endpoint_options, given_as,
+                                       health_recovery_option, own_node_options, parent_must_exist)
 from labeller.commands.upstream import EPILOG, upstream_options
+from labeller.host import Host, NodeOptions
 from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.cdi import DEFAULT_SPEC_DIR
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.prober import Prober
-from labeller.process.configsource import ConfigSource
-from labeller.process.loop import LoopOptions, ProcessLoop
-from labeller.process.serve import Endpoints, serve
-from labeller.runtime import defer_signals
+from labeller.process.follow import ConfigFollower
+from labeller.process.serve import Endpoint, Process, Served, serve
 
 if TYPE_CHECKING:
     from labeller.plugin.gpushare_allocate import PodApi
-
-log = structlog.get_logger(__name__)
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")
 STALL_SECONDS = 10.0
@@ -49,7 +42,8 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
 
 @click.command("device-plugin", epilog=EPILOG)
 @discovery_options
-@own_node_options
+@own_node_options("This Node's name, to follow --config-label and, under sharing.memory, to read the pods bound "
+                  "to it. [env: NODE_NAME]")
 @click.option("--socket-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_SOCKET_DIR,
               show_default=True, envvar="DP_SOCKET_DIR",
               help="The kubelet's device-plugins directory. [env: DP_SOCKET_DIR]")
@@ -58,17 +52,14 @@ def pod_api(kubeconfig: str | None) -> Callable[[], PodApi]:
               help="The kubelet's registration socket: a file name in --socket-dir, or its path there (as NVIDIA's "
                    "plugin takes it). [env: DP_KUBELET_SOCKET, NVIDIA's KUBELET_SOCKET]")
 @endpoint_options(8081)
-@click.option("--health-recovery-seconds", type=Duration(), default="60s", show_default=True,
-              envvar="DP_HEALTH_RECOVERY_SECONDS",
-              help="An Unhealthy device that answers normally, with no new error, for this long (60, 90s, 2m) is "
-                   "Healthy again (0: never, as NVIDIA's plugin). [env: DP_HEALTH_RECOVERY_SECONDS]")
+@health_recovery_option("Healthy again (0: never, as NVIDIA's plugin)")
 @click.option("--cdi-spec-dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_SPEC_DIR,
               show_default=True, envvar="CDI_SPEC_DIR",
               help="Where CDI spec files go when flags.plugin.deviceListStrategy has cdi-annotations or cdi-cri "
                    "(gpu-labeller-<vendor>.json). [env: CDI_SPEC_DIR]")
 @upstream_options("device-plugin")
-def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: str, metrics_port: int,
-                  metrics_bind: str, health_recovery_seconds: float, cdi_spec_dir: Path) -> None:
+def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: str, endpoint: Endpoint,
+                  health_recovery_seconds: float, cdi_spec_dir: Path) -> None:
     """Serve this node's GPUs to the kubelet (device plugin API v1beta1).
 
     One gRPC server per resource (nvidia.com/gpu, nvidia.com/mig-<profile>, amd.com/gpu or
@@ -83,7 +74,6 @@ def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: s
     the files is served the same way. SIGTERM or SIGINT: stop, remove the sockets, exit 0. Health env:
     DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS.
     """
-    defer_signals()  # a SIGTERM or SIGHUP during start-up is acted on once it serves
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC core's own INFO lines are noise in the pod log
     if "/" in kubelet_socket:  # NVIDIA's form: the whole path, which must be in --socket-dir
         if Path(kubelet_socket).parent != socket_dir:
@@ -91,28 +81,18 @@ def device_plugin(node_options: NodeOptions, socket_dir: Path, kubelet_socket: s
                            "kubelet's registration socket is a file name in --socket-dir, or its path there)")
         kubelet_socket = Path(kubelet_socket).name
     parent_must_exist(socket_dir, "socket_dir")
-    stop = threading.Event()  # ends the follower's watch of the Node when the loop ends
-    metrics = PluginMetrics()
-    follower, selection = follow_own_node(node_options, ConfigMetrics(metrics.registry, "gpu_labeller_plugin"), stop)
-    node_name = node_options.node_name
+    metrics, node_name = PluginMetrics(), node_options.node_name
     plugin = DevicePlugin(PluginSettings(socket_dir=socket_dir, kubelet_socket=kubelet_socket,
                                          recovery_seconds=health_recovery_seconds, cdi_spec_dir=cdi_spec_dir,
                                          node_name=node_name or "", pod_api=pod_api(node_options.kubeconfig)), metrics)
-    with open_host(node_options, selection) as host:
+
+    @contextmanager
+    def serving(host: Host, follower: ConfigFollower | None) -> Iterator[Served]:
         if host.config.sharing.memory is not None and not node_name:
             raise BadInput("sharing.memory: the plugin reads the pods bound to this Node to serve aliyun.com/gpu-mem; "
                            "give --node-name NAME or set NODE_NAME")
-        if follower is not None:
-            follower.apply(host)
-        loop = ProcessLoop(Prober(host, plugin), LoopOptions(),
-                           config=ConfigSource(host, node_options.config_path, follower), inputs=host.offer_inputs)
-        endpoints = Endpoints(metrics_port, metrics_bind, metrics.registry, ready=lambda: plugin.ready,
-                              healthy=lambda: plugin.healthy(STALL_SECONDS))
-        try:
-            with plugin:
-                code = serve(loop, endpoints, "metrics server listening")
-        finally:
-            stop.set()
-    if code:
-        sys.exit(code)
-    log.info("device plugin stopped")
+        with plugin:
+            yield Served(Prober(host, plugin), inputs=host.offer_inputs, healthy=lambda: plugin.healthy(STALL_SECONDS))
+
+    sys.exit(serve(Process(node_options, endpoint, metrics.registry, "gpu_labeller_plugin", serving,
+                           started="metrics server listening", stopped="device plugin stopped")))

@@ -32,7 +32,7 @@ from labeller.host import Host, NodeOptions, OptionsError
 from labeller.inotify import DirectoryWatch
 from labeller.labels import key_problem, owns
 from labeller.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 
 if TYPE_CHECKING:
     from labeller.cluster.kube import Kube

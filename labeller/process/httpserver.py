@@ -7,6 +7,7 @@ finish a TLS handshake, and connections open at once. Connections are admitted b
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import socket
 import ssl
@@ -21,7 +22,8 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from labeller.errors import InputError
-from labeller.process.connections import Connection, ConnectionServer
+from labeller.process.connections import ConnectionServer
+from labeller.process.idleconnections import Connection
 
 log = structlog.get_logger(__name__)
 
@@ -128,117 +130,137 @@ class _DeadlineReader(io.RawIOBase):
 
 
 Answer = tuple[int, bytes, str]  # HTTP code, body, content type
+_TEXT = "text/plain; charset=utf-8"
 # An application served beside the health endpoints: (method, path, body) -> its answer, None for 404.
 App = Callable[[str, str, bytes], "Answer | None"]
 
 
-def _handler(ready: Callable[[], bool], healthy: Callable[[], bool], registry: CollectorRegistry | None,
-             app: App | None, limits: HttpLimits) -> Callable[[Connection], bool]:
-    """``serve(connection)``: answer the requests of one connection that has sent its first bytes,
-    for as long as they come back to back; whether to keep the connection open."""
+@dataclass(frozen=True)
+class _Site:
+    """What a server answers: ``app`` first, then /healthz, /readyz and /metrics (with a ``registry``)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
-        disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
+    ready: Callable[[], bool]
+    healthy: Callable[[], bool]
+    registry: CollectorRegistry | None
+    app: App | None
 
-        def __init__(self, connection: Connection) -> None:
-            # BaseRequestHandler.__init__ without the socketserver it would keep: there is none here
-            self.first_bytes = connection.first_bytes
-            self.request, self.client_address = connection.sock, connection.address
-            self.setup()
-            try:
-                self.handle()
-            finally:
-                self.finish()
+    def call(self, method: str, path: str, body: bytes) -> Answer | None:
+        """The app's answer; None when there is no app or it has none (404, or a health endpoint)."""
+        if self.app is None:
+            return None
+        try:
+            return self.app(method, path, body)
+        except Exception:  # one line to the client, the traceback to the log
+            log.exception("request failed", reason="request-failed", path=path)
+            return 500, b"internal error\n", "text/plain; charset=utf-8"
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+    def health(self, path: str) -> Answer:
+        """The answer to a GET the app has none for."""
+        if path == "/healthz":
+            return (200, b"ok\n", _TEXT) if self.healthy() else (503, b"loop stalled\n", _TEXT)
+        if path == "/readyz":
+            return (200, b"ready\n", _TEXT) if self.ready() else (503, b"not ready\n", _TEXT)
+        if path == "/metrics" and self.registry is not None:
+            return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return 404, b"not found\n", _TEXT
 
-        def setup(self) -> None:
-            super().setup()
-            self.rfile.close()  # the socket's own file: reads go through the deadline instead
-            self._reader = _DeadlineReader(self.connection, limits.request_timeout_s, self.first_bytes)
-            self.rfile = self._buffered = io.BufferedReader(self._reader)
 
-        def handle(self) -> None:
-            self.close_connection = True  # until a request says otherwise
+def _body_refusal(length: str | None, most: int) -> tuple[int, str] | None:
+    """Why a request's body is not read, from its Content-Length: none, not a length, or over ``most``."""
+    if length is None:
+        return 411, "a Content-Length is required\n"
+    if not length.strip().isdigit():
+        return 400, f"Content-Length {length!r} is not a length\n"
+    if int(length) > most:
+        return 413, f"body of {int(length)} bytes is over the limit of {most} (--max-body-bytes)\n"
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """The requests of one connection that has sent its first bytes, answered from ``site`` within
+    ``limits``, for as long as they come back to back (see ``KEEP_ALIVE_LINGER_S``); afterwards
+    ``close_connection`` says whether the connection must be closed."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
+    disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
+
+    def __init__(self, connection: Connection, site: _Site, limits: HttpLimits) -> None:
+        # BaseRequestHandler.__init__ without the socketserver it would keep: there is none here
+        self._site, self._limits, self._first_bytes = site, limits, connection.first_bytes
+        self.request, self.client_address = connection.sock, connection.address
+        self.setup()
+        try:
+            self.handle()
+        finally:
+            self.finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: reads go through the deadline instead
+        self._reader = _DeadlineReader(self.connection, self._limits.request_timeout_s, self._first_bytes)
+        self.rfile = self._buffered = io.BufferedReader(self._reader)
+
+    def handle(self) -> None:
+        self.close_connection = True  # until a request says otherwise
+        self.handle_one_request()
+        while not self.close_connection and self._next_request_comes():
             self.handle_one_request()
-            while not self.close_connection and self._next_request_comes():
-                self.handle_one_request()
 
-        def _next_request_comes(self) -> bool:
-            """Whether the next request's bytes come within the linger (or are here already)."""
-            self._reader.linger(KEEP_ALIVE_LINGER_S)
-            if self._buffered.peek(1):
-                return True
-            self.close_connection = self._reader.eof
-            return False
+    def _next_request_comes(self) -> bool:
+        """Whether the next request's bytes come within the linger (or are here already)."""
+        self._reader.linger(KEEP_ALIVE_LINGER_S)
+        if self._buffered.peek(1):
+            return True
+        self.close_connection = self._reader.eof
+        return False
 
-        def handle_one_request(self) -> None:
-            self._reader.restart()
-            super().handle_one_request()
+    def handle_one_request(self) -> None:
+        self._reader.restart()
+        super().handle_one_request()
 
-        def _body(self) -> bytes | None:
-            """The request's body, or None once it was refused: no usable Content-Length, or over the cap."""
-            length = self.headers.get("Content-Length")
-            refusal = (411, "a Content-Length is required\n") if length is None else (
-                (400, f"Content-Length {length!r} is not a length\n") if not length.strip().isdigit() else
-                (413, f"body of {int(length)} bytes is over the limit of {limits.max_body_bytes} (--max-body-bytes)\n")
-                if int(length) > limits.max_body_bytes else None)
-            if refusal is not None:
-                self.close_connection = True  # the body is not read: nothing more on this connection is
-                self._answer(refusal[0], refusal[1].encode())
-                return None
-            body = self.rfile.read(int(length or 0))
-            if len(body) < int(length or 0):
-                self.close_connection = True
-                return None
-            return body
+    def do_POST(self) -> None:
+        body = self._body()
+        if body is None:
+            return
+        answer = self._site.call("POST", self.path.split("?", 1)[0], body)
+        self._answer(*answer if answer is not None else (404, b"not found\n", _TEXT))
 
-        def do_POST(self) -> None:
-            body = self._body()
-            if body is None:
-                return
-            answer = self._call("POST", body)
-            self._answer(*answer if answer is not None else (404, b"not found\n"))
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        answer = self._site.call("GET", path, b"")
+        self._answer(*answer if answer is not None else self._site.health(path))
 
-        def _call(self, method: str, body: bytes) -> Answer | None:
-            if app is None:
-                return None
-            try:
-                return app(method, self.path.split("?", 1)[0], body)
-            except Exception:  # one line to the client, the traceback to the log
-                log.exception("request failed", reason="request-failed", path=self.path.split("?", 1)[0])
-                return 500, b"internal error\n", "text/plain; charset=utf-8"
+    def _body(self) -> bytes | None:
+        """The request's body, or None once it was refused: no usable Content-Length, or over the cap."""
+        length = self.headers.get("Content-Length")
+        refusal = _body_refusal(length, self._limits.max_body_bytes)
+        if refusal is not None:
+            self.close_connection = True  # the body is not read: nothing more on this connection is
+            self._answer(refusal[0], refusal[1].encode(), _TEXT)
+            return None
+        body = self.rfile.read(int(length or 0))
+        if len(body) < int(length or 0):
+            self.close_connection = True
+            return None
+        return body
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            answer = self._call("GET", b"")
-            if answer is not None:
-                self._answer(*answer)
-            elif path == "/healthz":
-                self._answer(*(200, b"ok\n") if healthy() else (503, b"loop stalled\n"))
-            elif path == "/readyz":
-                self._answer(*(200, b"ready\n") if ready() else (503, b"not ready\n"))
-            elif path == "/metrics" and registry is not None:
-                self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            else:
-                self._answer(404, b"not found\n")
+    def _answer(self, code: int, body: bytes, content_type: str) -> None:
+        self.connection.settimeout(self._limits.request_timeout_s)
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
 
-        def _answer(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-            self.connection.settimeout(limits.request_timeout_s)
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
 
-    def serve(connection: Connection) -> bool:
-        return not Handler(connection).close_connection
-
-    return serve
+def _serve(connection: Connection, site: _Site, limits: HttpLimits) -> bool:
+    """``ConnectionServer``'s ``serve``: answer a connection's requests; whether to keep it open."""
+    return not _Handler(connection, site, limits).close_connection
 
 
 class HealthServer:
@@ -271,7 +293,8 @@ def start_http_server(port: int, bind: str = "0.0.0.0", ready: Callable[[], bool
         listener.close()
         raise PortUnavailable(f"{flag} {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
     bound = int(listener.getsockname()[1])
-    connections = ConnectionServer(listener, _handler(ready, healthy, registry, app, limits),
+    serve = functools.partial(_serve, site=_Site(ready, healthy, registry, app), limits=limits)
+    connections = ConnectionServer(listener, serve,
                                    max_connections=limits.max_connections,
                                    handshake_timeout_s=limits.tls_handshake_timeout_s,
                                    idle_timeout_s=limits.request_timeout_s, tls=tls, name=f"http-{bound}")

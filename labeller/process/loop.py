@@ -32,7 +32,7 @@ from typing import Protocol
 import structlog
 
 from labeller.process.configsource import ConfigSource
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 
 log = structlog.get_logger(__name__)
 

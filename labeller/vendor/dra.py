@@ -6,6 +6,12 @@ publishes, so a DeviceClass or CEL selector written for theirs selects the same 
 A value the inventory does not hold is left out, never made up. ``attribute_docs`` says, per
 attribute and capacity, what it means and which upstream driver defines it (``gpu-labeller explain``).
 
+Where the node makes partitions at prepare (``labeller.dra.dynamicMig``), ``devices`` publishes
+counter sets and devices that draw on them (``DraDevice.consumes``) and is told what the DRA plugin
+made (``DraState``); ``maker`` loads the vendor's ``DeviceMaker``, which makes such a device at
+prepare (a MIG device through NVML, a compute partition mode through sysfs) and undoes it at
+unprepare.
+
 ``configs`` loads the vendor's opaque config API (``ConfigApi``), for the DRA plugin alone: how a
 claim's ``opaque.parameters`` for this driver are decoded (strictly, as the vendor's own driver's
 decoder: an unknown apiVersion, kind or field, or a value out of range, is ``ConfigRefused``), which
@@ -25,12 +31,26 @@ from typing import Any, Protocol
 
 from labeller.config import Config
 from labeller.inventory import Inventory
-from labeller.offer import Offer
+from labeller.offer import Offer, PhysicalDevice
 from labeller.resourceslices import DraDevice
 
-# (inventory, offer, config) -> the vendor's DRA devices, in a stable order. The offer is there for
-# a vendor whose devices depend on what the device plugin serves; neither built-in vendor reads it.
-DraDevices = Callable[[Inventory, Offer, Config], list[DraDevice]]
+
+@dataclass(frozen=True)
+class DraState:
+    """What the DRA plugin knows besides the inventory. ``made``: the names of the devices it made
+    for claims (a MIG device that exists because a claim asked for it), which are published as the
+    partitions they were made as, not as devices someone else made; ``counters``: whether the API
+    server keeps shared counters (the DRA plugin's gate-off detection, ``labeller.draplugin.gates``:
+    without DRAPartitionableDevices it drops them, and then the devices that exist are published, as
+    without ``labeller.dra.dynamicMig``)."""
+
+    made: frozenset[str] = frozenset()
+    counters: bool = True
+
+
+# (inventory, offer, config, state) -> the vendor's DRA devices, in a stable order. The offer is there
+# for a vendor whose devices depend on what the device plugin serves; neither built-in vendor reads it.
+DraDevices = Callable[[Inventory, Offer, Config, DraState], list[DraDevice]]
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,39 @@ class ConfigHandler(Protocol):
     def forget(self, claim_uid: str) -> None:
         """A claim unprepared with no record of what it applied (a plugin killed between applying a
         config and recording it): undo what can still be found of it; ConfigRefused as ``undo``."""
+        ...
+
+
+class MakeRefused(RuntimeError):
+    """A device could not be made (or unmade): one line naming the device and what refused it."""
+
+
+@dataclass(frozen=True)
+class Made:
+    """What making a device did: ``record`` (JSON-able) is kept in the plugin's ledger until the
+    device is unmade, and is what ``unmake`` is given back; ``physical`` is the unit made, what
+    the claim's CDI spec is built from (a MIG device with its UUID and instance ids)."""
+
+    record: Mapping[str, Any]
+    physical: PhysicalDevice
+
+
+class DeviceMaker(Protocol):
+    """Makes the devices a vendor publishes before they exist (``DraDevice.make``). Calls for one
+    device never overlap; calls for different devices may."""
+
+    def make(self, device: DraDevice) -> Made:
+        """Make ``device`` (MakeRefused, nothing left made, when it cannot be)."""
+        ...
+
+    def unmake(self, record: Mapping[str, Any]) -> None:
+        """Undo what ``make`` recorded; gone already is fine. MakeRefused when it cannot be undone now
+        (the unit is busy); a unit that is no longer the one made (another UUID) is left alone."""
+        ...
+
+    def abandon(self, plan: Mapping[str, Any]) -> None:
+        """A device whose making was started and never recorded (a plugin killed meanwhile): undo
+        what can be found of it at its place (``DraDevice.make``), and nothing else."""
         ...
 
 
@@ -184,3 +237,7 @@ class Dra:
     # The device taint key of each kind of health fault (labeller.vendor.plugin.Fault: xid, lost,
     # unmonitored), in the driver's domain; a kind missing here is tainted <driver>/unhealthy.
     taint_keys: Mapping[str, str] = field(default_factory=dict)
+    # Its maker of the devices it publishes before they exist, loaded on first use (the DRA plugin's
+    # alone), given the host root and the host's vendor handles (a simulation's NVML); None: it
+    # publishes none.
+    maker: Callable[[Path, Mapping[str, Any]], DeviceMaker] | None = None

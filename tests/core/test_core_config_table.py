@@ -47,7 +47,8 @@ def test_adding_a_key_is_one_declaration() -> None:
     assert given.section(ToySettings).dynamic is True and given != Config()
     with pytest.raises(ConfigError, match=r"^labeller.dra.toyDynamic: must be true or false, got 'yes'$"):
         parse_config({"labeller": {"dra": {"toyDynamic": "yes"}}}, names)
-    with pytest.raises(ConfigError, match=r"^labeller.dra.toyDynamc: unknown key \(known here: toyDynamic, vendors\)$"):
+    with pytest.raises(ConfigError,
+                       match=r"^labeller.dra.toyDynamc: unknown key \(known here: dynamicMig, toyDynamic, vendors\)$"):
         parse_config({"labeller": {"dra": {"toyDynamc": True}}}, names)
     (row,) = [key for key in config_keys(names) if key.path == "labeller.dra.toyDynamic"]
     assert (row.kind, row.default, row.doc) == ("bool", "false", "a key the test declares")

@@ -257,5 +257,5 @@ def test_a_bad_vendor_list_is_one_line_naming_the_key(vendors: Any, message: str
 
 
 def test_an_unknown_key_under_dra_is_named() -> None:
-    with pytest.raises(ConfigError, match=r"^labeller\.dra\.vendor: unknown key \(known here: vendors\)$"):
+    with pytest.raises(ConfigError, match=r"^labeller\.dra\.vendor: unknown key \(known here: dynamicMig, vendors\)$"):
         parse_config({"labeller": {"dra": {"vendor": ["nvidia"]}}}, RESOURCE_NAMES)

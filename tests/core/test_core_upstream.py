@@ -250,7 +250,7 @@ def test_a_bare_sleep_interval_is_nanoseconds_as_in_gfd(tmp_path: Path) -> None:
 
 def test_run_takes_gfds_interval_oneshot_and_output_file_where_its_own_options_are_not_given() -> None:
     from labeller.config import GfdFlags
-    from labeller.daemon.cli import DEFAULT_FEATURES_FILE, _gfd_settings
+    from labeller.daemon.run import DEFAULT_FEATURES_FILE, _gfd_settings
 
     gfd = GfdFlags(oneshot=True, sleep_interval_s=10.0, output_file="/out/gfd")
     assert _gfd_settings(GfdFlags(), False, None, None, "node") == (False, 60.0, DEFAULT_FEATURES_FILE)

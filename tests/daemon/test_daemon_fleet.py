@@ -139,7 +139,8 @@ def complete(*words: str, env: dict[str, str] | None = None) -> list[str]:
 
 
 def test_completion_offers_profiles_label_keys_and_node_names(tmp_path: Path) -> None:
-    assert complete("labels", "--simulate", "dgx") == ["dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared"]
+    assert complete("labels", "--simulate", "dgx") == ["dgx-a100-mig-dynamic", "dgx-a100-mig-mixed", "dgx-h100",
+                                                      "dgx-h100-4of8-shared"]
     assert complete("match", "x", "--simulate", "mi300x-x8-c") == ["mi300x-x8-cpx", "mi300x-x8-cpx-mixed"]
     keys = complete("explain", "nvidia.com/gpu.sh")
     assert keys == ["nvidia.com/gpu.shared-count", "nvidia.com/gpu.sharing-strategy"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labeller.daemon.cli import probe_labels
+from labeller.daemon.run import probe_labels
 from labeller.host import NodeOptions, open_host
 from tests.builders import AT_ONCE_S, offer_of, wait_for
 from tests.daemon.conftest import NODE, Running

@@ -4,6 +4,7 @@ removes it, and a config directory laid out and updated as the kubelet does a Co
 
 from __future__ import annotations
 
+import signal
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
 from tests.builders import PATIENCE_S, config_map_volume, stays_true, wait_for
 from tests.daemon.conftest import NODE, OTHERS
 from tests.daemon.test_daemon_cli import free_port, run_args, run_options
-from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.apiserver import FakeApiServer, Fault
 from tests.processes import LoggedProcess
 
 
@@ -73,6 +74,22 @@ def switched(api: FakeApiServer, expected: dict[str, str | None]) -> dict[str, s
 def state(api: FakeApiServer) -> tuple[str | None, str | None]:
     labels = api.labels(NODE)
     return labels.get(STATE_LABEL), labels.get(APPLIED_LABEL)
+
+
+def test_a_sigterm_while_run_reads_its_config_label_at_start_is_a_clean_stop(
+        api: FakeApiServer, kubeconfig: Path, tmp_path: Path, labellers: list[Labeller]) -> None:
+    """A pod deleted as it starts: ``run`` gets SIGTERM while it reads its Node's config label (held
+    here for 5 s by the API). It stops cleanly once it serves, as the plugins do (exit 0, "stopped"),
+    instead of dying by the signal (exit -15)."""
+    api.create_node(NODE, OTHERS)
+    configs = config_map_volume(tmp_path / "configs", {"default": WHOLE})
+    api.faults.add(Fault(verb="get", resource="nodes", delay_s=5.0, times=1))
+    labellers.append(run := Labeller(kubeconfig, configs))
+    wait_for(lambda: api.log.count(verb="get", resource="nodes") >= 1)  # the read is held now
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(PATIENCE_S) == 0, run.log
+    assert run.event("stopped", reason="stop")["node"] == NODE
+    assert run.count("signal received", signal="SIGTERM") == 1 and "Traceback" not in run.log
 
 
 def test_the_node_label_switches_labels_live_and_a_bad_name_changes_nothing(

@@ -148,7 +148,7 @@ def test_a_key_set_by_someone_else_after_the_plan_is_never_patched_out(api: Fake
 
 
 def test_cleanup_reports_a_key_another_manager_set_meanwhile_as_left() -> None:
-    from labeller.daemon.cli import cleanup_report
+    from labeller.commands.cleanup import cleanup_report
 
     def node(manager: str) -> Live:
         return Live.of_node({"metadata": {"labels": {"nvidia.com/gpu.count": "8"}, "managedFields": [

@@ -184,7 +184,7 @@ def test_watch_resumes_after_410_and_dropped_streams(api: FakeApiServer, start: 
 def test_once_reports_a_failed_probe_as_a_failure(api: FakeApiServer, kubeconfig: Path) -> None:
     from labeller.daemon.service import Daemon
     from labeller.daemon.sinks import NodeSink
-    from labeller.daemon.cli import _run_once
+    from labeller.daemon.run import _run_once
     from labeller.cluster.kube import Kube
     from labeller.daemon.metrics import Metrics
 

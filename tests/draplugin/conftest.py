@@ -25,7 +25,7 @@ from labeller.draplugin.taints import DEFAULT_HOLD_S
 from labeller.host import Host, NodeOptions, open_host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 from labeller.vendor.dra import ConfigSettings
 from tests.builders import wait_for
 from tests.fakes.apiserver import FakeApiServer

@@ -9,9 +9,9 @@ import dataclasses
 import structlog
 
 from labeller.draplugin.gates import GATES, Gate, GateFallbacks
-from labeller.draplugin.publisher import content, dropped
+from labeller.draplugin.publisher import content, dropped, named_fields
 from labeller.offer import PhysicalDevice
-from labeller.resourceslices import Capacity, DeviceTaint, DraDevice, RequestPolicy
+from labeller.resourceslices import Capacity, CounterSet, CounterUse, DeviceTaint, DraDevice, RequestPolicy
 
 GIB = 1 << 30
 
@@ -72,7 +72,7 @@ def test_a_gates_fields_are_matched_by_path_with_any_key_for_a_star() -> None:
     assert gate.names("devices[].capacity.memory.requestPolicy.validRange")  # inside one of its fields
     assert gate.names("sharedCounters")
     assert not gate.names("devices[].capacity.memory.value") and not gate.names("devices[].capacity")
-    assert {g.name for g in GATES} >= {"DRAConsumableCapacity", "DRADeviceTaints"}
+    assert {g.name for g in GATES} >= {"DRAConsumableCapacity", "DRADeviceTaints", "DRAPartitionableDevices"}
     assert dataclasses.replace(gate, name="Y").names("sharedCounters")
 
 
@@ -90,3 +90,51 @@ def test_without_device_taints_every_drivers_tainted_devices_leave_and_the_other
     published = gates.apply(devices)
     assert published == {"gpu.nvidia.com": [shared_gpu("gpu-0")], "gpu.amd.com": []}
     assert published["gpu.nvidia.com"][0].allow_multiple_allocations  # the other gate is still on
+
+
+def partition(name: str, gpu: str = "gpu-4") -> DraDevice:
+    """A MIG device made at prepare: it draws on its GPU's counter set."""
+    counter_set = CounterSet(f"{gpu}-counter-set", {"memory-slice-0": Capacity(1, "nvml", "test")})
+    return DraDevice(name, PhysicalDevice(vendor="nvidia", health_key=f"GPU-{gpu}", visible_id=name, gpu=gpu),
+                     consumes=(CounterUse(counter_set, {"memory-slice-0": 1}),), make={"gpu": gpu})
+
+
+def test_without_partitionable_devices_every_drivers_partitions_made_at_prepare_leave() -> None:
+    """DRAPartitionableDevices is one gate of the same mechanism: found off from the counters a write lost,
+    its fallback leaves out what draws on counters, and applies before the others' (a GPU kept is unshared
+    where DRAConsumableCapacity is off too)."""
+    devices = {"gpu.nvidia.com": [shared_gpu("gpu-0"), partition("gpu-4-mig-1g5gb-19-0")],
+               "gpu.amd.com": [partition("gpu-0000-05-00-0-cpx-0", "gpu-0000-05-00-0")]}
+    gates = GateFallbacks()
+    with structlog.testing.capture_logs() as logs:
+        assert gates.dropped("gpu.nvidia.com", {"sharedCounters", "devices[].consumesCounters"}) is True
+        assert gates.dropped("gpu.amd.com", {"sharedCounters"}) is False  # one server: off for every driver
+    assert [(e["reason"], e["gate"], e["fields"]) for e in logs] == [
+        ("feature-gate-off", "DRAPartitionableDevices", ["devices[].consumesCounters", "sharedCounters"])]
+    assert gates.apply(devices) == {"gpu.nvidia.com": [shared_gpu("gpu-0")], "gpu.amd.com": []}
+    gates.dropped("gpu.nvidia.com", {"devices[].allowMultipleAllocations"})
+    assert gates.off == ("DRAPartitionableDevices", "DRAConsumableCapacity")
+    (gpu,) = gates.apply(devices)["gpu.nvidia.com"]
+    assert gpu.name == "gpu-0" and not gpu.allow_multiple_allocations
+
+
+def test_a_refusal_naming_a_gates_fields_turns_it_off_with_the_servers_message() -> None:
+    """A release that takes counter sets only in slices of their own refuses ours (422), naming the field."""
+    message = 'ResourceSlice "n-gpu-nvidia-com-1" is invalid: spec: Invalid value: "": only one of `sharedCounters` ' \
+              "or `devices` is allowed"
+    spec = content({"driver": "gpu.nvidia.com", "sharedCounters": [{"name": "gpu-4-counter-set", "counters": {
+        "memory-slice-0": {"value": "1"}}}], "devices": [partition("gpu-4-mig-1g5gb-19-0").document()]})
+    named = named_fields(spec, message)
+    assert {"sharedCounters", "devices"} <= named and "devices[].consumesCounters" not in named
+    gates = GateFallbacks()
+    with structlog.testing.capture_logs() as logs:
+        other = "spec.pool.name: Required value"  # a refusal that names no gate's field: not a gate's doing
+        assert gates.dropped("gpu.nvidia.com", named_fields(spec, other), other) is False
+        assert gates.off_for(named) is False
+        assert gates.dropped("gpu.nvidia.com", named, message) is True
+        assert gates.dropped("gpu.nvidia.com", named, message) is False  # said once
+    assert gates.off == ("DRAPartitionableDevices",) and gates.off_for(named)
+    (said,) = logs  # no "fields-dropped" line: a refusal drops nothing, and names more than its cause
+    assert said["reason"] == "feature-gate-off" and said["gate"] == "DRAPartitionableDevices"
+    assert said["fields"] == ["sharedCounters"] and "only one of `sharedCounters`" in said["refused"]
+    assert "refuses DRAPartitionableDevices's fields as written" in said["event"]

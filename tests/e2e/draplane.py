@@ -16,6 +16,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +54,20 @@ def add_k8s_dra_argument(parser: argparse.ArgumentParser) -> None:
     """``--k8s-dra DIR``: the folder with the DRA plane (up.sh, down.sh, dra-bin.sh)."""
     parser.add_argument("--k8s-dra", type=Path, default=k8s_dra_default(),
                         help="the k8s-dra folder (default: $K8S_DRA_DIR, else %(default)s)")
+
+
+def open_plane(parser: argparse.ArgumentParser, prefix: str) -> tuple[argparse.Namespace, Cluster, Path] | None:
+    """The script's arguments (``--k8s-dra`` added), the plane's ``Cluster`` (its state in ``$DRA_STATE``,
+    else in the work folder) and a fresh work folder in /tmp (unix socket paths stay short there); None,
+    said on stderr, when there is no plane at ``--k8s-dra``: the script then exits 2."""
+    add_k8s_dra_argument(parser)
+    args = parser.parse_args()
+    if not (args.k8s_dra / "up.sh").exists():
+        print(f"{Path(sys.argv[0]).stem}: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set "
+              "K8S_DRA_DIR)", file=sys.stderr)
+        return None
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    return args, Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state")), work
 
 
 def verdict(work: Path) -> int:
@@ -242,6 +257,14 @@ class Node:
                 return int(answer.status) == 200
         except (urllib.error.URLError, OSError):
             return False
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples on the plugin's /metrics (the port its latest run logged)."""
+        port = [e["port"] for e in self.log() if e.get("event") == "metrics server listening"][-1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((name + "{", name + " ")))
 
     def spec_files(self) -> list[Path]:
         return sorted((self.dir / "cdi").glob("*.json"))

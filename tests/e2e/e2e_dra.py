@@ -50,7 +50,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -58,8 +57,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.draplane import (Cluster, Event, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
-                                figure, start_nodes, stop_nodes, verdict, wait)
+from tests.e2e.draplane import (Cluster, Event, Node, chart_device_classes, check, figure, open_plane,  # noqa: E402
+                                start_nodes, stop_nodes, verdict, wait)
 
 NODES = {  # node -> (profile, vendors served through DRA)
     "dra-h100": ("dgx-h100", ["nvidia"]),
@@ -372,13 +371,10 @@ def scenario_hostile_files(cluster: Cluster, node: Node) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_k8s_dra_argument(parser)
-    args = parser.parse_args()
-    if not (args.k8s_dra / "up.sh").exists():
-        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+    opened = open_plane(parser, "gld-")
+    if opened is None:
         return 2
-    work = Path(tempfile.mkdtemp(prefix="gld-", dir="/tmp"))
-    cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
+    _, cluster, work = opened
     nodes: dict[str, Node] = {}
     try:
         cluster.up()

@@ -47,10 +47,9 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import time
-import urllib.request
 from collections import Counter
+from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -60,8 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from labeller.quantity import parse as parse_quantity  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
-from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, check, figure, verdict,  # noqa: E402
-                                wait)
+from tests.e2e.draplane import (Cluster, Node, check, figure, open_plane, verdict, wait)  # noqa: E402
 from tests.e2e.e2e_dra import claim_template, pod, request  # noqa: E402
 
 NODE, PROFILE = "mem-t4", "t4-x4-gpushare"
@@ -101,24 +99,21 @@ class MemoryNode(Node):
              "--cdi-spec-dir", str(self.dir / "cdi"), "--metrics-port", "0", "--metrics-bind", "127.0.0.1", *extra],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(self.dir / "plugin.log").open("a"), text=True, env=env)
 
-    def metric(self, name: str) -> float:
-        """The sum of a metric's samples on the plugin's /metrics."""
-        port = [e["port"] for e in self.log() if e.get("event") == "metrics server listening"][-1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + "{", name + " ")))
-
     def spec_env(self, cdi_id: str) -> dict[str, str]:
-        """The environment a container given this CDI device gets: the claim's and the device's."""
-        kind, name = cdi_id.split("=", 1)
-        for path in self.spec_files():
-            spec = json.loads(path.read_text())
-            for device in spec.get("devices", []):
-                if device["name"] == name:
-                    entries = [*spec["containerEdits"].get("env", []), *device["containerEdits"].get("env", [])]
-                    return dict(e.split("=", 1) for e in entries)
-        return {}
+        return cdi_env(self.spec_files(), cdi_id)
+
+
+def cdi_env(spec_files: Iterable[Path], cdi_id: str) -> dict[str, str]:
+    """The environment a container given this CDI device gets from the spec files: the claim's and the
+    device's."""
+    kind, name = cdi_id.split("=", 1)
+    for path in spec_files:
+        spec = json.loads(path.read_text())
+        for device in spec.get("devices", []):
+            if device["name"] == name:
+                entries = [*spec["containerEdits"].get("env", []), *device["containerEdits"].get("env", [])]
+                return dict(e.split("=", 1) for e in entries)
+    return {}
 
 
 def memory_claim(name: str, gib: int, device_class: str = GPU_CLASS[0], cel: str | None = None) -> Obj:
@@ -158,10 +153,10 @@ def refused_for_memory(pod_obj: Obj) -> bool:
     return pod_obj["status"].get("phase") == "Failed" and "is prepared for" in pod_obj["status"].get("message", "")
 
 
-def prepared_usage(node: MemoryNode) -> dict[str, Fraction]:
-    """Memory the claims the plugin prepared consume on each GPU, as its checkpoint says."""
+def prepared_usage(checkpoints: Iterable[Path]) -> dict[str, Fraction]:
+    """Memory the claims the plugin prepared consume on each GPU, as its checkpoint (records) says."""
     used: dict[str, Fraction] = Counter()  # type: ignore[assignment]
-    for path in node.checkpoints():
+    for path in checkpoints:
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -182,7 +177,8 @@ class Peaks:
         self.samples = 0
 
     def sample(self) -> None:
-        for peak, now in ((self.allocated, usage(self.cluster)), (self.prepared, prepared_usage(self.node))):
+        prepared = prepared_usage(self.node.checkpoints())
+        for peak, now in ((self.allocated, usage(self.cluster)), (self.prepared, prepared)):
             for gpu, used in now.items():
                 peak[gpu] = max(peak.get(gpu, Fraction(0)), used)
         self.samples += 1
@@ -411,14 +407,11 @@ def start(cluster: Cluster, work: Path, gates: bool) -> MemoryNode:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_k8s_dra_argument(parser)
     parser.add_argument("--pods", type=int, default=36)
-    args = parser.parse_args()
-    if not (args.k8s_dra / "up.sh").exists():
-        print(f"no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR or set K8S_DRA_DIR)", file=sys.stderr)
+    opened = open_plane(parser, "glm-")
+    if opened is None:
         return 2
-    work = Path(tempfile.mkdtemp(prefix="glm-", dir="/tmp"))
-    cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
+    args, cluster, work = opened
     node: MemoryNode | None = None
     try:
         node = start(cluster, work, gates=True)

@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,8 +60,8 @@ from labeller.draplugin.app import DraPlugin  # noqa: E402
 from labeller.host import Host, NodeOptions, open_host  # noqa: E402
 from tests.draplugin.conftest import Dirs, plugin_on_loop  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
-from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
-                                figure, verdict, wait)
+from tests.e2e.draplane import (Cluster, Node, chart_device_classes, check, figure, open_plane, verdict,  # noqa: E402
+                                wait)
 from tests.e2e.e2e_dra import allocated_devices, claim_template, pod, prepared, request  # noqa: E402
 from tests.plugin.profile_files import l40s_node, write_yaml  # noqa: E402
 
@@ -322,13 +320,10 @@ def scenario_gate_off(cluster: Cluster, work: Path, profile: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_k8s_dra_argument(parser)
-    args = parser.parse_args()
-    if not (args.k8s_dra / "up.sh").exists():
-        print(f"e2e_dra_taints: no k8s-dra folder at {args.k8s_dra} (give --k8s-dra DIR)", file=sys.stderr)
+    opened = open_plane(parser, "gldt-")
+    if opened is None:
         return 2
-    work = Path(tempfile.mkdtemp(prefix="gldt-", dir="/tmp"))
-    cluster = Cluster(args.k8s_dra, Path(os.environ.get("DRA_STATE") or work / "state"))
+    _, cluster, work = opened
     cluster.env.update(GATED)
     profile = work / "node.yaml"
     write_yaml(profile, node_profile(2))

@@ -16,7 +16,7 @@ import pytest
 
 from labeller import gpushare
 from labeller.extender.binder import BindOptions
-from labeller.extender.cli import Running, start
+from labeller.extender.app import Running, start
 from labeller.cluster.kube import Kube
 from labeller.process.httpserver import HttpLimits
 from tests.builders import PATIENCE_S, wait_for

@@ -12,7 +12,7 @@ from typing import Any
 from labeller import gpushare
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import Client, PluginStandIn, Start, mem_pod, share_node
-from labeller.extender.cli import Running
+from labeller.extender.app import Running
 from tests.fakes.apiserver import FakeApiServer, Fault
 
 

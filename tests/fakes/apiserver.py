@@ -10,8 +10,8 @@ precondition, delete, the ``binding`` subresource), ConfigMaps, NodeFeature obje
 ``spec.nodeName`` and ``spec.driver``, update with a resourceVersion precondition, delete with a uid
 precondition; the API's decoding (400 for a number outside int64) and validation of what a driver
 writes, and what it drops of an alpha feature gate that is off: ``feature_gates``, device taints
-included) and ResourceClaims (create, get, and ``set_claim_allocation`` as the scheduler writes
-``status.allocation``).
+and shared counters included) and ResourceClaims (create, get, and ``set_claim_allocation`` as the
+scheduler writes ``status.allocation``).
 Faults are injected on demand: RBAC 403, 5xx, slow answers and dropped connections. Every request
 is logged and counted by verb.
 
@@ -596,6 +596,15 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 MAX_DOMAIN = 63
 MAX_ATTRIBUTE_VALUE = 64
+# pkg/apis/resource (1.34): ResourceSliceMaxSharedCounters (counters of all sets of a slice),
+# ResourceSliceMaxCountersPerDevice, ResourceSliceMaxDeviceCountersPerSlice
+MAX_SHARED_COUNTERS = 32
+MAX_COUNTERS_PER_DEVICE = 32
+MAX_DEVICE_COUNTERS_PER_SLICE = 1024
+# Partitionable devices (v1.34, gate DRAPartitionableDevices): the spec's and each device's fields it adds.
+DRA_PARTITIONABLE_DEVICES = "DRAPartitionableDevices"
+PARTITIONABLE_SPEC = ("sharedCounters", "perDeviceNodeSelection")
+PARTITIONABLE_DEVICE = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
 QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
 # Device taints (v1.34, gate DRADeviceTaints; observed on v1.34.2): at most 4 per device, the key a qualified
@@ -678,6 +687,23 @@ def drop_device_taints(spec: Obj) -> None:
             device.pop("taints", None)
 
 
+def uses_partitionable_devices(spec: Obj) -> bool:
+    """``draPartitionableDevicesFeatureInUse``: shared counters or per-device node selection, in the
+    spec or a device."""
+    return (bool(spec.get("sharedCounters")) or spec.get("perDeviceNodeSelection") is not None
+            or any(isinstance(device, dict) and (bool(device.get("consumesCounters")) or any(
+                device.get(key) is not None for key in ("nodeName", "nodeSelector", "allNodes")))
+                for device in spec.get("devices") or []))
+
+
+def drop_partitionable_devices(spec: Obj) -> None:
+    for key in PARTITIONABLE_SPEC:
+        spec.pop(key, None)
+    for device in spec.get("devices") or []:
+        for key in PARTITIONABLE_DEVICE if isinstance(device, dict) else ():
+            device.pop(key, None)
+
+
 # What a v1.34 server does with the ResourceSlice fields of an alpha feature gate that is off
 # (pkg/registry/resource/resourceslice/strategy.go, dropDisabledFields): drops them from a create, and
 # from an update unless the stored slice already uses them (then they are kept). The answer to the write
@@ -685,6 +711,7 @@ def drop_device_taints(spec: Obj) -> None:
 GATED_SLICE_FIELDS: dict[str, tuple[Callable[[Obj], bool], Callable[[Obj], None]]] = {
     "DRAConsumableCapacity": (uses_consumable_capacity, drop_consumable_capacity),
     DRA_DEVICE_TAINTS: (uses_device_taints, drop_device_taints),
+    DRA_PARTITIONABLE_DEVICES: (uses_partitionable_devices, drop_partitionable_devices),
 }
 
 
@@ -697,7 +724,9 @@ class SliceStore(ObjectStore):
     The fields of the alpha feature gates (``GATED_SLICE_FIELDS``) are kept and validated only with the
     gate in ``gates`` (``FakeApiServer(feature_gates=...)``), with the real server's rules and messages:
     ``allowMultipleAllocations`` and a capacity's ``requestPolicy`` (``DRAConsumableCapacity``), device
-    taints as v1.34.2 takes them (``DRADeviceTaints``; ``prepare`` stamps their ``timeAdded``)."""
+    taints as v1.34.2 takes them (``DRADeviceTaints``; ``prepare`` stamps their ``timeAdded``), a
+    slice's ``sharedCounters`` and its devices' ``consumesCounters`` as 1.34 validates them
+    (``DRAPartitionableDevices``, ``_counter_problems``)."""
 
     fields = SLICE_FIELDS
     api_version = "resource.k8s.io/v1"
@@ -721,7 +750,8 @@ class SliceStore(ObjectStore):
 
     def decode(self, obj: Obj) -> None:
         """Its int64 fields hold integers in range (null becomes 0, Go's zero value); anything else is
-        the real server's 400 (so a generation past 2^63-1 cannot be written)."""
+        the real server's 400 (so a generation past 2^63-1 cannot be written). Without
+        DRAPartitionableDevices, its fields are dropped (the strategy's dropDisabledFields)."""
         spec = obj.get("spec") or {}
         pool = spec.get("pool") or {}
         fields = [(pool, key, f"ResourcePool.spec.pool.{key}") for key in ("generation", "resourceSliceCount")]
@@ -773,8 +803,78 @@ class SliceStore(ObjectStore):
         seen: set[str] = set()
         for i, device in enumerate(devices):
             problems += self._device_problems(f"spec.devices[{i}]", device, seen)
+        problems += self._counter_problems(spec)
         if problems:
             raise invalid("ResourceSlice", name, problems)
+
+    @staticmethod
+    def _counter_problems(spec: Obj) -> list[str]:
+        """1.34's rules for shared counters: set names DNS labels, unique, each with counters named by
+        DNS labels whose values are quantities, at most 32 counters in all the sets; a device draws on
+        sets of its own slice, once each, on counters the set has, at most 32 counters per device and
+        1024 in the slice's devices."""
+        problems: list[str] = []
+        sets: dict[str, set[str]] = {}
+        for i, counter_set in enumerate(spec.get("sharedCounters") or []):
+            where = f"spec.sharedCounters[{i}]"
+            set_name = str(counter_set.get("name") or "")
+            if not set_name:
+                problems.append(f"{where}.name: Required value")
+            elif not DNS_LABEL.fullmatch(set_name):
+                problems.append(f"{where}.name: Invalid value: {set_name!r}: a lowercase RFC 1123 label")
+            elif set_name in sets:
+                problems.append(f"{where}.name: Duplicate value: {set_name!r}")
+            counters = counter_set.get("counters") or {}
+            if not counters:
+                problems.append(f"{where}.counters: Required value")
+            problems += SliceStore._counters(f"{where}.counters", counters)
+            sets.setdefault(set_name, set()).update(counters)
+        total = sum(len(counter_set.get("counters") or {}) for counter_set in spec.get("sharedCounters") or [])
+        if total > MAX_SHARED_COUNTERS:
+            problems.append(f"spec.sharedCounters: Invalid value: {total}: the total number of shared counters must "
+                            f"not exceed {MAX_SHARED_COUNTERS}")
+        in_devices = 0
+        for i, device in enumerate(spec.get("devices") or []):
+            uses = device.get("consumesCounters") or []
+            used: set[str] = set()
+            for j, use in enumerate(uses):
+                where = f"spec.devices[{i}].consumesCounters[{j}]"
+                set_name = str(use.get("counterSet") or "")
+                counters = use.get("counters") or {}
+                if not set_name:
+                    problems.append(f"{where}.counterSet: Required value")
+                elif set_name in used:
+                    problems.append(f"{where}.counterSet: Duplicate value: {set_name!r}")
+                used.add(set_name)
+                if not counters:
+                    problems.append(f"{where}.counters: Required value")
+                problems += SliceStore._counters(f"{where}.counters", counters)
+                if set_name not in sets:
+                    problems.append(f"{where}.counterSet: Invalid value: {set_name!r}: must reference a counterSet "
+                                    "defined in the ResourceSlice sharedCounters")
+                else:
+                    problems += [f"{where}.counters: Invalid value: {counter!r}: must reference a counter defined in "
+                                 "the ResourceSlice sharedCounters"
+                                 for counter in counters if counter not in sets[set_name]]
+            count = sum(len(use.get("counters") or {}) for use in uses)
+            if count > MAX_COUNTERS_PER_DEVICE:
+                problems.append(f"spec.devices[{i}]: Invalid value: {count}: the total number of counters must not "
+                                f"exceed {MAX_COUNTERS_PER_DEVICE}")
+            in_devices += count
+        if in_devices > MAX_DEVICE_COUNTERS_PER_SLICE:
+            problems.append(f"spec.devices: Invalid value: {in_devices}: the total number of counters in devices must "
+                            f"not exceed {MAX_DEVICE_COUNTERS_PER_SLICE}")
+        return problems
+
+    @staticmethod
+    def _counters(where: str, counters: Obj) -> list[str]:
+        problems = []
+        for key, value in counters.items():
+            if not DNS_LABEL.fullmatch(str(key)):
+                problems.append(f"{where}[{key}]: Invalid value: {key!r}: a lowercase RFC 1123 label")
+            if not QUANTITY.fullmatch(str((value or {}).get("value") or "")):
+                problems.append(f"{where}[{key}].value: Invalid value: {value!r}: a quantity")
+        return problems
 
     @staticmethod
     def _device_problems(where: str, device: Obj, seen: set[str]) -> list[str]:

@@ -19,7 +19,7 @@ from labeller.plugin.app import DevicePlugin, PluginSettings
 from labeller.plugin.prober import Prober
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 from tests.builders import PATIENCE_S, offer_of
 from tests.fakes.kubelet import FakeKubelet
 from vendors import RESOURCE_NAMES

@@ -14,7 +14,7 @@ import structlog
 from labeller.host import Host, NodeOptions, open_host
 from labeller.inventory import Inventory, ProbeError
 from labeller.plugin.prober import carried_forward, failed_vendors, not_ready
-from labeller.runtime import Backoff
+from labeller.backoff import Backoff
 from tests.fakes.kubelet import FakeKubelet
 from tests.builders import offer_of
 from tests.plugin.conftest import probing_plugin, simulated

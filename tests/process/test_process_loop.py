@@ -11,14 +11,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
 
 from labeller.config import Config
 from labeller.host import Host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import Exit, LoopOptions, ProcessLoop
-from labeller.process.serve import Endpoints, readiness
-from labeller.runtime import Backoff
+from labeller.process.serve import readiness
+from labeller.backoff import Backoff
 from tests.builders import stays_true, wait_for
 
 
@@ -220,7 +219,7 @@ def test_a_turn_that_runs_long_makes_the_process_not_ready_until_it_ends() -> No
     release = threading.Event()
     service = Recorder(on_probe=lambda: release.wait(30) and None)
     loop = ProcessLoop(service, LoopOptions(busy_s=0.2, heartbeat_s=0.05))
-    ready = readiness(loop, Endpoints(0, "127.0.0.1", CollectorRegistry(), ready=lambda: True))
+    ready = readiness(loop, lambda: True)
     assert ready()  # not started yet: nothing stalls
     with running(loop):
         wait_for(lambda: service.probes == 1)

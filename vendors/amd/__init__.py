@@ -6,6 +6,7 @@ the CDI spec (cdi); a simulated sysfs tree (simulate)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from labeller.inventory import BackendReport, PciGpu
 from labeller.vendor import Vendor
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
-from labeller.vendor.dra import ConfigApi, Dra
+from labeller.vendor.dra import ConfigApi, DeviceMaker, Dra
 from labeller.vendor.plugin import PluginParts
 from vendors.amd import devices, dra, labels, probe, settings
 from vendors.amd.settings import any_labels
@@ -50,6 +51,14 @@ def dra_configs() -> ConfigApi:
 
     return draconfig.API
 
+
+def dra_maker(host_root: Path, handles: Mapping[str, Any]) -> DeviceMaker:
+    """What switches compute partition modes at prepare (``labeller.dra.dynamicMig``): the DRA plugin's alone."""
+    from vendors.amd import partitionmaker
+
+    return partitionmaker.maker(host_root, handles)
+
+
 VENDOR = Vendor(
     name="amd",
     discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=_probe, simulator=simulator,
@@ -71,6 +80,7 @@ VENDOR = Vendor(
     ),
     mps=None,
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
-            served_label="amd.com/gpu.dra", configs=dra_configs, taint_keys=dra.TAINT_KEYS),
+            served_label="amd.com/gpu.dra", configs=dra_configs, taint_keys=dra.TAINT_KEYS,
+            maker=dra_maker),
     settings=settings.SETTINGS,
 )

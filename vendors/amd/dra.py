@@ -21,9 +21,10 @@ from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.offer import Offer
 from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, pcie_root, semver
-from labeller.vendor.dra import AttributeDoc
+from labeller.vendor.dra import AttributeDoc, DraState
 from labeller.vendor.plugin import Fault
 from vendors.amd import devices as kfd
+from vendors.amd import dynamicpartitions
 from vendors.amd.devices import AmdDevice
 from vendors.amd.model import AmdGpu, AmdInventory
 
@@ -101,12 +102,27 @@ def _capacity(device: AmdDevice) -> dict[str, Capacity]:
     return capacity
 
 
-def devices(inventory: Inventory, offer: Offer, config: Config) -> list[DraDevice]:
-    """One device per KFD compute node, in KFD order (the device plugin's order)."""
+def devices(inventory: Inventory, offer: Offer, config: Config, state: DraState | None = None) -> list[DraDevice]:
+    """One device per KFD compute node, in KFD order (the device plugin's order); with
+    ``labeller.dra.dynamicMig`` (and an API server that keeps counters), a GPU that can switch its
+    compute partition mode is its counter set and a device per partition of every mode
+    (``vendors.amd.dynamicpartitions``)."""
     part = inventory.part(AmdInventory)
     if part is None:
         return []
-    return [DraDevice(_name(d), d, _attributes(inventory, part, d), _capacity(d)) for d in kfd.devices(part.gpus)]
+    found = kfd.devices(part.gpus)
+    dynamic = config.dra_dynamic_mig and (state or DraState()).counters
+    out: list[DraDevice] = []
+    for gpu in part.gpus:
+        current = [d for d in found if d.amd_gpu is gpu]
+        made = None
+        if dynamic and current:
+            shared = {key: value for key, value in _attributes(inventory, part, current[0]).items()
+                      if key not in ("type", "partitionProfile")}
+            made = dynamicpartitions.partitioned(gpu, current, shared)
+        out.extend(made if made is not None else
+                   (DraDevice(_name(d), d, _attributes(inventory, part, d), _capacity(d)) for d in current))
+    return out
 
 
 _SAME = "same name, type and value form"

@@ -29,6 +29,7 @@ class AmdComputeNode:
     numa_node: int | None = None
     # (peer kfd node, link type) from io_links/p2p_links; type 11 = XGMI, 2 = PCIe
     links: tuple[tuple[int, int], ...] = ()
+    num_xcc: int | None = None  # its accelerator complex dies (XCCs), where KFD says (MI300 and later)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class AmdGpu:
     memory_partition: str | None = None  # lower-case "nps1", ...
     compute_partitioning_supported: bool = False
     memory_partitioning_supported: bool = False
+    # the compute partition modes available_compute_partition lists, lower-case ("spx", "dpx", ...)
+    available_compute_partitions: tuple[str, ...] = ()
     numa_node: int | None = None
     unique_id: str | None = None
     expected_partitions: int | None = None  # from the partition mode (cpx on MI300X -> 8)

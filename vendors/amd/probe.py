@@ -240,6 +240,7 @@ def _compute_node(node_dir: Path, index: int) -> tuple[AmdComputeNode, dict[str,
         location_id=props["location_id"],
         domain=domain,
         links=links,
+        num_xcc=props.get("num_xcc"),
     )
     return node, props
 
@@ -303,6 +304,7 @@ class _PartitionFiles:
     compute_supported: bool
     memory_supported: bool
     numa_node: int | None
+    available_compute: tuple[str, ...] = ()
 
 
 def _partition_files(host_root: Path, bdf: str) -> _PartitionFiles:
@@ -313,7 +315,14 @@ def _partition_files(host_root: Path, bdf: str) -> _PartitionFiles:
         compute_supported=(directory / "available_compute_partition").exists(),
         memory_supported=(directory / "available_memory_partition").exists(),
         numa_node=numa_node(read_int(directory / "numa_node")),
+        available_compute=available_modes(read_text(directory / "available_compute_partition") or ""),
     )
+
+
+def available_modes(text: str) -> tuple[str, ...]:
+    """``SPX, DPX, QPX, CPX`` (available_compute_partition) -> ("spx", "dpx", "qpx", "cpx"); words that
+    are no partition mode are left out."""
+    return tuple(dict.fromkeys(word for word in re.split(r"[\s,]+", text.lower()) if re.fullmatch(r"[a-z]px", word)))
 
 
 def _debugfs_unreadable(host_root: Path) -> str | None:
@@ -396,6 +405,7 @@ def _describe(host_root: Path, bdf: str, card: int | None, pci_gpu: PciGpu | Non
         memory_partition=partitions.memory,
         compute_partitioning_supported=partitions.compute_supported,
         memory_partitioning_supported=partitions.memory_supported,
+        available_compute_partitions=partitions.available_compute,
         numa_node=gpu_numa,
         expected_partitions=PARTITIONS_BY_MODE.get(partitions.compute or ""),
         firmware=versions,

@@ -6,13 +6,21 @@ KFD topology (CPU nodes first), mem banks, io_links, DRM cards, amdgpu module an
 and debugfs ``amdgpu_firmware_info`` for GPUs given a captured one (``firmware_info``).
 Either way PCI device entries are written for each physical GPU, as real captures lack them.
 Schema in docs/profiles.md; every problem is a ValueError naming the key.
+
+The stand-in ``build`` returns (``SimulatedAmd``) is also the simulated amdgpu driver's side of a
+write to a generated GPU's ``current_compute_partition``: ``write_compute_partition`` switches the
+GPU's compute partition mode as amdgpu does, the KFD topology and DRM cards laid out again for the
+new mode's partitions (the DRA plugin's partitions made at prepare, ``labeller.dra.dynamicMig``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
+import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -303,10 +311,16 @@ def _partition_files(root: Path, gpu: SimGpu, bdf: str) -> None:
     _write(directory / "numa_node", str(gpu.numa_node))
     if gpu.compute_partition:
         _write(directory / "current_compute_partition", gpu.compute_partition.upper())
-        _write(directory / "available_compute_partition", "SPX, DPX, QPX, CPX")
+        _write(directory / "available_compute_partition", ", ".join(m.upper() for m in available_modes(gpu)))
     if gpu.memory_partition:
         _write(directory / "current_memory_partition", gpu.memory_partition.upper())
         _write(directory / "available_memory_partition", "NPS1, NPS4")
+
+
+def available_modes(gpu: SimGpu) -> tuple[str, ...]:
+    """The compute partition modes a simulated MI300-class GPU offers: every one in NPS1, only CPX in
+    another memory partition mode (an MI300X in NPS4 runs in CPX alone)."""
+    return ("spx", "dpx", "qpx", "cpx") if gpu.memory_partition in (None, "nps1") else ("cpx",)
 
 
 def generate(gpus: list[SimGpu], root: Path, driver_version: str | None, driver_src_version: str | None) -> None:
@@ -416,6 +430,54 @@ def no_enrichment(host_root: Path) -> list[EnrichedGpu]:
     return []
 
 
+# What a partition switch lays out again: KFD's topology, the DRM cards, the amdgpu partition files.
+_LAID_OUT = (KFD_TOPOLOGY_DIRS[0], DRM_CLASS, PCI_AMDGPU_DRIVER)
+
+
+class SimulatedAmd:
+    """A simulated node's AMD stand-in: an enricher that finds nothing (as ``no_enrichment``), and the
+    simulated driver of its generated GPUs (``gpus``; None for a captured tree, which cannot be laid
+    out again)."""
+
+    def __init__(self, gpus: list[SimGpu] | None, driver_version: str | None, driver_src_version: str | None) -> None:
+        self.gpus = gpus
+        self.driver_version, self.driver_src_version = driver_version, driver_src_version
+        self._lock = threading.Lock()
+
+    def __call__(self, host_root: Path) -> list[EnrichedGpu]:
+        return []
+
+    def write_compute_partition(self, host_root: Path, bdf: str, mode: str) -> None:
+        """What amdgpu does when ``mode`` is written to the GPU's current_compute_partition: OSError
+        (EINVAL) for a mode it does not offer, or a GPU that is not one of its own; else the GPU is
+        switched, and its KFD nodes and DRM cards (and those of the GPUs after it, whose numbers
+        move) laid out again. Each directory is replaced by a rename."""
+        mode = mode.strip().lower()
+        with self._lock:
+            gpus = list(self.gpus or [])
+            index = next((i for i in range(len(gpus)) if pci_address(0, _bus(i) << 8) == bdf), None)
+            if index is None or mode not in available_modes(gpus[index]) or gpus[index].compute_partition is None:
+                raise OSError(errno.EINVAL, f"{bdf}: cannot switch to compute partition {mode!r}")
+            gpu = gpus[index]
+            xccs = 8 if gpu.compute_partition != "cpx" else gpu.partitions
+            partitions = xccs if mode == "cpx" else PARTITIONS_BY_MODE[mode]
+            simd, vram = gpu.simd_per_partition * gpu.partitions, gpu.vram_per_partition * gpu.partitions
+            gpus[index] = replace(gpu, compute_partition=mode, partitions=partitions,
+                                  simd_per_partition=simd // partitions, vram_per_partition=vram // partitions)
+            fresh = Path(tempfile.mkdtemp(prefix=".amd-layout-", dir=host_root))
+            try:
+                generate(gpus, fresh, self.driver_version, self.driver_src_version)
+                for relative in _LAID_OUT:
+                    old, new = host_root / relative, fresh / relative
+                    aside = fresh / "old" / relative
+                    aside.parent.mkdir(parents=True, exist_ok=True)
+                    os.rename(old, aside)
+                    os.rename(new, old)
+            finally:
+                shutil.rmtree(fresh, ignore_errors=True)
+            self.gpus = gpus
+
+
 def absent() -> Enricher:
     return no_enrichment
 
@@ -435,9 +497,10 @@ def build(section: Any, root: Path, base_dir: Path) -> Enricher:
         _declared_partitions(section, root, bdfs)
         if driver_version or driver_src_version:
             _write_module(root, driver_version, driver_src_version)
-        return no_enrichment
+        return SimulatedAmd(None, driver_version, driver_src_version)
     for key in ("revision", "compute_partition", "memory_partition"):
         if key in section:
             raise ValueError(f"amd.{key}: only for sysfs trees; inline GPUs set gpus[*].{key}")
-    generate(parse_gpus(section["gpus"], base_dir), root, driver_version, driver_src_version)
-    return no_enrichment
+    gpus = parse_gpus(section["gpus"], base_dir)
+    generate(gpus, root, driver_version, driver_src_version)
+    return SimulatedAmd(gpus, driver_version, driver_src_version)

@@ -5,11 +5,14 @@ MPS (mps), the devices its DRA driver publishes (dra); for the device plugin alo
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from labeller.vendor import Vendor
 from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
-from labeller.vendor.dra import ConfigApi, Dra
+from labeller.vendor.dra import ConfigApi, DeviceMaker, Dra
 from labeller.vendor.mps import Mps
 from labeller.vendor.plugin import PluginParts
 from vendors.nvidia import devices, dra, labels, mps, nvml, settings
@@ -39,6 +42,14 @@ def dra_configs() -> ConfigApi:
 
     return draconfig.API
 
+
+def dra_maker(host_root: Path, handles: Mapping[str, Any]) -> DeviceMaker:
+    """What makes MIG devices at prepare (``labeller.dra.dynamicMig``): the DRA plugin's alone."""
+    from vendors.nvidia import migmaker
+
+    return migmaker.maker(host_root, handles)
+
+
 VENDOR = Vendor(
     name="nvidia",
     discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=nvml.probe, simulator=simulator),
@@ -64,6 +75,7 @@ VENDOR = Vendor(
         offer_inputs=mps.offer_inputs,
     ),
     dra=Dra(driver=dra.DRIVER, upstream=dra.UPSTREAM, devices=dra.devices, attribute_docs=dra.ATTRIBUTE_DOCS,
-            served_label="nvidia.com/gpu.dra", configs=dra_configs, taint_keys=dra.TAINT_KEYS),
+            served_label="nvidia.com/gpu.dra", configs=dra_configs, taint_keys=dra.TAINT_KEYS,
+            maker=dra_maker),
     settings=settings.SETTINGS,
 )

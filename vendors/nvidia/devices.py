@@ -89,7 +89,7 @@ def groups(inventory: Inventory, config: Config) -> list[DeviceGroup]:
     by_base: dict[str, list[PhysicalDevice]] = {GPU: []}
     for gpu in gpus:
         if config.mig_strategy == "mixed" and gpu.mig_enabled:
-            if not gpu.mig_devices:
+            if not gpu.mig_devices and not config.dra_dynamic_mig:  # dynamicMig: they are made at prepare
                 log.warning("MIG-enabled GPU has no MIG devices; it offers nothing", vendor=VENDOR, device=gpu.uuid)
             for mig in gpu.mig_devices:
                 by_base.setdefault(mig.resource_name, []).append(partition(gpu, mig, config))

@@ -24,17 +24,17 @@ into a PCI root complex.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from labeller.config import Config
 from labeller.inventory import Inventory
 from labeller.offer import Offer
 from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, Version, pcie_root, semver
-from labeller.vendor.dra import AttributeDoc
+from labeller.vendor.dra import AttributeDoc, DraState
 from labeller.vendor.plugin import Fault
+from vendors.nvidia import dynamicmig
 from vendors.nvidia.devices import partition, whole
-from vendors.nvidia.facts import MIB
+from vendors.nvidia.facts import MIB, profile_label
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 
 DRIVER = "gpu.nvidia.com"
@@ -135,13 +135,6 @@ def _placed(mig: MigDevice) -> range | None:
     return mig.memory_slices if whole_instance and mig.gpu_instance_profile_id is not None else None
 
 
-def profile_label(profile: str) -> str:
-    """A MIG profile name as NVIDIA's driver puts it into device names: dots dropped, lower-case,
-    any other character a DNS label cannot hold a dash, no dash at either end (``1g.10gb+me`` is
-    ``1g10gb-me``)."""
-    return re.sub(r"[^a-z0-9-]", "-", profile.replace(".", "").lower()).strip("-")
-
-
 def _mig_name(gpu: NvidiaGpu, mig: MigDevice) -> str:
     if (slices := _placed(mig)) is not None:
         return f"{_name(gpu)}-mig-{profile_label(mig.profile)}-{mig.gpu_instance_profile_id}-{slices.start}"
@@ -186,17 +179,29 @@ def mig_device(inventory: Inventory, part: NvidiaInventory, gpu: NvidiaGpu, mig:
     return DraDevice(_mig_name(gpu, mig), partition(gpu, mig, config), attributes, capacity)
 
 
-def devices(inventory: Inventory, offer: Offer, config: Config) -> list[DraDevice]:
-    """Every GPU with MIG off, and every MIG device of the others, in NVML index order."""
+def devices(inventory: Inventory, offer: Offer, config: Config, state: DraState | None = None) -> list[DraDevice]:
+    """Every GPU with MIG off, and every MIG device of the others, in NVML index order; with
+    ``labeller.dra.dynamicMig`` (and an API server that keeps counters), a MIG-enabled GPU is its
+    counter set and a device per MIG profile and placement (``vendors.nvidia.dynamicmig``), besides
+    the MIG devices someone else made."""
     part = inventory.part(NvidiaInventory)
     if part is None:
         return []
+    state = state or DraState()
+    dynamic = config.dra_dynamic_mig and state.counters
     out: list[DraDevice] = []
     for gpu in sorted(part.gpus, key=lambda g: g.index):
-        if gpu.mig_enabled:
-            out.extend(mig_device(inventory, part, gpu, mig, config) for mig in gpu.mig_devices)
-        else:
+        if not gpu.mig_enabled:
             out.append(gpu_device(inventory, part, gpu, config))
+            continue
+        split = None
+        if dynamic:
+            split = dynamicmig.partitioned(gpu, state.made, _name(gpu),
+                                           {mig.uuid: _mig_name(gpu, mig) for mig in gpu.mig_devices},
+                                           gpu_attributes(inventory, part, gpu))
+        theirs = gpu.mig_devices if split is None else split.theirs
+        out.extend(mig_device(inventory, part, gpu, mig, config) for mig in theirs)
+        out.extend(split.devices if split is not None else ())
     return out
 
 

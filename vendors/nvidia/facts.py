@@ -7,6 +7,7 @@ Read by the NVML backend, the label rules, the device groups and the simulated N
 from __future__ import annotations
 
 import math
+import re
 from types import ModuleType
 
 PCI_VENDOR_ID = 0x10DE
@@ -90,3 +91,10 @@ def name_in_labels(profile: str) -> str:
 def mig_resource(profile: str) -> str:
     """The MIG-mixed resource name and label prefix, e.g. "nvidia.com/mig-1g.10gb.me"."""
     return "nvidia.com/mig-" + name_in_labels(profile)
+
+
+def profile_label(profile: str) -> str:
+    """A MIG profile name as NVIDIA's DRA driver puts it into device names: dots dropped, lower-case,
+    any other character a DNS label cannot hold a dash, no dash at either end (``1g.10gb+me`` is
+    ``1g10gb-me``)."""
+    return re.sub(r"[^a-z0-9-]", "-", profile.replace(".", "").lower()).strip("-")

@@ -51,6 +51,27 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class MigProfile:
+    """One GPU instance profile of a MIG-enabled GPU, as NVML describes it to whoever makes MIG
+    devices (nvmlDeviceGetGpuInstanceProfileInfo and nvmlDeviceGetGpuInstancePossiblePlacements):
+    what a MIG device of it takes of the GPU, how many may exist at once, and where each may sit."""
+
+    index: int  # NVML's profile index (NVML_GPU_INSTANCE_PROFILE_*), what the info call takes
+    id: int  # the profile id NVML reports (``nvidia-smi mig -lgip`` "ID"), what creating one takes
+    name: str  # "1g.5gb", "1g.10gb+me": go-nvlib's name of its whole-instance MIG device
+    slices: int  # its compute (GPC) slices: sliceCount
+    instances: int  # how many can exist on the GPU at once: instanceCount
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    placements: tuple[tuple[int, int], ...]  # (start, size) in memory slices, as NVML lists them
+
+
+@dataclass(frozen=True)
 class NvidiaGpu:
     """One physical NVIDIA GPU as NVML describes it."""
 
@@ -73,6 +94,9 @@ class NvidiaGpu:
     # nvmlDeviceGetAddressingMode: "HMM", "ATS" or "None" (possible, not active); None where the driver
     # (before 580) or the platform has none
     addressing_mode: str | None = None
+    # Its MIG geometry, read only where MIG devices are made at prepare (labeller.dra.dynamicMig)
+    # and MIG is enabled: every GPU instance profile NVML offers on it. Empty: not read.
+    mig_profiles: tuple[MigProfile, ...] = ()
 
 
 @dataclass(frozen=True)

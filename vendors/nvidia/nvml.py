@@ -7,6 +7,7 @@ initialised and shut down on every probe, as GFD does on every labelling pass.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import uuid as uuidlib
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from vendors.nvidia.facts import (
     mig_memory_gb,
     mig_profile_name,
 )
-from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
+from vendors.nvidia.model import MigDevice, MigProfile, NvidiaGpu, NvidiaInventory
 from vendors.nvidia.mps import probe_readiness
 from vendors.pci import devices_dir, normalise_bdf
 from vendors.plausible import MAX_COMPUTE_MAJOR, MAX_COMPUTE_MINOR, MAX_MEMORY_BYTES, first_problem, outside
@@ -176,7 +177,7 @@ def _placement(gpu_instance_info: Any, mig_uuid: str) -> tuple[int | None, int |
     return int(placement.start), size
 
 
-def _mig_device(nvml: ModuleType, parent: Any, parent_total: int, handle: Any, index: int) -> MigDevice:
+def read_mig_device(nvml: ModuleType, parent: Any, parent_total: int, handle: Any, index: int) -> MigDevice:
     attributes = nvml.nvmlDeviceGetAttributes(handle)
     uuid = text(nvml.nvmlDeviceGetUUID(handle))
     gi_id = nvml.nvmlDeviceGetGpuInstanceId(handle)
@@ -213,8 +214,54 @@ def _mig_devices(nvml: ModuleType, parent: Any, parent_total: int) -> tuple[MigD
             handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, index)
         except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
             continue  # an empty slot
-        devices.append(_mig_device(nvml, parent, parent_total, handle, index))
+        devices.append(read_mig_device(nvml, parent, parent_total, handle, index))
     return tuple(devices)
+
+
+_MAX_PLACEMENTS = 64  # more placements of one profile than any GPU has memory slices: not NVML
+
+
+def placements(nvml: ModuleType, handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
+    """Where a GPU instance of ``profile_id`` may sit on the GPU, (start, size) in memory slices, as
+    go-nvml asks: the count first, then that many."""
+    count = ctypes.c_uint(0)
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
+    if count.value > _MAX_PLACEMENTS:
+        raise nvml.NVMLError(nvml.NVML_ERROR_UNKNOWN)
+    if not count.value:
+        return ()
+    found = (nvml.c_nvmlGpuInstancePlacement_t * count.value)()
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, found, ctypes.byref(count))
+    return tuple((int(p.start), int(p.size)) for p in found[:min(count.value, len(found))] if p.size > 0)
+
+
+def _mig_profiles(nvml: ModuleType, handle: Any, memory_bytes: int) -> tuple[MigProfile, ...]:
+    """Every GPU instance profile the GPU offers (NOT_SUPPORTED: not one of its profiles), with its
+    placements, in NVML's profile order."""
+    profiles = []
+    for index, (gpu_slices, suffix) in sorted(gpu_instance_profiles(nvml).items()):
+        try:
+            info = _versioned(nvml, nvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, index)
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+            continue
+        name = mig_profile_name(gpu_slices, gpu_slices, mig_memory_gb(info.memorySizeMB, memory_bytes), suffix)
+        profiles.append(MigProfile(
+            index=index, id=int(info.id), name=name, slices=int(info.sliceCount), instances=int(info.instanceCount),
+            memory_mib=int(info.memorySizeMB), multiprocessors=int(info.multiprocessorCount),
+            copy_engines=int(info.copyEngineCount), decoders=int(info.decoderCount),
+            encoders=int(info.encoderCount), jpeg_engines=int(info.jpegCount), ofa_engines=int(info.ofaCount),
+            placements=placements(nvml, handle, int(info.id))))
+    return tuple(profiles)
+
+
+def _geometry(nvml: ModuleType, handle: Any, memory_bytes: int, device: int) -> tuple[MigProfile, ...]:
+    """The GPU's MIG profiles; none (its MIG devices are only those that exist) where NVML cannot list them."""
+    try:
+        return _mig_profiles(nvml, handle, memory_bytes)
+    except nvml.NVMLError as exc:
+        log.warning("cannot read the GPU's MIG profiles and placements; no MIG device is made on it at prepare",
+                    vendor="nvidia", device=device, reason="mig-geometry-unreadable", error=str(exc))
+        return ()
 
 
 def _mig_mode(nvml: ModuleType, handle: Any) -> tuple[bool, bool]:
@@ -353,7 +400,7 @@ def _implausible(memory_bytes: int, compute_capability: tuple[int, int] | None,
     )
 
 
-def _read_gpu(nvml: ModuleType, index: int, pci_by_bdf: dict[str, PciGpu]) -> NvidiaGpu:
+def _read_gpu(nvml: ModuleType, index: int, pci_by_bdf: dict[str, PciGpu], geometry: bool = False) -> NvidiaGpu:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     bus_id = normalise_bdf(text(nvml.nvmlDeviceGetPciInfo(handle).busId))
     memory_bytes = _memory_bytes(nvml, handle, index)
@@ -364,6 +411,7 @@ def _read_gpu(nvml: ModuleType, index: int, pci_by_bdf: dict[str, PciGpu]) -> Nv
     if reason:
         raise Implausible(f"{reason}, beyond any real GPU")
     pci = pci_by_bdf.get(bus_id)
+    mig_profiles = _geometry(nvml, handle, memory_bytes, index) if geometry and mig_enabled and memory_bytes else ()
     return NvidiaGpu(
         index=index,
         name=text(nvml.nvmlDeviceGetName(handle)),
@@ -382,16 +430,19 @@ def _read_gpu(nvml: ModuleType, index: int, pci_by_bdf: dict[str, PciGpu]) -> Nv
         vgpu_guest=_vgpu_guest(nvml, handle),
         brand=_brand(nvml, handle, index),
         addressing_mode=_addressing_mode(nvml, handle, index),
+        mig_profiles=mig_profiles,
     )
 
 
-def _read_gpus(nvml: ModuleType, pci_by_bdf: dict[str, PciGpu]) -> tuple[list[NvidiaGpu], list[str]]:
-    """Every GPU NVML can describe; one GPU's error skips that GPU only."""
+def _read_gpus(nvml: ModuleType, pci_by_bdf: dict[str, PciGpu], geometry: bool = False
+               ) -> tuple[list[NvidiaGpu], list[str]]:
+    """Every GPU NVML can describe (with ``geometry``, a MIG-enabled GPU's profiles and placements);
+    one GPU's error skips that GPU only."""
     gpus: list[NvidiaGpu] = []
     problems: list[str] = []
     for index in range(nvml.nvmlDeviceGetCount()):
         try:
-            gpus.append(_read_gpu(nvml, index, pci_by_bdf))
+            gpus.append(_read_gpu(nvml, index, pci_by_bdf, geometry))
         except nvml.NVMLError as exc:
             log.warning("GPU skipped: NVML error", vendor="nvidia", device=index, error=str(exc))
             problems.append(f"GPU {index}: NVML error: {exc}; GPU left out of the labels")
@@ -426,11 +477,11 @@ def _init_failure(nvml: ModuleType, exc: Exception, on_pci: int) -> BackendRepor
     )
 
 
-def _inventory(nvml: ModuleType, host_root: Path, nvidia_pci: tuple[PciGpu, ...]
+def _inventory(nvml: ModuleType, host_root: Path, nvidia_pci: tuple[PciGpu, ...], geometry: bool = False
                ) -> tuple[NvidiaInventory | None, BackendReport]:
     driver_version = text(nvml.nvmlSystemGetDriverVersion())
     cuda_driver_version = int(nvml.nvmlSystemGetCudaDriverVersion())
-    gpus, problems = _read_gpus(nvml, {gpu.bdf: gpu for gpu in nvidia_pci})
+    gpus, problems = _read_gpus(nvml, {gpu.bdf: gpu for gpu in nvidia_pci}, geometry)
     is_vgpu, host = vgpu_state(host_root, nvidia_pci, {gpu.pci_bus_id: gpu.vgpu_guest for gpu in gpus}, problems)
     if not gpus and not problems:
         status: BackendStatus = "unavailable" if nvidia_pci else "absent"
@@ -445,9 +496,10 @@ def _inventory(nvml: ModuleType, host_root: Path, nvidia_pci: tuple[PciGpu, ...]
 def probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], config: Config | None = None, nvml: ModuleType | None = None
           ) -> tuple[NvidiaInventory | None, BackendReport]:
     """Describe the node's NVIDIA GPUs through NVML (``nvml``: a simulation's pynvml, else the real
-    one). Never raises: failures become the report."""
+    one). Never raises: failures become the report. A config that makes MIG devices at prepare
+    (``labeller.dra.dynamicMig``) has the MIG-enabled GPUs' profiles and placements read too."""
     try:
-        part, report = _probe(host_root, pci_gpus, nvml)
+        part, report = _probe(host_root, pci_gpus, nvml, config is not None and config.dra_dynamic_mig)
         if part is not None and config is not None:
             part = replace(part, mps=probe_readiness(config))
         return part, report
@@ -456,7 +508,7 @@ def probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], config: Config | None =
         return None, BackendReport("nvidia", "error", f"NVIDIA probe failed: {type(exc).__name__}: {exc}")
 
 
-def _probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | None
+def _probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | None, geometry: bool = False
            ) -> tuple[NvidiaInventory | None, BackendReport]:
     nvidia_pci = tuple(gpu for gpu in pci_gpus if gpu.vendor_id == PCI_VENDOR_ID)
     try:
@@ -468,7 +520,7 @@ def _probe(host_root: Path, pci_gpus: tuple[PciGpu, ...], nvml: ModuleType | Non
     except nvml.NVMLError as exc:
         return None, _init_failure(nvml, exc, len(nvidia_pci))  # discovery logs the report, once
     try:
-        return _inventory(nvml, host_root, nvidia_pci)
+        return _inventory(nvml, host_root, nvidia_pci, geometry)
     finally:
         try:
             nvml.nvmlShutdown()

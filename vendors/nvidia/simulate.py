@@ -21,6 +21,7 @@ import re
 import string
 import threading
 import time
+import uuid as uuidlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from vendors.nvidia.facts import (
     mig_memory_gb,
     mig_profile_name,
 )
+from vendors.nvidia import simulate_mig
 from vendors.nvidia.migtable import Engines, GpuInstanceProfile, MigModel, mig_model
 from vendors.pci import normalise_bdf
 from vendors.sim_pci import write_device, write_host_bridge
@@ -60,7 +62,7 @@ GPU_KEYS = ("name", "uuid", "memory_bytes", "compute_capability", "pci_bus_id", 
 MIG_KEYS = ("profile", "uuid", "memory_mib", "multiprocessors", "slices_gi", "slices_ci", "engines_copy",
             "engines_decoder", "engines_encoder", "engines_jpeg", "engines_ofa", "gpu_instance_id",
             "compute_instance_id", "placement_start", "placement_size", "repeat")
-SECTION_KEYS = ("driver_version", "cuda_driver_version", "nvml_error", "gpus")
+SECTION_KEYS = ("driver_version", "cuda_driver_version", "nvml_error", "gpus", "state_file")
 _PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<suffix>\+me|\+me\.all|\+gfx|-me)?$")
 SUPPORTED_EVENTS: int = (real.nvmlEventTypeSingleBitEccError | real.nvmlEventTypeDoubleBitEccError
                          | real.nvmlEventTypePState | real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeClock
@@ -113,6 +115,9 @@ class FakeGpu:
     vgpu_host_driver: tuple[str, str] | None  # (version, branch) in the capability's record 0
     error_code: int | None  # every call on this GPU fails with this NVML error
     lost: bool = False
+    # its GPU instances by id, those of the profile's MIG devices and those made through NVML; replaced
+    # whole on every change (as ``migs`` is), so a reader on another thread sees one state or the next
+    gis: dict[int, FakeGpuInstance] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -581,11 +586,59 @@ def parse_gpus(value: Any) -> list[FakeGpu]:
     for gpu in gpus:
         for mig in gpu.migs:
             mig.parent = gpu
+            assert mig.placement_start is not None and mig.placement_size is not None  # placed by _migs
+            gpu.gis[mig.gpu_instance_id] = FakeGpuInstance(gpu, mig.gpu_instance_id, mig.gi_profile,
+                                                           mig.placement_start, mig.placement_size)
     for name in sorted({gpu.name for gpu in gpus if gpu.migs and gpu.mig_model is None}):
         log.warning("the MIG table does not know this GPU: its GPU instances are laid out in order, with "
                     "made-up profile ids (vendors/nvidia/migtable.py)", vendor="nvidia", device=name,
                     reason="mig-model-unknown")
     return gpus
+
+
+def _made_mig(gpu: FakeGpu, gpu_instance: FakeGpuInstance, ci_index: int, ci_id: int, uuid: str) -> FakeMig:
+    """The MIG device of a compute instance made in ``gpu_instance`` (through NVML, or read back
+    from the state file): named, sized and equipped as the profile's MIG devices are."""
+    profile = gpu_instance.profile
+    ci_slices = compute_instance_profiles(real)[ci_index]
+    gi_slices, suffix = GPU_INSTANCE_PROFILES[profile.nvml]
+    gi_index = _gi_profile_index(profile.nvml)
+    assert gi_index is not None  # a profile of the table, which this pynvml has (_table_profile)
+    attributes = {"multiprocessors": profile.multiprocessors * ci_slices // profile.compute_slices,
+                  "slices_gi": gi_slices, "slices_ci": ci_slices,
+                  **{f"engines_{kind}": getattr(profile.engines, kind)
+                     for kind in ("copy", "decoder", "encoder", "jpeg", "ofa")}}
+    return FakeMig(
+        uuid=uuid, profile=mig_profile_name(gi_slices, ci_slices, mig_memory_gb(profile.memory_mib, gpu.memory_bytes),
+                                            suffix),
+        gi_profile=profile, gi_profile_index=gi_index, ci_profile_index=ci_index, compute_slices=ci_slices,
+        memory_mib=profile.memory_mib, attributes=attributes, gpu_instance_id=gpu_instance.id,
+        compute_instance_id=ci_id, placement_start=gpu_instance.placement_start,
+        placement_size=gpu_instance.placement_size, parent=gpu)
+
+
+def _restore(gpus: list[FakeGpu], state_file: Path) -> None:
+    """The MIG layout the state file keeps, in place of the profile's, for each GPU it names."""
+    by_uuid = {gpu.uuid: gpu for gpu in gpus}
+    for uuid, layout in simulate_mig.load(state_file).items():
+        gpu = by_uuid.get(uuid)
+        if gpu is None or gpu.mig_mode != "enabled" or gpu.mig_model is None:
+            continue
+        gis: dict[int, FakeGpuInstance] = {}
+        migs: list[FakeMig] = []
+        for entry in layout:
+            profile = gpu.mig_model.profile(entry.profile)
+            if profile is None or entry.start not in profile.starts:
+                raise _fail(f"nvidia.state_file ({state_file})", f"{entry.profile} at memory slice {entry.start} is "
+                                                                 f"not a placement of the {gpu.mig_model.model}")
+            gi = gis[entry.gi] = FakeGpuInstance(gpu, entry.gi, profile, entry.start, profile.memory_slices)
+            for ci_id, ci_profile, mig_uuid in entry.cis:
+                ci_index = _profile_index(compute_instance_profiles(real), ci_profile)
+                if ci_index is None:
+                    raise _fail(f"nvidia.state_file ({state_file})", f"no compute instance profile of {ci_profile} "
+                                                                     "slices")
+                migs.append(_made_mig(gpu, gi, ci_index, ci_id, mig_uuid))
+        gpu.gis, gpu.migs = gis, migs
 
 
 # --- sysfs ---------------------------------------------------------------------------------------
@@ -641,7 +694,9 @@ def _bus_id_nvml(bdf: str) -> bytes:
 class FakeNvml:
     """The state behind one fake pynvml module; its nvml* methods become the module's functions."""
 
-    def __init__(self, driver_version: str, cuda_driver_version: int, gpus: list[FakeGpu], init_error: int | None):
+    def __init__(self, driver_version: str, cuda_driver_version: int, gpus: list[FakeGpu], init_error: int | None,
+                 state_file: Path | None = None):
+        self.state_file = state_file
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
         self.gpus = gpus
@@ -790,9 +845,10 @@ class FakeNvml:
         gpu = self._gpu(handle)
         if gpu.mig_mode != "enabled" or not 0 <= index < _max_mig_devices(gpu):
             raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
-        if index >= len(gpu.migs):
+        migs = gpu.migs  # one state: making and destroying replace the list
+        if index >= len(migs):
             raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
-        return gpu.migs[index]
+        return migs[index]
 
     def nvmlDeviceGetAttributes(self, handle: Any) -> Any:
         mig = self._mig(handle)
@@ -814,11 +870,10 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int) -> FakeGpuInstance:
         gpu = self._gpu(handle)
-        for mig in gpu.migs:
-            if mig.gpu_instance_id == gpu_instance_id:
-                assert mig.placement_start is not None and mig.placement_size is not None  # placed when read
-                return FakeGpuInstance(gpu, gpu_instance_id, mig.gi_profile, mig.placement_start, mig.placement_size)
-        raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        found = gpu.gis.get(gpu_instance_id)
+        if found is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return found
 
     def nvmlGpuInstanceGetInfo(self, gpu_instance: FakeGpuInstance) -> Any:
         self._gpu(gpu_instance.gpu)
@@ -872,6 +927,115 @@ class FakeNvml:
         info = real.c_nvmlComputeInstanceProfileInfo_v2_t()
         info.id, info.sliceCount = profile + CI_PROFILE_ID_OFFSET, slices[profile]
         return info
+
+    # MIG devices made and destroyed, as NVIDIA's DRA driver does at prepare and unprepare
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle: Any, profile_id: int, placements_ref: Any,
+                                                   count_ref: Any) -> int:
+        """Where a GPU instance of ``profile_id`` may sit: the MIG table's placements, as the real
+        call gives them to the pointers it is passed (the count alone when ``placements_ref`` is None;
+        INSUFFICIENT_SIZE when the array is smaller than that)."""
+        gpu = self._gpu(handle)
+        profile = self._made_profile(gpu, profile_id)
+        placements = [(start, profile.memory_slices) for start in profile.starts]
+        count = getattr(count_ref, "_obj", count_ref)
+        if placements_ref is not None:
+            if count.value < len(placements):
+                raise real.NVMLError(real.NVML_ERROR_INSUFFICIENT_SIZE)
+            array = getattr(placements_ref, "_obj", placements_ref)
+            for slot, (start, size) in zip(array, placements):
+                slot.start, slot.size = start, size
+        count.value = len(placements)
+        return int(real.NVML_SUCCESS)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: int, placement: Any) -> FakeGpuInstance:
+        """A GPU instance of ``profile_id`` at ``placement`` (a c_nvmlGpuInstancePlacement_t, or a
+        pointer to one): INVALID_ARGUMENT for a placement the profile does not have,
+        INSUFFICIENT_RESOURCES where it overlaps a GPU instance, or the profile's instances or the
+        GPU's compute slices are used up, as the real driver refuses them."""
+        gpu = self._gpu(handle)
+        profile = self._made_profile(gpu, profile_id)
+        placement = getattr(placement, "_obj", placement)
+        start, size = int(placement.start), int(placement.size)
+        if start not in profile.starts or size != profile.memory_slices:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        with self.lock:
+            gis = dict(gpu.gis)
+            taken = {slice_ for gi in gis.values() for slice_ in range(gi.placement_start,
+                                                                       gi.placement_start + gi.placement_size)}
+            assert gpu.mig_model is not None  # _made_profile found it in the table
+            slices = sum(gi.profile.compute_slices for gi in gis.values()) + profile.compute_slices
+            if (taken & set(range(start, start + size)) or slices > gpu.mig_model.compute_slices
+                    or sum(gi.profile.id == profile.id for gi in gis.values()) >= profile.instances):
+                raise real.NVMLError(real.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            gi_id = next(i for i in range(1, len(gis) + 2) if i not in gis)
+            gis[gi_id] = FakeGpuInstance(gpu, gi_id, profile, start, size)
+            gpu.gis = gis
+            self._save()
+            return gis[gi_id]
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: FakeGpuInstance, profile_id: int
+                                             ) -> FakeComputeInstance:
+        """A compute instance of ``profile_id`` (a compute instance profile's id, from
+        nvmlGpuInstanceGetComputeInstanceProfileInfo) in the GPU instance: its MIG device appears with
+        a new UUID. INSUFFICIENT_RESOURCES where the GPU instance's compute slices are taken."""
+        gpu = self._gpu(gpu_instance.gpu)
+        ci_index = profile_id - CI_PROFILE_ID_OFFSET
+        ci_slices = compute_instance_profiles(real).get(ci_index)
+        if ci_slices is None:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        with self.lock:
+            if gpu.gis.get(gpu_instance.id) is not gpu_instance:
+                raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)  # destroyed meanwhile
+            mine = [mig for mig in gpu.migs if mig.gpu_instance_id == gpu_instance.id]
+            if sum(mig.compute_slices for mig in mine) + ci_slices > gpu_instance.profile.compute_slices:
+                raise real.NVMLError(real.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            ci_id = next(i for i in range(len(mine) + 1) if i not in {mig.compute_instance_id for mig in mine})
+            mig = _made_mig(gpu, gpu_instance, ci_index, ci_id, f"MIG-{uuidlib.uuid4()}")
+            gpu.migs = [*gpu.migs, mig]
+            self._save()
+            return FakeComputeInstance(gpu_instance, ci_id, ci_index)
+
+    def nvmlComputeInstanceDestroy(self, compute_instance: FakeComputeInstance) -> int:
+        gpu = self._gpu(compute_instance.gpu_instance.gpu)
+        gi_id = compute_instance.gpu_instance.id
+        with self.lock:
+            kept = [mig for mig in gpu.migs
+                    if (mig.gpu_instance_id, mig.compute_instance_id) != (gi_id, compute_instance.id)]
+            if len(kept) == len(gpu.migs):
+                raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+            gpu.migs = kept
+            self._save()
+        return int(real.NVML_SUCCESS)
+
+    def nvmlGpuInstanceDestroy(self, gpu_instance: FakeGpuInstance) -> int:
+        """IN_USE while a compute instance of it is left, as the real driver answers."""
+        gpu = self._gpu(gpu_instance.gpu)
+        with self.lock:
+            if gpu.gis.get(gpu_instance.id) is not gpu_instance:
+                raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+            if any(mig.gpu_instance_id == gpu_instance.id for mig in gpu.migs):
+                raise real.NVMLError(real.NVML_ERROR_IN_USE)
+            gpu.gis = {gi_id: gi for gi_id, gi in gpu.gis.items() if gi_id != gpu_instance.id}
+            self._save()
+        return int(real.NVML_SUCCESS)
+
+    def _made_profile(self, gpu: FakeGpu, profile_id: int) -> GpuInstanceProfile:
+        """The GPU instance profile ``profile_id`` of the GPU's model: NOT_SUPPORTED where MIG is not
+        enabled or the MIG table does not know the model (its placements are not known),
+        INVALID_ARGUMENT for a profile id it does not have."""
+        if gpu.mig_mode != "enabled" or gpu.mig_model is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        profile = next((p for p in gpu.mig_model.profiles if p.id == profile_id), None)
+        if profile is None:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return profile
+
+    def _save(self) -> None:
+        """Keep the GPUs' MIG layout in the profile's ``state_file`` (when it names one), as a real
+        driver keeps it across the processes that use NVML. Called holding ``lock``."""
+        if self.state_file is not None:
+            simulate_mig.save(self.state_file, [(gpu.uuid, gpu.gis.values(), gpu.migs) for gpu in self.gpus
+                                                if gpu.mig_mode == "enabled"])
 
     # interconnect and topology
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
@@ -1019,5 +1183,9 @@ def build(section: Any, root: Path, base_dir: Path | None = None) -> ModuleType:
     driver_version = _string(section.get("driver_version"), "nvidia.driver_version")
     cuda_driver_version = _positive_int(section.get("cuda_driver_version"), "nvidia.cuda_driver_version")
     gpus = parse_gpus(section.get("gpus", []))
+    state_file = None
+    if section.get("state_file") is not None:
+        state_file = (base_dir or Path.cwd()) / _string(section["state_file"], "nvidia.state_file")
+        _restore(gpus, state_file)
     write_sysfs(gpus, root, driver_loaded=init_error != real.NVML_ERROR_DRIVER_NOT_LOADED)
-    return _module(FakeNvml(driver_version, cuda_driver_version, gpus, init_error))
+    return _module(FakeNvml(driver_version, cuda_driver_version, gpus, init_error, state_file))

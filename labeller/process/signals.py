@@ -1,32 +1,26 @@
-"""Plumbing the long-running commands share, below every layer that knows GPUs or clusters:
-signals taken on the main thread while the work runs on another, and backoff with jitter. (Their
-HTTP server is ``labeller.process.httpserver``.)"""
+"""Signals of a long-running process: SIGTERM and SIGINT stop it, SIGHUP reloads it, taken on the
+main thread while the work runs on another; a signal that comes while the process starts is kept
+until it serves."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
 import select
 import signal
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TypeVar
 
 import structlog
 
-
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
-
-# --- signals -------------------------------------------------------------------------------------
-
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RELOAD_SIGNALS = (signal.SIGHUP,)
-
+DEFERRED = (signal.SIGTERM, *RELOAD_SIGNALS)  # SIGINT is not: Ctrl-C during start-up ends it at once (exit 130)
 
 _deferred: list[int] = []  # SIGTERM and SIGHUP that came while a server was starting
 _before_deferring: dict[int, Any] = {}  # their handlers before ``defer_signals``: put back when serving ends
@@ -40,8 +34,32 @@ def defer_signals() -> None:
     """For a server, from its command's start until ``run_until_signalled`` takes over: SIGTERM and
     SIGHUP are kept, not fatal, and acted on as soon as it serves (a stop during start-up is a clean
     stop, exit 0, not death by the signal)."""
-    for signum in (signal.SIGTERM, *RELOAD_SIGNALS):
+    for signum in DEFERRED:
         _before_deferring.setdefault(signum, signal.signal(signum, _defer))
+
+
+def restore_signals(deliver_kept: bool = False) -> None:
+    """The handlers ``defer_signals`` replaced are put back (``run_until_signalled`` put them back
+    already if it ran). ``deliver_kept``: a signal kept meanwhile is delivered now, as it would have
+    been without ``defer_signals`` (a command that turns out not to serve: ``run --once``); else it is
+    dropped (the command failed before it served, and ends anyway)."""
+    for signum, handler in list(_before_deferring.items()):
+        signal.signal(signum, handler)
+        del _before_deferring[signum]
+    kept, _deferred[:] = list(_deferred), []
+    for signum in kept if deliver_kept else ():
+        signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """``defer_signals`` for the time of the block, the handlers put back at its end: a server's
+    whole life, from its command's start."""
+    defer_signals()
+    try:
+        yield
+    finally:
+        restore_signals()
 
 
 def _noted(signum: int, frame: FrameType | None) -> None:
@@ -98,36 +116,3 @@ def run_until_signalled(body: Callable[[], T], stop: Callable[[], None], reload:
     if raised:
         raise raised[0]
     return results[0]
-
-
-# --- backoff -------------------------------------------------------------------------------------
-
-class Backoff:
-    """Retry delays with full jitter: ``next()`` in [base/2, ceiling], the ceiling doubling from
-    ``base_s``. While failures have lasted less than ``quick_for_s`` the ceiling stops at
-    ``quick_cap_s`` (retry fast through a short outage), then it doubles on up to ``cap_s``.
-    ``attempts`` counts the failures since the last ``reset()``."""
-
-    def __init__(self, base_s: float = 0.2, cap_s: float = 30.0, rng: random.Random | None = None, *,
-                 quick_cap_s: float = 1.0, quick_for_s: float = 0.0) -> None:
-        self.base_s, self.cap_s = base_s, cap_s
-        self.quick_cap_s, self.quick_for_s = quick_cap_s, quick_for_s
-        self.attempts = 0
-        self.failing_since: float | None = None
-        self._doublings = 0  # stops growing at the ceiling, so leaving the quick phase doubles from there
-        self._rng = rng or random.Random()
-
-    def next(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        if self.failing_since is None:
-            self.failing_since = now
-        self.attempts += 1
-        limit = self.quick_cap_s if now - self.failing_since < self.quick_for_s else self.cap_s
-        ceiling = min(limit, self.base_s * 2.0 ** self._doublings)
-        if ceiling < limit:
-            self._doublings += 1
-        return float(self._rng.uniform(min(self.base_s / 2, ceiling), ceiling))
-
-    def reset(self) -> None:
-        self.attempts = self._doublings = 0
-        self.failing_since = None
