@@ -16,7 +16,8 @@ import structlog
 
 from labeller.cluster.kube import Kube
 from labeller.draplugin.metrics import DraMetrics
-from labeller.draplugin.publisher import SlicePublisher, content, quantity
+from labeller.draplugin.publisher import SlicePublisher
+from labeller.draplugin.slicecontent import content, quantity
 from labeller.host import NodeOptions, open_host
 from labeller.offer import PhysicalDevice
 from labeller.resourceslices import DraDevice
