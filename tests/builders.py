@@ -293,6 +293,28 @@ FIRMWARE_INFO = FIXTURES / "debugfs-firmware-info/amdgpu_firmware_info"
 TOPOLOGY = "sys/class/kfd/kfd/topology/nodes"
 
 
+def kfd_node_goes(host_root: Path, node: int | str) -> Callable[[], None]:
+    """A KFD topology node goes as amdkfd removes one (``kfd_topology_remove_device``): its directory
+    goes, then the topology's ``generation_id`` moves (where the tree has one; a capture may not).
+    The function returned brings it back the same way (``kfd_topology_add_device``)."""
+    topology = host_root / TOPOLOGY
+    path, saved = topology / str(node), topology.with_name(f"gone-{node}")
+    path.rename(saved)
+    _bump_generation(topology.parent)
+
+    def back() -> None:
+        saved.rename(path)
+        _bump_generation(topology.parent)
+
+    return back
+
+
+def _bump_generation(topology: Path) -> None:
+    generation = topology / "generation_id"
+    if generation.exists():
+        generation.write_text(f"{int(generation.read_text()) + 1}\n")
+
+
 def copy_capture(capture: Path, tmp_path: Path) -> Path:
     root = tmp_path / "host"
     shutil.copytree(capture, root)

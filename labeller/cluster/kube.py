@@ -4,27 +4,65 @@ Every call returns plain dicts (bodies are read as JSON, never turned into clien
 failure becomes one of this module's small error types, so the rest of gpu-labeller neither
 imports nor knows the client. Each request reports ``(verb, code)`` to an optional observer
 (metrics); code 0 means no HTTP answer (timeout, refused or dropped connection).
+
+Of the client, only its configuration (credentials, TLS, token refresh) and its REST layer (a
+urllib3 pool, retries) are used, and only they are loaded: the ``kubernetes`` and
+``kubernetes.config`` packages are registered without running their ``__init__`` (which load every
+API group, the dynamic client, the watch, stream and leader-election helpers, the kubeconfig loader
+with OAuth2 and ``requests``, and, through ``ApiClient``, pydantic: about 20 MiB of a process's
+memory for nothing). The kubeconfig loader is loaded when a kubeconfig needs it
+(``labeller.cluster.kubeconfig``), the in-cluster one always.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
+import importlib.util
 import json
 import os
 import re
 import ssl
+import sys
 from collections.abc import Callable, Generator, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 from urllib.parse import quote
 
-import kubernetes.client
-import kubernetes.config
 import urllib3
 import yaml
-from kubernetes.client.exceptions import ApiException
 
+from labeller.cluster.kubeconfig import static_credentials
 from labeller.errors import ClusterError
 from labeller.labels import FIELD_MANAGER
+
+
+def _bare_package(name: str) -> None:
+    """Register the package ``name`` without running its ``__init__``: its submodules load as usual.
+    A package already imported (whole) stays as it is."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        return  # not a package here: the imports below fail, or work, as they would have
+    sys.modules[name] = module = importlib.util.module_from_spec(spec)
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+
+
+def _client_modules() -> tuple[ModuleType, ...]:
+    _bare_package("kubernetes")
+    _bare_package("kubernetes.config")
+    return tuple(importlib.import_module(f"kubernetes.{name}") for name in (
+        "client.configuration", "client.rest", "client.exceptions", "config.config_exception",
+        "config.incluster_config"))
+
+
+_configuration, _rest, _exceptions, _config_exception, _incluster = _client_modules()
+ApiException: type[Exception] = _exceptions.ApiException
+ConfigException: type[Exception] = _config_exception.ConfigException
+USER_AGENT = "OpenAPI-Generator/{}/python".format(getattr(sys.modules["kubernetes.client"], "__version__", ""))
 
 Obj = dict[str, Any]
 Observer = Callable[[str, int], None]
@@ -165,32 +203,45 @@ def _status_error(status: int, data: bytes, verb: str, resource: str) -> KubeErr
     return KubeError(status, reason, message)
 
 
-def load_configuration(kubeconfig: str | Mapping[str, Any] | None, where: str = "") -> kubernetes.client.Configuration:
-    """Credentials from ``kubeconfig`` (a kubeconfig file, or a kubeconfig already read and merged from
-    the files ``where`` names: labeller.cluster.connect), else the pod's service account.
+def load_configuration(kubeconfig: str | Mapping[str, Any] | None, where: str = "") -> Any:
+    """The client's ``Configuration``: credentials from ``kubeconfig`` (a kubeconfig file, or a
+    kubeconfig already read and merged from the files ``where`` names: labeller.cluster.connect),
+    else the pod's service account.
 
     Any problem is a KubeError whose message is one line: a malformed kubeconfig makes the client
     raise anything from ConfigException to TypeError or UnicodeDecodeError."""
-    configuration = kubernetes.client.Configuration()
-    loader: Any = kubernetes.config  # the loaders carry no annotations
+    configuration = _configuration.Configuration()
     where = where or (kubeconfig if isinstance(kubeconfig, str) else "")
+    static = static_credentials(kubeconfig) if isinstance(kubeconfig, Mapping) else None
     try:
-        if isinstance(kubeconfig, Mapping):
-            loader.load_kube_config_from_dict(dict(kubeconfig), client_configuration=configuration,
-                                              persist_config=False)
+        if static is not None:
+            for name, value in vars(static).items():
+                if name != "token" and value is not None:
+                    setattr(configuration, name, value)
+            if static.token is not None:
+                configuration.api_key["BearerToken"] = static.token
+        elif isinstance(kubeconfig, Mapping):
+            _kubeconfig_loader().load_kube_config_from_dict(dict(kubeconfig), client_configuration=configuration,
+                                                            persist_config=False)
         elif kubeconfig:
             # KUBECONFIG may list several files; when none exists the client only says "No configuration found".
             if not any(os.path.exists(os.path.expanduser(path)) for path in kubeconfig.split(os.pathsep) if path):
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), kubeconfig)
-            loader.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            _kubeconfig_loader().load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         else:
-            loader.load_incluster_config(client_configuration=configuration)
+            _incluster.load_incluster_config(client_configuration=configuration)
     except Exception as exc:  # noqa: BLE001 - see the docstring
         problem = _config_problem(exc)
         raise KubeError(0, "ConfigError", f"{where}: {problem}" if where else problem) from None
     # One quick retry of a connect error (a stale pooled connection); the daemon owns real retries.
     configuration.retries = urllib3.Retry(total=1, connect=1, read=0, redirect=0, status=0, other=0)
     return configuration
+
+
+def _kubeconfig_loader() -> Any:
+    """The client's kubeconfig loader, for a kubeconfig ``static_credentials`` does not read (it
+    loads OAuth2, ``requests`` and pydantic)."""
+    return importlib.import_module("kubernetes.config.kube_config")
 
 
 def _config_problem(exc: Exception) -> str:
@@ -202,7 +253,7 @@ def _config_problem(exc: Exception) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"cannot read kubeconfig: {exc.strerror}"
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if isinstance(exc, kubernetes.config.ConfigException):
+    if isinstance(exc, ConfigException):
         return first_line
     return f"malformed kubeconfig ({type(exc).__name__}: {first_line})"
 
@@ -219,25 +270,30 @@ class Kube:
                  pool_size: int = 4, request_timeout: tuple[float, float] = REQUEST_TIMEOUT, where: str = "") -> None:
         configuration = load_configuration(kubeconfig, where)
         configuration.connection_pool_maxsize = pool_size
-        self._client: Any = kubernetes.client.ApiClient(configuration)
+        self._configuration = configuration
+        self._rest: Any = _rest.RESTClientObject(configuration)
         self.server = str(configuration.host)
         self._observe = observer or (lambda verb, code: None)
         self._timeout = request_timeout
 
     def close(self) -> None:
-        self._client.close()
+        self._rest.pool_manager.clear()
 
     def _send(self, method: str, path: str, query: Mapping[str, str] | None = None, body: Any = None,
               content_type: str | None = None, timeout: tuple[float, float] | None = None) -> Any:
-        headers = {"Accept": "application/json"}
+        """One request through the client's REST layer, with its credentials (a token refreshed as its
+        configuration says); the urllib3 response, not read yet."""
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if content_type:
             headers["Content-Type"] = content_type
-        request = self._client.param_serialize(method=method, resource_path=path,
-                                               query_params=list((query or {}).items()),
-                                               header_params=headers, body=body, auth_settings=["BearerToken"])
-        url, headers, body = request[1], request[2], request[3]
-        return self._client.call_api(method, url, header_params=headers, body=body,
-                                     _request_timeout=timeout or self._timeout).response
+        for auth in self._configuration.auth_settings().values():
+            if auth["value"]:
+                headers[auth["key"]] = auth["value"]
+        url = self.server + path
+        if query:
+            url += "?" + "&".join(f"{key}={quote(str(value))}" for key, value in query.items())
+        return self._rest.request(method, url, headers=headers, body=body,
+                                  _request_timeout=timeout or self._timeout).response
 
     def _request(self, verb: str, resource: str, method: str, path: str, query: Mapping[str, str] | None = None,
                  body: Any = None, content_type: str | None = None) -> Obj:

@@ -1,9 +1,11 @@
 """The DRA plugin: ``DraPlugin``, the ``dra-plugin`` command's service on the process loop
 (``labeller.process.loop``).
 
-Each probe (at start, every ``--probe-interval``, after SIGHUP or a named-config change, and when
-the simulated profile file changes) turns the node's inventory and offer into the DRA devices of
-each vendor the config serves through DRA (``Host.dra_devices``), one driver per vendor present:
+Each probe (at start, every ``--probe-interval``, after SIGHUP or a named-config change, and as
+soon as what it reads changes: the simulated profile file, a vendor's hardware stamp such as KFD's
+topology generation, a MIG reconfiguration NVML reports; see ``probe_inputs``) turns the node's
+inventory and offer into the DRA devices of each vendor the config serves through DRA
+(``Host.dra_devices``), one driver per vendor present:
 
 - a driver new to the plugin gets its sockets (``server.DriverSockets``: registration with the
   kubelet, the DRA service), its checkpoint and its claim preparer; a driver no longer there (the
@@ -25,14 +27,17 @@ the partitions that exist, as without dynamicMig).
 
 A vendor whose backend fails on a later probe keeps what it published: a driver that stops
 answering for a while must not take its devices away; the health checks say whether they work.
-Between probes the loop's ``work`` looks at the sockets every ``tick_seconds`` and re-creates one
-that is gone (a kubelet restart), which registers the driver again.
+
+Idle, the plugin sleeps until something happens: inotify (``labeller.inotify``) on the registration
+and DRA socket directories and the profile file's directory wakes the loop, whose ``work`` then
+re-creates a socket that is gone (a kubelet restart deletes the registration socket), which
+registers the driver again, and looks at the inputs. Where inotify cannot be used, ``work`` looks
+at the sockets every ``tick_seconds`` instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -54,8 +59,9 @@ from labeller.draplugin.publisher import SliceApi, SlicePublisher
 from labeller.draplugin.server import DraService, DriverSockets
 from labeller.draplugin.taints import DEFAULT_HOLD_S, GATE, Gone, published
 from labeller.host import Host
+from labeller.inotify import DirectoryWatch
 from labeller.inventory import Inventory, ProbeError
-from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
+from labeller.process.health import HEALTHY, POLL_SECONDS, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.resourceslices import DraDevice
 from labeller.vendor import Vendor
 from labeller.vendor.dra import ConfigSettings
@@ -84,8 +90,8 @@ class DraSettings:
     cdi_spec_dir: Path = DEFAULT_CDI_SPEC_DIR
     recovery_seconds: float = 60.0
     gone_hold_seconds: float = DEFAULT_HOLD_S  # a device gone from the probe stays published tainted at least this long
-    health_poll_seconds: float = 0.25
-    tick_seconds: float = 0.1
+    health_poll_seconds: float = POLL_SECONDS
+    tick_seconds: float = 0.5  # how often the sockets are looked at where inotify cannot tell
     # the health switches the device plugin reads too (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)
     health_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     # what claims' opaque configs need: the MPS daemons' root, NVIDIA's tools
@@ -122,13 +128,15 @@ class DraPlugin:
         self.drivers: dict[str, _Driver] = {}
         self._devices: dict[str, list[DraDevice]] = {}  # what the last probe found, unhealthy devices included
         self._lock = threading.Lock()  # ``_devices`` and the publishing of it, between the loop and health threads
-        self._health = HealthChecks(self.board, settings.health_env, settings.health_poll_seconds)
+        self._health = HealthChecks(self.board, settings.health_env, settings.health_poll_seconds, stamps=True)
         self._next_tick = 0.0
         self.probes = 0  # probes done (a test awaits the next one)
         self._served: tuple[str, ...] | None = None  # the drivers served, as last said
         self.derivation = Derivation(host, settings.plugins_dir, self.gates)  # each probe's devices
         self._republish = threading.Event()  # a gate turned out off: derive and publish again (the loop's work)
-        self._wake: Callable[[], None] = lambda: None
+        self._wake: Callable[[], None] = lambda: None  # the loop's, from ``begin``
+        self.watch: DirectoryWatch | None = None  # the socket and profile directories, from ``begin``
+        self.board.hardware_listeners.append(lambda reason: self._wake())
 
     # --- the Service ---------------------------------------------------------------------------
 
@@ -143,7 +151,34 @@ class DraPlugin:
 
     def begin(self, wake: Callable[[], None], stop: threading.Event) -> None:
         self._wake = wake
+        self.watch = DirectoryWatch(wake, "dra-watch")
+        self._watch_directories()
         self.publisher.start()
+
+    def inputs_polled(self) -> bool:
+        """Whether the loop must look at ``probe_inputs`` on a schedule: something in them can change
+        with no one waking it (NVIDIA's MPS readiness goes stale; a profile file inotify cannot watch;
+        a vendor's hardware stamp while no health monitor polls it; a device gone from the probe whose
+        hold ends)."""
+        watching = self.watch is not None and self.watch.watching
+        return (self.host.offer_inputs() is not None or (self.host.simulation is not None and not watching)
+                or not self._health.polls_stamps or bool(self.gone.devices()))
+
+    def gone_due(self) -> object:
+        """The devices gone from the probe that the next probe drops (``Gone.due``): one more is a
+        reason to probe now (``probe_inputs``), not at the next ``--probe-interval``."""
+        drivers = self.drivers
+        return tuple(self.gone.due(lambda driver, name: self._held(drivers, driver, name)))
+
+    def _watch_directories(self) -> None:
+        """What wakes the loop: the registration directory, each driver's socket directory, and the
+        directory of a simulated profile the node follows."""
+        if self.watch is None:
+            return
+        directories = [self.settings.registry_dir, *(self.settings.plugins_dir / d for d in sorted(self.drivers))]
+        if self.host.simulation is not None:
+            directories.append(self.host.simulation.path.parent)
+        self.watch.watch(directories)
 
     def probe(self) -> str | None:
         self.probes += 1
@@ -189,17 +224,22 @@ class DraPlugin:
         log.info("devices found; publishing", reason="driver-ready", attempts=attempts, waited_s=round(waited_s, 1))
 
     def work(self, now: float) -> float:
+        """Publish again if a gate turned out off; look at the sockets: at every turn of the loop while
+        inotify watches their directories (a change wakes it), else every ``tick_seconds``; when to look
+        next (a socket to create again after a failure)."""
         if self._republish.is_set():
             self._republish.clear()
             self._publish_again()
-        if now >= self._next_tick:
+        watching = self.watch is not None and self.watch.watching
+        if watching or now >= self._next_tick:
             for driver in self.drivers.values():
                 try:
                     driver.sockets.tick()
                 except Exception:  # one bad tick must not end the loop: the next one retries
                     log.exception("socket check failed; retrying", driver=driver.sockets.driver)
             self._next_tick = now + self.settings.tick_seconds
-        return self._next_tick
+        retry = min((d.sockets.next_try() for d in self.drivers.values()), default=float("inf"))
+        return retry if watching else min(self._next_tick, retry)
 
     # --- what is served ------------------------------------------------------------------------
 
@@ -229,7 +269,8 @@ class DraPlugin:
             if GATE in self.gates.off:  # no taint to publish a gone device with: it is simply gone
                 self.gone.clear()
             else:
-                went, dropped = self.gone.update(self._devices, found, functools.partial(self._held, drivers))
+                went, dropped = self.gone.update(self._devices, found,
+                                                 lambda driver, name: self._held(drivers, driver, name))
                 for driver, name in went:
                     log.warning("device gone from the probe: published tainted NoExecute while it may be in use",
                                 driver=driver, device=name, reason="device-gone",
@@ -244,6 +285,7 @@ class DraPlugin:
         self._publish()
         # Only now: ``ready`` reads the drivers, and must not see one before its devices are published.
         self.drivers = drivers
+        self._watch_directories()
         return problems
 
     # --- a gate found off: the last probe published again ----------------------------------------
@@ -364,6 +406,8 @@ class DraPlugin:
         slices stay for the next process to take over (the kubelet deletes them 30 s after a driver
         deregistered and did not come back)."""
         self._stop.set()
+        if self.watch is not None:
+            self.watch.close()
         self.publisher.join()
         for driver in self.drivers.values():
             driver.sockets.stop()
@@ -371,11 +415,15 @@ class DraPlugin:
         self.board.close()
 
 
-def probe_inputs(host: Host) -> Callable[[], object] | None:
-    """What the loop looks at between probes: the offer's inputs (NVIDIA's MPS readiness file) and a
-    simulated profile file's identity, so an edited profile is published within the inputs poll."""
-    if host.simulation is None and host.offer_inputs() is None:
-        return None
+def probe_inputs(host: Host, board: HealthBoard | None = None,
+                 pending: Callable[[], object] = lambda: None) -> Callable[[], object]:
+    """What the loop looks at between probes (whenever it is woken, and every second while
+    ``DraPlugin.inputs_polled``), each a cheap stamp: the offer's inputs (NVIDIA's MPS readiness
+    file), a simulated profile file's identity, each vendor's hardware stamp (``Discovery.changes``:
+    KFD's topology generation), the hardware changes reported to the health board (a MIG
+    reconfiguration NVML reports, a stamp the health monitor saw move) and ``pending`` (what the
+    next probe would drop: ``DraPlugin.gone_due``). A change in any is a probe now; the periodic
+    probe is only a safety net."""
 
     def inputs() -> object:
         stamp = None
@@ -385,7 +433,9 @@ def probe_inputs(host: Host) -> Callable[[], object] | None:
                 stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
             except OSError:
                 pass
-        return host.offer_inputs(), stamp
+        hardware = tuple(v.discovery.changes(host.host_root) for v in host.vendors if v.discovery.changes is not None)
+        return (host.offer_inputs(), stamp, hardware, board.hardware_changes if board is not None else 0,
+                pending())
 
     return inputs
 

@@ -28,8 +28,6 @@ from labeller.process.serve import Endpoint, Process, Served, serve
 from labeller.vendor.dra import ConfigSettings
 from vendors import VENDORS
 
-INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a second
-
 
 @click.command("dra-plugin", epilog=EPILOG)
 @discovery_options
@@ -52,10 +50,11 @@ INPUTS_POLL_S = 0.25  # a simulated profile's edit is published well within a se
               help="Where each prepared claim's CDI spec file goes (gpu-labeller-dra_<driver>_<claim UID>.json); "
                    "--cdi-root is NVIDIA's and AMD's DRA drivers' name. [env: CDI_SPEC_DIR, CDI_ROOT]")
 @health_recovery_option("published again (0: never)")
-@click.option("--probe-interval", type=Duration(minimum=0.1), default="1s", show_default=True,
+@click.option("--probe-interval", type=Duration(minimum=0.1), default="300s", show_default=True,
               envvar="DRA_PROBE_INTERVAL",
-              help="How often the node is probed for changed hardware (MIG devices, partitions); a changed "
-                   "inventory is published at the next probe. [env: DRA_PROBE_INTERVAL]")
+              help="How often the node is probed in full, besides the changes it watches (within a second: "
+                   "NVML's MIG reconfiguration events, KFD's topology generation, the profile file): a safety "
+                   "net for a change no one reports. [env: DRA_PROBE_INTERVAL]")
 @click.option("--mps-root", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_MPS_ROOT,
               show_default=True, envvar="DRA_MPS_ROOT",
               help="Host directory of the MPS control daemons of claims whose config shares a GPU by MPS: "
@@ -102,8 +101,9 @@ def dra_plugin(node_options: NodeOptions, plugins_dir: Path, registry_dir: Path,
         def publishing(host: Host, follower: ConfigFollower | None) -> Iterator[Served]:
             plugin = DraPlugin(host, settings, api, metrics)
             try:
-                yield Served(plugin, LoopOptions(interval_s=probe_interval, inputs_poll_s=INPUTS_POLL_S),
-                             inputs=probe_inputs(host))
+                yield Served(plugin, LoopOptions(interval_s=probe_interval),
+                             inputs=probe_inputs(host, plugin.board, plugin.gone_due),
+                             inputs_polled=plugin.inputs_polled)
             finally:
                 plugin.close()
 

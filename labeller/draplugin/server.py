@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import structlog
 from labeller.draplugin.api import dra_pb2 as dra
 from labeller.draplugin.api import dra_pb2_grpc as dra_grpc
 from labeller.draplugin.api import registration_pb2 as reg
+from labeller.draplugin.aioserver import AioServer
 from labeller.draplugin.api import registration_pb2_grpc as reg_grpc
 from labeller.draplugin.metrics import DraMetrics
 from labeller.draplugin.prepare import ClaimError, ClaimRef, Preparer
@@ -107,15 +107,10 @@ class DraService(dra_grpc.DRAPluginServicer):
         return dra.NodeUnprepareResourcesResponse(claims=answers)
 
 
-def grpc_server(name: str, add: Callable[[grpc.Server], None]) -> Callable[[], grpc.Server]:
-    """What makes one socket's gRPC server, its service added by ``add``."""
-
-    def build() -> grpc.Server:
-        server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=name))
-        add(server)
-        return server
-
-    return build
+def grpc_server(name: str, add: Callable[[Any], None]) -> Callable[[], AioServer]:
+    """What makes one socket's gRPC server, its service added by ``add`` (an asyncio server: idle,
+    it does not wake; ``labeller.draplugin.aioserver``)."""
+    return lambda: AioServer(name, add, WORKERS)
 
 
 class DriverSockets:
@@ -170,6 +165,10 @@ class DriverSockets:
                          socket=str(self.registration.path))
             self._set_registered(False)
             self._start(self.registration, self._registration_retry)
+
+    def next_try(self) -> float:
+        """When a socket that could not be created is tried again (``time.monotonic``); infinite when none."""
+        return min(self._dra_retry.next_try(), self._registration_retry.next_try())
 
     def _on_status(self, registered: bool, error: str) -> None:
         self._set_registered(registered)

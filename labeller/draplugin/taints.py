@@ -21,11 +21,11 @@ seen, tainted as lost (``NoExecute``), so that the pods using it are evicted: th
 only acts on a device it still finds in a slice, and a device simply dropped from the slice would
 leave its pods running against nothing. It stays (``Gone``) while a claim prepared on this node
 still holds it, and at least ``hold_s`` (the pods whose claims were allocated it but not prepared
-yet), then goes at the next probe. It comes back as itself, untainted, if the probe finds it again.
-A partition offered on counters (made at prepare, ``labeller.dra.dynamicMig``) that is no longer
-offered is not such a device: it is an offer, not hardware (one made for a claim is published as
-itself while it exists), and it could not be published without the counters it draws on, which
-change with what is offered.
+yet), then goes at the next probe (the DRA plugin probes as soon as one is due: ``due``). It comes
+back as itself, untainted, if the probe finds it again. A partition offered on counters (made at
+prepare, ``labeller.dra.dynamicMig``) that is no longer offered is not such a device: it is an offer,
+not hardware (one made for a claim is published as itself while it exists), and it could not be
+published without the counters it draws on, which change with what is offered.
 
 Where the API server drops the taints (the gate off), nothing changes from before taints: the gate's
 fallback (``labeller.draplugin.gates``: ``untainted``) leaves every tainted device out, so an unhealthy
@@ -101,6 +101,13 @@ class Gone:
             dropped += [(driver, name) for name in gone if name not in kept]
             self._gone[driver] = kept
         return went, dropped
+
+    def due(self, held: Callable[[str, str], bool]) -> list[tuple[str, str]]:
+        """The (driver, name) of the gone devices the next probe drops: gone for ``hold_s``, and held by
+        no prepared claim (``held(driver, name)``)."""
+        now = self.clock()
+        return sorted((driver, name) for driver, gone in self._gone.items() for name, (_, _, since) in gone.items()
+                      if now - since >= self.hold_s and not held(driver, name))
 
     def devices(self) -> dict[str, list[tuple[int, DraDevice]]]:
         """Each driver's gone devices with their positions, in position order."""

@@ -25,6 +25,7 @@ from labeller.offer import Resource
 from labeller.plugin.allocators import Allocators
 from labeller.plugin.cdi import CdiSpecs
 from labeller.plugin.gauges import HealthGauges
+from labeller.process.health import POLL_SECONDS
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
 from labeller.plugin.serving import Batch, Serving
@@ -41,7 +42,7 @@ class PluginSettings:
     socket_dir: Path
     kubelet_socket: str = "kubelet.sock"
     recovery_seconds: float = 60.0
-    health_poll_seconds: float = 0.25
+    health_poll_seconds: float = POLL_SECONDS / 2  # a KFD node that goes is seen by the kubelet well within 1 s
     tick_seconds: float = 0.1
     kubelet_missing_log_seconds: float = 60.0
     # the health switches NVIDIA's plugin reads (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS)

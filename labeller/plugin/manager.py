@@ -160,8 +160,8 @@ class PluginManager:
             state.next_attempt = time.monotonic() + state.backoff
             state.backoff = min(state.backoff * 2, MAX_BACKOFF)
             return
+        self._metrics.registrations.labels(resource=name, outcome="ok").inc()  # counted by the time /readyz says so
         state.registered, state.backoff = True, FIRST_BACKOFF
-        self._metrics.registrations.labels(resource=name, outcome="ok").inc()
         log.info("registered with the kubelet", resource=name, endpoint=server.endpoint, version=VERSION)
 
     def stop(self) -> None:

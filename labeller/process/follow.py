@@ -5,7 +5,8 @@
   ``config.applied`` label changes: ``observe`` gets the Node's labels from a watch of the own Node
   (the labeller's Node sink watch, or ``watch``'s own);
 - the config directory changes (a ConfigMap edit: the kubelet swaps its ``..data`` link):
-  ``check_files`` runs every ``poll_s`` on a thread of its own and costs one ``readlink``;
+  ``check_files`` (one ``readlink``) runs when inotify says the directory changed, once a minute in
+  case it did not, and every ``poll_s`` where the directory cannot be watched;
 and calls ``on_change`` when what is in force, or why the config asked for is not, changed. The
 consumer (the daemon's loop, the plugin's prober) then calls ``apply(node)``: the selection goes
 into force and is reported once: one log line, the metrics, and (the labeller) an Event on the Node.
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from labeller.cluster.nodes import NodeCache, NodeWatch, node_labels, node_labels_reader
 from labeller.cluster.permissions import PermissionLog
 from labeller.host import Host, NodeOptions, OptionsError
+from labeller.inotify import DirectoryWatch
 from labeller.labels import key_problem, owns
 from labeller.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
 from labeller.backoff import Backoff
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 POLL_SECONDS = 1.0
+WATCHED_CHECK_SECONDS = 60.0  # a watched directory is looked at anyway this often
 # How long a starting process waits to read its Node's labels before it starts with the default config.
 BOOTSTRAP_SECONDS = 15.0
 
@@ -128,18 +131,27 @@ class ConfigFollower:
     # --- threads --------------------------------------------------------------------------------
 
     def poll(self, stop: threading.Event) -> threading.Thread:
-        """Check the directory every ``poll_s`` until ``stop`` is set, on a daemon thread."""
+        """Check the directory when inotify says it changed, else every ``poll_s`` (see the module
+        docstring), until ``stop`` is set, on a daemon thread."""
+        watch = DirectoryWatch(self._check_files, "config-watch")
+        watch.watch([self.chooser.directory.path])
 
         def loop() -> None:
-            while not stop.wait(self.poll_s):
-                try:
-                    self.check_files()
-                except Exception:  # a bad poll must not end following: the next one retries
-                    log.exception("config directory check failed", reason="config-files-changed")
+            try:
+                while not stop.wait(WATCHED_CHECK_SECONDS if watch.watching else self.poll_s):
+                    self._check_files()
+            finally:
+                watch.close()
 
         thread = threading.Thread(target=loop, name="config-poll", daemon=True)
         thread.start()
         return thread
+
+    def _check_files(self) -> None:
+        try:
+            self.check_files()
+        except Exception:  # a bad look must not end following: the next one retries
+            log.exception("config directory check failed", reason="config-files-changed")
 
     def watch(self, kube: Kube, node: str, stop: threading.Event, permissions: PermissionLog) -> None:
         """Follow the own Node's labels with a watch of its own (when no Node sink watches it already)."""

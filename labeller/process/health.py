@@ -2,8 +2,14 @@
 the vendors' checkers (vendors/<vendor>/health.py). The device plugin and the DRA plugin share them.
 
 ``HealthBoard`` holds the health of every health key (GPU/MIG UUID, ``kfd:<node>``) and a change
-counter that ListAndWatch streams wait on. ``HealthMonitor`` polls every checker and, for those
-that watch driver events, waits for the events on a thread of its own.
+counter that ListAndWatch streams wait on; it is also told when the devices themselves may have
+changed (``hardware_changed``: a MIG reconfiguration NVML reports; ``look_again``: a vendor's
+hardware stamp that moved), which the DRA plugin answers with a probe. ``HealthMonitor`` polls the checkers that have
+something to poll (``Checker.polling``) every ``POLL_SECONDS``, each poll cheap, and the vendors'
+hardware stamps when asked to (``Discovery.changes``); with nothing to poll (NVIDIA's devices all
+Healthy: its events say what goes wrong) its thread sleeps until the board changes. For the
+checkers that watch driver events it waits for them on a thread of its own, a few seconds per wait,
+as NVIDIA's plugin does.
 
 Unlike NVIDIA's plugin, a device returns to Healthy once it has answered normally, with no new
 error, for ``recovery_seconds`` (0: never, NVIDIA's behaviour). ``DP_DISABLE_HEALTHCHECKS=all``
@@ -29,6 +35,9 @@ log = structlog.get_logger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+POLL_SECONDS = 1.0  # what cannot be watched (a KFD node that goes) is seen within a second
+RECOVERY_POLL_SECONDS = 0.25  # while a device is Unhealthy: it is seen answering again soon after its quiet period
+EVENT_WAIT_MS = 5000  # NVIDIA's plugin waits as long; a stopping monitor does not wait for it (see stop)
 
 
 def checks_enabled(env: Mapping[str, str]) -> bool:
@@ -59,9 +68,22 @@ class HealthBoard:
         self.generation = 0
         self.listeners: list[HealthListener] = []
         self.fault_listeners: list[FaultListener] = []
+        self.hardware_changes = 0  # grows with every ``hardware_changed``
+        self.hardware_listeners: list[Callable[[str], None]] = []
 
     def healthy(self, key: str) -> bool:
         return key not in self._last_bad
+
+    def hardware_changed(self, reason: str) -> None:
+        """The driver says the devices changed (``reason``: who and how): count it, tell the listeners."""
+        with self._cond:
+            self.hardware_changes += 1
+        self.look_again(reason)
+
+    def look_again(self, reason: str) -> None:
+        """A hardware stamp may have moved: tell the listeners, who compare it with what they last read."""
+        for listener in self.hardware_listeners:
+            listener(reason)
 
     def track(self, keys: Iterable[str]) -> None:
         """Follow these keys from now on (the plugin serves new devices): new keys start Healthy,
@@ -148,62 +170,130 @@ class HealthBoard:
             listener(key, healthy, reason)
 
 
-class HealthMonitor:
-    """Runs the checkers: one thread polling them all every ``poll_seconds``, and one per checker
-    that waits for driver events."""
+Stamps = Mapping[str, Callable[[], object]]  # vendor -> its hardware stamp, read (Discovery.changes)
 
-    def __init__(self, checkers: Iterable[Checker], poll_seconds: float = 0.25):
+
+class HealthMonitor:
+    """Runs the checkers: one thread polling those with something to poll, and the ``stamps``,
+    every ``poll_seconds`` (every ``RECOVERY_POLL_SECONDS`` while ``recovering()``; with nothing to
+    poll, sleeping until ``nudge``), and one per checker that waits for
+    driver events, ``event_wait_ms`` at a time. A stamp that differs from ``seen`` (what the last
+    poll read, kept by the caller across monitors), or read for the first time, is reported to
+    ``changed``: the caller compares it with what it read when it last probed.
+
+    ``stop`` does not wait for an event wait to end: a driver's wait cannot be interrupted (NVML's
+    is not), and freeing what it waits on under it is not allowed, so the thread that waits stops
+    its checker itself once its wait returns; a checker without events is stopped at once."""
+
+    def __init__(self, checkers: Iterable[Checker], poll_seconds: float = POLL_SECONDS,
+                 event_wait_ms: int = EVENT_WAIT_MS, stamps: Stamps | None = None,
+                 seen: dict[str, object] | None = None, changed: Callable[[str], None] = lambda reason: None,
+                 recovering: Callable[[], bool] = lambda: False):
         self._checkers = list(checkers)
         self._poll_seconds = poll_seconds
+        self._recovering = recovering  # a device is Unhealthy: poll every RECOVERY_POLL_SECONDS
+        self._event_wait_ms = event_wait_ms
+        self._stamps, self._seen, self._changed = dict(stamps or {}), seen if seen is not None else {}, changed
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._nudged = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._waiting: list[Checker] = []  # the checkers an event thread stops
 
     def start(self) -> None:
         self._checkers = [c for c in self._checkers if c.start()]
-        if not self._checkers:
+        if not self._checkers and not self._stamps:
             return
-        self._spawn(self._poll_loop, "health-poll")
+        self._poller = self._spawn(self._poll_loop, "health-poll")
         for checker in self._checkers:
             if checker.watches_events:
+                self._waiting.append(checker)
                 self._spawn(functools.partial(self._event_loop, checker), f"health-events-{type(checker).__name__}")
 
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
+    @staticmethod
+    def _spawn(target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        return thread
+
+    def nudge(self) -> None:
+        """Something changed (a device's health): poll now, and go on polling while there is something to."""
+        self._nudged.set()
+
+    def _busy(self) -> bool:
+        return bool(self._stamps) or any(checker.polling for checker in self._checkers)
 
     def _poll_loop(self) -> None:
-        while not self._stop.wait(self._poll_seconds):
+        while True:
+            if self._busy():
+                recovering = self._recovering()
+                self._nudged.wait(min(self._poll_seconds, RECOVERY_POLL_SECONDS) if recovering else self._poll_seconds)
+            else:
+                self._nudged.wait()
+            self._nudged.clear()
+            if self._stop.is_set():
+                return
             for checker in self._checkers:
                 try:
                     checker.poll()
                 except Exception:  # a checker bug must not end health checking
                     log.exception("health poll failed", checker=type(checker).__name__)
+            self._read_stamps()
+
+    def _read_stamps(self) -> None:
+        for vendor, read in self._stamps.items():
+            try:
+                stamp = read()
+            except Exception:  # a bug in a stamp must not end health checking: the probe finds the truth
+                log.exception("hardware stamp failed", vendor=vendor)
+                continue
+            if vendor not in self._seen or self._seen[vendor] != stamp:
+                # The first read too: the caller compares with what it read before it probed.
+                if vendor in self._seen:
+                    log.info("hardware changed; probing again", reason="hardware-changed", vendor=vendor)
+                self._changed(f"{vendor}: hardware stamp changed")
+            self._seen[vendor] = stamp
 
     def _event_loop(self, checker: Checker) -> None:
-        while not self._stop.is_set():
-            try:
-                checker.wait_for_event(200)
-            except Exception:
-                log.exception("driver event handling failed", checker=type(checker).__name__)
-                self._stop.wait(1)
+        try:
+            while not self._stop.is_set():
+                try:
+                    checker.wait_for_event(self._event_wait_ms)
+                except Exception:
+                    log.exception("driver event handling failed", checker=type(checker).__name__)
+                    self._stop.wait(1)
+        finally:
+            if self._poller is not None:
+                self._poller.join()  # it may be polling this checker: only then is it done with it
+            checker.stop()
 
     def stop(self) -> None:
         self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=2)
+        self._nudged.set()
+        if self._poller is not None:
+            self._poller.join(timeout=2)
         for checker in self._checkers:
-            checker.stop()
+            if checker not in self._waiting:
+                checker.stop()
 
 
 class HealthChecks:
     """The vendors' health checkers of the physical devices a plugin serves, reporting to ``board``:
-    started by ``follow``, and started again only when the devices or the host change."""
+    started by ``follow``, and started again only when the devices or the host change. With
+    ``stamps``, the hardware stamps of the vendors whose devices are served are polled too (health
+    checks on or off), and one that moved is ``board.look_again``."""
 
-    def __init__(self, board: HealthBoard, env: Mapping[str, str], poll_seconds: float) -> None:
-        self.board, self.env, self.poll_seconds = board, env, poll_seconds
+    def __init__(self, board: HealthBoard, env: Mapping[str, str], poll_seconds: float = POLL_SECONDS,
+                 stamps: bool = False) -> None:
+        self.board, self.env, self.poll_seconds, self.stamps = board, env, poll_seconds, stamps
         self._monitor: HealthMonitor | None = None
         self._watched: tuple[frozenset[PhysicalDevice], Path, tuple[tuple[str, Any], ...]] | None = None
+        self._seen: dict[str, object] = {}  # vendor -> its stamp as last polled, across monitors
+        board.listeners.append(lambda key, healthy, reason: self._nudge())
+
+    def _nudge(self) -> None:
+        monitor = self._monitor
+        if monitor is not None:
+            monitor.nudge()
 
     def follow(self, physical: Iterable[PhysicalDevice], host_root: Path, handles: Mapping[str, Any],
                vendors: Sequence[Vendor]) -> None:
@@ -211,10 +301,20 @@ class HealthChecks:
         if watched == self._watched:
             return
         self.stop()
+        served = {p.vendor for p in watched[0]}
+        stamps = {v.name: functools.partial(v.discovery.changes, host_root) for v in vendors
+                  if self.stamps and v.name in served and v.discovery.changes is not None}
         self._monitor = HealthMonitor(self._checkers(list(watched[0]), host_root, handles, vendors),
-                                      poll_seconds=self.poll_seconds)
+                                      poll_seconds=self.poll_seconds, stamps=stamps, seen=self._seen,
+                                      changed=self.board.look_again,
+                                      recovering=lambda: bool(self.board.unhealthy_keys()))
         self._monitor.start()
         self._watched = watched
+
+    @property
+    def polls_stamps(self) -> bool:
+        """The vendors' hardware stamps are polled here (a change wakes the plugin)."""
+        return self.stamps and self._monitor is not None
 
     def _checkers(self, physical: list[PhysicalDevice], host_root: Path, handles: Mapping[str, Any],
                   vendors: Sequence[Vendor]) -> list[Checker]:

@@ -7,6 +7,7 @@ finish a TLS handshake, and connections open at once. Connections are admitted b
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import socket
 import ssl
@@ -21,7 +22,8 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from labeller.errors import InputError
-from labeller.process.connections import Connection, ConnectionServer
+from labeller.process.connections import ConnectionServer
+from labeller.process.idleconnections import Connection
 
 log = structlog.get_logger(__name__)
 
@@ -128,32 +130,63 @@ class _DeadlineReader(io.RawIOBase):
 
 
 Answer = tuple[int, bytes, str]  # HTTP code, body, content type
+_TEXT = "text/plain; charset=utf-8"
 # An application served beside the health endpoints: (method, path, body) -> its answer, None for 404.
 App = Callable[[str, str, bytes], "Answer | None"]
 
 
 @dataclass(frozen=True)
-class Site:
-    """What one server answers: ``app`` first, then /healthz (``healthy``), /readyz (``ready``) and
-    /metrics (``registry``, when given), within ``limits``."""
+class _Site:
+    """What a server answers: ``app`` first, then /healthz, /readyz and /metrics (with a ``registry``)."""
 
     ready: Callable[[], bool]
     healthy: Callable[[], bool]
     registry: CollectorRegistry | None
     app: App | None
-    limits: HttpLimits
+
+    def call(self, method: str, path: str, body: bytes) -> Answer | None:
+        """The app's answer; None when there is no app or it has none (404, or a health endpoint)."""
+        if self.app is None:
+            return None
+        try:
+            return self.app(method, path, body)
+        except Exception:  # one line to the client, the traceback to the log
+            log.exception("request failed", reason="request-failed", path=path)
+            return 500, b"internal error\n", "text/plain; charset=utf-8"
+
+    def health(self, path: str) -> Answer:
+        """The answer to a GET the app has none for."""
+        if path == "/healthz":
+            return (200, b"ok\n", _TEXT) if self.healthy() else (503, b"loop stalled\n", _TEXT)
+        if path == "/readyz":
+            return (200, b"ready\n", _TEXT) if self.ready() else (503, b"not ready\n", _TEXT)
+        if path == "/metrics" and self.registry is not None:
+            return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return 404, b"not found\n", _TEXT
 
 
-class Handler(BaseHTTPRequestHandler):
-    """Answers the requests of one connection that has sent its first bytes, for as long as they come
-    back to back; ``close_connection`` says afterwards whether to close it."""
+def _body_refusal(length: str | None, most: int) -> tuple[int, str] | None:
+    """Why a request's body is not read, from its Content-Length: none, not a length, or over ``most``."""
+    if length is None:
+        return 411, "a Content-Length is required\n"
+    if not length.strip().isdigit():
+        return 400, f"Content-Length {length!r} is not a length\n"
+    if int(length) > most:
+        return 413, f"body of {int(length)} bytes is over the limit of {most} (--max-body-bytes)\n"
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """The requests of one connection that has sent its first bytes, answered from ``site`` within
+    ``limits``, for as long as they come back to back (see ``KEEP_ALIVE_LINGER_S``); afterwards
+    ``close_connection`` says whether the connection must be closed."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
     disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
 
-    def __init__(self, connection: Connection, site: Site) -> None:
+    def __init__(self, connection: Connection, site: _Site, limits: HttpLimits) -> None:
         # BaseRequestHandler.__init__ without the socketserver it would keep: there is none here
-        self.site, self.first_bytes = site, connection.first_bytes
+        self._site, self._limits, self._first_bytes = site, limits, connection.first_bytes
         self.request, self.client_address = connection.sock, connection.address
         self.setup()
         try:
@@ -167,7 +200,7 @@ class Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.rfile.close()  # the socket's own file: reads go through the deadline instead
-        self._reader = _DeadlineReader(self.connection, self.site.limits.request_timeout_s, self.first_bytes)
+        self._reader = _DeadlineReader(self.connection, self._limits.request_timeout_s, self._first_bytes)
         self.rfile = self._buffered = io.BufferedReader(self._reader)
 
     def handle(self) -> None:
@@ -188,16 +221,25 @@ class Handler(BaseHTTPRequestHandler):
         self._reader.restart()
         super().handle_one_request()
 
+    def do_POST(self) -> None:
+        body = self._body()
+        if body is None:
+            return
+        answer = self._site.call("POST", self.path.split("?", 1)[0], body)
+        self._answer(*answer if answer is not None else (404, b"not found\n", _TEXT))
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        answer = self._site.call("GET", path, b"")
+        self._answer(*answer if answer is not None else self._site.health(path))
+
     def _body(self) -> bytes | None:
         """The request's body, or None once it was refused: no usable Content-Length, or over the cap."""
-        length, cap = self.headers.get("Content-Length"), self.site.limits.max_body_bytes
-        refusal = (411, "a Content-Length is required\n") if length is None else (
-            (400, f"Content-Length {length!r} is not a length\n") if not length.strip().isdigit() else
-            (413, f"body of {int(length)} bytes is over the limit of {cap} (--max-body-bytes)\n")
-            if int(length) > cap else None)
+        length = self.headers.get("Content-Length")
+        refusal = _body_refusal(length, self._limits.max_body_bytes)
         if refusal is not None:
             self.close_connection = True  # the body is not read: nothing more on this connection is
-            self._answer(refusal[0], refusal[1].encode())
+            self._answer(refusal[0], refusal[1].encode(), _TEXT)
             return None
         body = self.rfile.read(int(length or 0))
         if len(body) < int(length or 0):
@@ -205,38 +247,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return body
 
-    def do_POST(self) -> None:
-        body = self._body()
-        if body is None:
-            return
-        answer = self._call("POST", body)
-        self._answer(*answer if answer is not None else (404, b"not found\n"))
-
-    def _call(self, method: str, body: bytes) -> Answer | None:
-        if self.site.app is None:
-            return None
-        try:
-            return self.site.app(method, self.path.split("?", 1)[0], body)
-        except Exception:  # one line to the client, the traceback to the log
-            log.exception("request failed", reason="request-failed", path=self.path.split("?", 1)[0])
-            return 500, b"internal error\n", "text/plain; charset=utf-8"
-
-    def do_GET(self) -> None:
-        path, site = self.path.split("?", 1)[0], self.site
-        answer = self._call("GET", b"")
-        if answer is not None:
-            self._answer(*answer)
-        elif path == "/healthz":
-            self._answer(*(200, b"ok\n") if site.healthy() else (503, b"loop stalled\n"))
-        elif path == "/readyz":
-            self._answer(*(200, b"ready\n") if site.ready() else (503, b"not ready\n"))
-        elif path == "/metrics" and site.registry is not None:
-            self._answer(200, generate_latest(site.registry), CONTENT_TYPE_LATEST)
-        else:
-            self._answer(404, b"not found\n")
-
-    def _answer(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-        self.connection.settimeout(self.site.limits.request_timeout_s)
+    def _answer(self, code: int, body: bytes, content_type: str) -> None:
+        self.connection.settimeout(self._limits.request_timeout_s)
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -246,9 +258,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def _handler(site: Site) -> Callable[[Connection], bool]:
-    """``serve(connection)`` for the connection server: whether to keep the connection open."""
-    return lambda connection: not Handler(connection, site).close_connection
+def _serve(connection: Connection, site: _Site, limits: HttpLimits) -> bool:
+    """``ConnectionServer``'s ``serve``: answer a connection's requests; whether to keep it open."""
+    return not _Handler(connection, site, limits).close_connection
 
 
 class HealthServer:
@@ -281,7 +293,8 @@ def start_http_server(port: int, bind: str = "0.0.0.0", ready: Callable[[], bool
         listener.close()
         raise PortUnavailable(f"{flag} {port}: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
     bound = int(listener.getsockname()[1])
-    connections = ConnectionServer(listener, _handler(Site(ready, healthy, registry, app, limits)),
+    serve = functools.partial(_serve, site=_Site(ready, healthy, registry, app), limits=limits)
+    connections = ConnectionServer(listener, serve,
                                    max_connections=limits.max_connections,
                                    handshake_timeout_s=limits.tls_handshake_timeout_s,
                                    idle_timeout_s=limits.request_timeout_s, tls=tls, name=f"http-{bound}")

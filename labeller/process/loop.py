@@ -7,8 +7,10 @@ with the node and what else is due between probes; ``ProcessLoop`` decides when:
 - on SIGHUP (``request_reload``): the config is read again, validate-then-swap; a config that does
   not load changes nothing, not even a probe;
 - when the config follower saw the node's named config change (``config_changed``);
-- when what the offer reads besides the hardware changed (``inputs``, looked at every second while
-  there is something to look at: NVIDIA's MPS readiness file);
+- when what the offer reads besides the hardware changed (``inputs``: NVIDIA's MPS readiness
+  file, a simulated profile, a cheap stamp of the hardware), looked at whenever the loop is woken
+  (a service whose inputs can be watched, by inotify or driver events, wakes it when they change)
+  and every ``inputs_poll_s`` while ``inputs_polled()`` says some cannot be watched;
 - ``interval_s`` after a probe that worked (infinite: only when asked);
 - sooner after one that did not: jittered backoff, at most ``interval_s``.
 
@@ -86,8 +88,9 @@ class ProcessLoop:
     """See the module docstring. ``run()`` until ``stop()``; returns the process's exit code."""
 
     def __init__(self, service: Service, options: LoopOptions | None = None, *, retry: Backoff | None = None,
-                 config: ConfigSource | None = None, inputs: Callable[[], object] | None = None) -> None:
-        self.service, self.config, self.inputs = service, config, inputs
+                 config: ConfigSource | None = None, inputs: Callable[[], object] | None = None,
+                 inputs_polled: Callable[[], bool] = lambda: True) -> None:
+        self.service, self.config, self.inputs, self.inputs_polled = service, config, inputs, inputs_polled
         self.options = options or LoopOptions()
         self.retry = retry or Backoff(base_s=1.0, cap_s=30.0)
         self.stopped = threading.Event()
@@ -140,21 +143,22 @@ class ProcessLoop:
             self.config.follower.poll(self.stopped)
         self.service.begin(self.wake, self.stopped)
         next_probe = time.monotonic()
+        woken = False
         try:
             while True:
                 self._wake.clear()  # before reading the requests: one that comes later wakes the next wait
                 if self.stopped.is_set():
                     return 0
                 now = self.heartbeat = self._turn_started = time.monotonic()
-                if self._requests_probe(now):
+                if self._requests_probe(now, look=woken):
                     next_probe = now
                 if now >= next_probe:
                     next_probe = now + self._probe(now)
                 wake_at = min(next_probe, self.service.work(now), now + self.options.heartbeat_s)
-                if self._inputs is not None:
+                if self._inputs is not None and self.inputs_polled():  # None: nothing to look at
                     wake_at = min(wake_at, self._inputs_checked + self.options.inputs_poll_s)
                 self._turn_ended(now)
-                self._wake.wait(max(0.0, wake_at - time.monotonic()))
+                woken = self._wake.wait(max(0.0, wake_at - time.monotonic()))
         except Exit as exc:
             return exc.code
 
@@ -165,8 +169,9 @@ class ProcessLoop:
             log.warning("a turn of the loop ran long; not ready while it ran", reason="slow-turn",
                         seconds=round(took, 1), limit_s=self.options.busy_s)
 
-    def _requests_probe(self, now: float) -> bool:
-        """Handle SIGHUP, a config change and changed inputs; True when the node must be probed now."""
+    def _requests_probe(self, now: float, look: bool = False) -> bool:
+        """Handle SIGHUP, a config change and changed inputs (looked at when due, or now with ``look``);
+        True when the node must be probed now."""
         probe = False
         if self._reload is not None:
             reason, self._reload = self._reload, None
@@ -176,7 +181,8 @@ class ProcessLoop:
         if self._config_changed:
             self._config_changed = False
             probe = self.config.apply() if self.config is not None else False
-        if self.inputs is not None and now - self._inputs_checked >= self.options.inputs_poll_s:
+        due = now - self._inputs_checked >= self.options.inputs_poll_s
+        if self.inputs is not None and (look or (due and self.inputs_polled())):
             self._inputs_checked = now
             try:
                 probe = self.inputs() != self._inputs or probe

@@ -52,6 +52,7 @@ class Served:
     service: Service
     options: LoopOptions = field(default_factory=LoopOptions)
     inputs: Callable[[], object] | None = None  # what the offer reads besides the hardware (ProcessLoop)
+    inputs_polled: Callable[[], bool] = lambda: True  # some of them can change with no one waking the loop
     healthy: Callable[[], bool] = lambda: True  # /healthz, besides the loop's own heartbeat
     fields: Mapping[str, object] = field(default_factory=dict)  # on the started line
     follow: Callable[[threading.Event], None] | None = None  # started once the loop exists, until the event
@@ -105,7 +106,7 @@ def _serve(process: Process) -> tuple[int, bool]:
         if served.once is not None:
             restore_signals(deliver_kept=True)
             return served.once(), False
-        loop = ProcessLoop(served.service, served.options, inputs=served.inputs,
+        loop = ProcessLoop(served.service, served.options, inputs=served.inputs, inputs_polled=served.inputs_polled,
                            config=ConfigSource(host, process.node.config_path, follower))
         if served.follow is not None:
             served.follow(stop)

@@ -12,6 +12,7 @@ The gRPC server itself is made by the plugin that serves it (only the plugins sp
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import time
@@ -112,6 +113,10 @@ class SocketRetry:
     def due(self) -> bool:
         """No problem, or time to try again."""
         return self.problem is None or time.monotonic() >= self._retry_at
+
+    def next_try(self) -> float:
+        """When to try again (``time.monotonic``); infinite while there is no problem."""
+        return self._retry_at if self.problem is not None else math.inf
 
     def failed(self, exc: SocketUnavailable) -> None:
         if self.problem != str(exc):

@@ -39,6 +39,10 @@ class Discovery:
     probe: Prober
     # Imports its simulator module when called: only a simulated node does, never a real one.
     simulator: Callable[[], Simulator]
+    # (host root) -> a cheap stamp of what its probe would find, for a process that probes rarely:
+    # read every second, a new value means "probe again". None: nothing cheap to read (the vendor's
+    # driver events say when its devices change, through the health checks).
+    changes: Callable[[Path], object] | None = None
 
 
 @dataclass(frozen=True)

@@ -93,18 +93,30 @@ class HealthReporter(Protocol):
     """Where health checks report (the plugin's health board); ``reason`` is a ``Fault`` where the
     checker knows the kind."""
 
+    def healthy(self, key: str) -> bool: ...
+
     def mark_unhealthy(self, keys: Iterable[str], reason: str) -> None: ...
 
     def answering(self, keys: Iterable[str]) -> None: ...
 
+    def hardware_changed(self, reason: str) -> None:
+        """The driver says the devices changed (a MIG reconfiguration): the plugin probes again now."""
+
 
 class Checker(Protocol):
-    """A vendor's health check of the devices it was given. ``poll`` runs every few hundred ms;
-    ``wait_for_event`` (when ``watches_events``) blocks for the next driver event."""
+    """A vendor's health check of the devices it was given. ``poll`` runs every second while
+    ``polling`` and must be cheap: a checker whose driver events tell it what went wrong only needs
+    to ask the devices while one is unhealthy (to see it recover). ``wait_for_event`` (when ``watches_events``)
+    blocks for the next driver event, for a few seconds at most; the thread that waits is the one
+    that calls ``stop`` once it is done waiting."""
 
     def start(self) -> bool: ...  # False: the driver cannot be asked at all; checks stay off
 
     def poll(self) -> None: ...
+
+    @property
+    def polling(self) -> bool:
+        """``poll`` has something to do now (else it is not called until a device's health changes)."""
 
     @property
     def watches_events(self) -> bool: ...

@@ -142,7 +142,7 @@ def main() -> None:
             cpu = cpu_seconds(process.pid) - cpu_from
             print(f"idle {args.idle:.0f} s: {slice_writes(api, idle_from)} ResourceSlice writes "
                   f"({api.log.count(None, None, idle_from)} API requests of any kind), CPU {cpu:.2f} s "
-                  f"({100 * cpu / args.idle:.2f} % of one core; a probe every --probe-interval 1 s); "
+                  f"({100 * cpu / args.idle:.2f} % of one core; bench_dra_idle.py has the details); "
                   f"RSS {rss_mib(process.pid):.1f} MiB")
         finally:
             process.terminate()

@@ -103,8 +103,8 @@ def test_the_inventory_sits_at_the_bottom() -> None:
 
 
 PROCESSES = ("labeller.daemon", "labeller.plugin", "labeller.draplugin", "labeller.extender", "labeller.mps")
-BASE = {"labeller", "labeller.errors", "labeller.grpcgen", "labeller.log", "labeller.outputs", "labeller.ownfiles",
-        "labeller.backoff"}
+BASE = {"labeller", "labeller.errors", "labeller.grpcgen", "labeller.inotify", "labeller.log", "labeller.outputs",
+        "labeller.ownfiles", "labeller.backoff"}
 HOST = {"labeller.host", "labeller.discovery", "labeller.explain", "labeller.selectors", "labeller.snippets",
         "labeller.fleet"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,14 +144,14 @@ def test_a_node_labelled_with_any_config_gets_exactly_what_that_file_gives(tmp_p
 class Following:
     """A follower as ``run`` builds one, with what it reported."""
 
-    def __init__(self, tmp_path: Path, **configs: Any) -> None:
+    def __init__(self, tmp_path: Path, poll_s: float = 0.02, **configs: Any) -> None:
         self.directory = volume(tmp_path, **configs)
         self.registry = CollectorRegistry()
         self.events: list[tuple[str, str, str]] = []
         self.changes = 0
         self.news = threading.Event()
         self.follower = ConfigFollower(Chooser(self.directory), CONFIG_LABEL, ConfigMetrics(self.registry, "t"),
-                                       events=lambda *event: self.events.append(event), poll_s=0.02,
+                                       events=lambda *event: self.events.append(event), poll_s=poll_s,
                                        on_change=self._changed)
         self.node = open_host(NodeOptions(simulate="dgx-h100"), self.follower.selection).__enter__()
 
@@ -213,6 +214,25 @@ def test_a_file_edit_is_seen_by_the_poll_and_a_broken_edit_keeps_the_config(tmp_
         run.await_news()
         assert run.follower.apply(run.node) is False and run.node.config == parse_document(ts2, RESOURCE_NAMES)
         assert run.metric("t_config_failed") == 1
+    finally:
+        stop.set()
+
+
+def test_a_config_map_update_is_seen_at_once_without_polling(tmp_path: Path) -> None:
+    """inotify tells the follower that the kubelet swapped the volume's ``..data``: no look every second."""
+    run = Following(tmp_path, poll_s=3600, default=WHOLE, ts4=TS4)
+    run.follower.observe({CONFIG_LABEL: "ts4"})
+    run.follower.apply(run.node)
+    stop = threading.Event()
+    run.follower.poll(stop)
+    try:
+        ts2 = {**TS4, "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
+        run.news.clear()
+        updated = time.monotonic()
+        config_map_volume(run.directory.path, {"default": WHOLE, "ts4": ts2})
+        run.await_news()
+        assert time.monotonic() - updated < AT_ONCE_S
+        assert run.follower.apply(run.node) is True and run.node.config == parse_document(ts2, RESOURCE_NAMES)
     finally:
         stop.set()
 

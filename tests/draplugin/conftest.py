@@ -172,15 +172,19 @@ class Running:
 def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host: Host, *,
                    config_path: Path | None = None, recovery_seconds: float = 0.3,
                    health_env: dict[str, str] | None = None, probe_interval: float = math.inf,
-                   gone_hold_seconds: float = DEFAULT_HOLD_S, ready: bool = True) -> Iterator[Running]:
+                   gone_hold_seconds: float = DEFAULT_HOLD_S, ready: bool = True, inputs_poll_s: float = 0.05,
+                   tick_seconds: float = 0.05, health_poll_seconds: float = 0.05) -> Iterator[Running]:
     """The plugin as ``gpu-labeller dra-plugin`` runs it: its Service on the process loop, on a thread.
-    With ``ready``, returns once it is registered and its slices are written."""
+    With ``ready``, returns once it is registered and its slices are written. ``inputs_poll_s``,
+    ``tick_seconds``, ``health_poll_seconds``: how often what cannot be watched is looked at (short,
+    so that tests of other things need not wait; a test of a watch makes them hours)."""
     if NODE not in {n["metadata"]["name"] for n in api.store.list_nodes()[0]}:
         api.create_node(NODE)
     kubeconfig = api.write_kubeconfig(dirs.plugins.parent / "kubeconfig")
     with plugin_on_loop(host, kubeconfig, NODE, dirs, config_path=config_path, recovery_seconds=recovery_seconds,
                         health_env=health_env, probe_interval=probe_interval, gone_hold_seconds=gone_hold_seconds,
-                        ready=ready) as (plugin, loop, exit_code):
+                        ready=ready, inputs_poll_s=inputs_poll_s, tick_seconds=tick_seconds,
+                        health_poll_seconds=health_poll_seconds) as (plugin, loop, exit_code):
         yield Running(plugin, host, loop, api, kubelet, dirs, exit_code)
 
 
@@ -188,18 +192,20 @@ def running_plugin(api: FakeApiServer, kubelet: FakeDraKubelet, dirs: Dirs, host
 def plugin_on_loop(host: Host, kubeconfig: Path, node: str, dirs: Dirs, *, config_path: Path | None = None,
                    recovery_seconds: float = 0.3, health_env: dict[str, str] | None = None,
                    probe_interval: float = math.inf, gone_hold_seconds: float = DEFAULT_HOLD_S,
-                   ready: bool = True) -> Iterator[tuple[DraPlugin, ProcessLoop, list[int]]]:
+                   ready: bool = True, inputs_poll_s: float = 0.05, tick_seconds: float = 0.05,
+                   health_poll_seconds: float = 0.05) -> Iterator[tuple[DraPlugin, ProcessLoop, list[int]]]:
     """The plugin of ``node`` on its process loop, on a thread, against the API server of ``kubeconfig``
     (the fake one, or a real one: tests/e2e/e2e_dra_taints.py); stopped and closed on the way out."""
     kube = Kube(str(kubeconfig))
     settings = DraSettings(node, dirs.plugins, dirs.registry, dirs.cdi, recovery_seconds=recovery_seconds,
-                           gone_hold_seconds=gone_hold_seconds, health_poll_seconds=0.05, tick_seconds=0.05,
-                           health_env=health_env or {},
+                           gone_hold_seconds=gone_hold_seconds, health_poll_seconds=health_poll_seconds,
+                           tick_seconds=tick_seconds, health_env=health_env or {},
                            configs=ConfigSettings(dirs.mps, mps_control=str(FAKES / "nvidia-cuda-mps-control"),
                                                   nvidia_smi=str(FAKES / "nvidia-smi")))
     plugin = DraPlugin(host, settings, kube)
-    loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval, inputs_poll_s=0.05), retry=Backoff(0.05, 0.2),
-                       config=ConfigSource(host, config_path), inputs=probe_inputs(host))
+    loop = ProcessLoop(plugin, LoopOptions(interval_s=probe_interval, inputs_poll_s=inputs_poll_s),
+                       retry=Backoff(0.05, 0.2), config=ConfigSource(host, config_path),
+                       inputs=probe_inputs(host, plugin.board, plugin.gone_due), inputs_polled=plugin.inputs_polled)
     exit_code: list[int] = []
     thread = threading.Thread(target=lambda: exit_code.append(loop.run()), daemon=True)
     thread.start()

@@ -125,7 +125,7 @@ def test_registers_publishes_prepares_and_stops_on_sigterm(api: FakeApiServer, d
                                                            dirs: Dirs) -> None:
     api.create_node(NODE)
     with dra_process(api, dirs, "--simulate", "dgx-h100") as plugin:
-        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 20)
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA))
         assert plugin.event("ResourceSlices published")["devices"] == 8
         assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200)
         uid = api.create_resource_claim("claim", results=[
@@ -160,14 +160,14 @@ def test_sigkill_between_prepare_and_unprepare_leaks_nothing(api: FakeApiServer,
         {"request": "gpu", "driver": NVIDIA, "pool": NODE, "device": "gpu-3"}])["metadata"]["uid"]
     claim = Claim("default", "claim", uid, NVIDIA)
     with dra_process(api, dirs, "--simulate", "dgx-h100") as first:
-        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 20)
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA))
         prepared = drakubelet.prepare("pod-1", [claim])[uid]
         assert not prepared.error
         first.proc.send_signal(signal.SIGKILL)
         assert first.proc.wait(10) == -signal.SIGKILL
     since = time.monotonic()
     with dra_process(api, dirs, "--simulate", "dgx-h100") as second:
-        assert drakubelet.wait_for(lambda: drakubelet.seen("registered", NVIDIA, since=since), 20)
+        assert drakubelet.wait_for(lambda: drakubelet.seen("registered", NVIDIA, since=since))
         assert drakubelet.call_prepare(NVIDIA, [claim])[uid] == prepared  # still known
         assert not drakubelet.unprepare("pod-1", [claim])[uid].error
         assert list(dirs.cdi.iterdir()) == []
@@ -185,19 +185,19 @@ def test_the_node_label_moves_the_node_between_the_device_plugin_and_dra(
                        "--kubeconfig", str(kubeconfig), "--registry-dir", str(dirs.registry), "--plugins-dir",
                        str(dirs.plugins), "--cdi-spec-dir", str(dirs.cdi), command="dra-plugin") as plugin:
         assert plugin.event("no vendor is served through DRA on this node (labeller.dra.vendors); publishing nothing")
-        assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200, 5)  # idle is not a problem
+        assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200)  # idle is not a problem
         assert api.slices(NODE) == [] and drakubelet.seen("registered") == []
         labelled = time.monotonic()
         api.set_labels(NODE, {CONFIG_LABEL: "dra"})
-        assert drakubelet.wait_for(lambda: len(api.slices(NODE, NVIDIA)) == 1, 5)
+        assert drakubelet.wait_for(lambda: len(api.slices(NODE, NVIDIA)) == 1)
         assert time.monotonic() - labelled < AT_ONCE_S
-        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA), 5)
+        assert drakubelet.wait_for(lambda: drakubelet.registered(NVIDIA))
         labelled = time.monotonic()
         api.set_labels(NODE, {CONFIG_LABEL: "default"})  # back to the device plugin
-        assert drakubelet.wait_for(lambda: api.slices(NODE) == [], 5)
+        assert drakubelet.wait_for(lambda: api.slices(NODE) == [])
         assert time.monotonic() - labelled < AT_ONCE_S
-        assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", NVIDIA), 5)
+        assert drakubelet.wait_for(lambda: drakubelet.seen("deregistered", NVIDIA))
         # ready again once the publisher has seen its own deletes come back, not at the same instant
-        assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200, 5)
+        assert drakubelet.wait_for(lambda: plugin.status("/readyz") == 200)
         assert plugin.count("nothing to publish yet; probing again") == 0
         assert plugin.stop() == 0

@@ -21,7 +21,7 @@ from labeller.draplugin.slicecontent import content, quantity
 from labeller.host import NodeOptions, open_host
 from labeller.offer import PhysicalDevice
 from labeller.resourceslices import DraDevice
-from tests.builders import AT_ONCE_S, nvidia_part, wait_for
+from tests.builders import AT_ONCE_S, kfd_node_goes, nvidia_part, wait_for
 from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
 from tests.fakes.apiserver import Fault, FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet
@@ -131,11 +131,9 @@ def test_an_amd_gpu_whose_kfd_node_goes_leaves_the_slice(api: FakeApiServer, dra
     with simulated_plugin(api, drakubelet, dirs, "mi210-x8", recovery_seconds=0.2) as run:
         name = run.devices(AMD)[2]
         device = run.plugin.drivers[AMD].snapshot.by_name[name].physical
-        path = run.host.host_root / f"sys/class/kfd/kfd/topology/nodes/{device.health_key.split(':')[1]}"
-        saved = path.with_name("saved")
-        path.rename(saved)
+        back = kfd_node_goes(run.host.host_root, device.health_key.split(":")[1])
         assert published_within(run, lambda: name not in run.devices(AMD)) < AT_ONCE_S
-        saved.rename(path)
+        back()
         published_within(run, lambda: name in run.devices(AMD))
 
 

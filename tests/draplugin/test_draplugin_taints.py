@@ -15,7 +15,7 @@ import pytest
 import structlog
 
 from labeller.host import NodeOptions, open_host
-from tests.builders import AT_ONCE_S, wait_for
+from tests.builders import AT_ONCE_S, kfd_node_goes, wait_for
 from tests.draplugin.conftest import AMD, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import FakeDraKubelet
@@ -92,12 +92,10 @@ def test_an_amd_device_whose_kfd_node_goes_is_tainted_until_it_is_back(
     with simulated_plugin(gated_api, drakubelet, dirs, "mi210-x8", recovery_seconds=0.2) as run:
         name = run.devices(AMD)[2]
         device = run.plugin.drivers[AMD].snapshot.by_name[name].physical
-        path = run.host.host_root / f"sys/class/kfd/kfd/topology/nodes/{device.health_key.split(':')[1]}"
-        saved = path.with_name("saved")
-        path.rename(saved)
+        back = kfd_node_goes(run.host.host_root, device.health_key.split(":")[1])
         assert within(lambda: taints(run, name, AMD) == [("gpu.amd.com/kfd-node-lost", "", "NoExecute")]) < AT_ONCE_S
         assert len(run.devices(AMD)) == 8
-        saved.rename(path)
+        back()
         assert within(lambda: not taints(run, name, AMD)) < AT_ONCE_S
 
 

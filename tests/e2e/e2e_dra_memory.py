@@ -49,6 +49,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -99,15 +100,20 @@ class MemoryNode(Node):
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(self.dir / "plugin.log").open("a"), text=True, env=env)
 
     def spec_env(self, cdi_id: str) -> dict[str, str]:
-        """The environment a container given this CDI device gets: the claim's and the device's."""
-        kind, name = cdi_id.split("=", 1)
-        for path in self.spec_files():
-            spec = json.loads(path.read_text())
-            for device in spec.get("devices", []):
-                if device["name"] == name:
-                    entries = [*spec["containerEdits"].get("env", []), *device["containerEdits"].get("env", [])]
-                    return dict(e.split("=", 1) for e in entries)
-        return {}
+        return cdi_env(self.spec_files(), cdi_id)
+
+
+def cdi_env(spec_files: Iterable[Path], cdi_id: str) -> dict[str, str]:
+    """The environment a container given this CDI device gets from the spec files: the claim's and the
+    device's."""
+    kind, name = cdi_id.split("=", 1)
+    for path in spec_files:
+        spec = json.loads(path.read_text())
+        for device in spec.get("devices", []):
+            if device["name"] == name:
+                entries = [*spec["containerEdits"].get("env", []), *device["containerEdits"].get("env", [])]
+                return dict(e.split("=", 1) for e in entries)
+    return {}
 
 
 def memory_claim(name: str, gib: int, device_class: str = GPU_CLASS[0], cel: str | None = None) -> Obj:
@@ -147,10 +153,10 @@ def refused_for_memory(pod_obj: Obj) -> bool:
     return pod_obj["status"].get("phase") == "Failed" and "is prepared for" in pod_obj["status"].get("message", "")
 
 
-def prepared_usage(node: MemoryNode) -> dict[str, Fraction]:
-    """Memory the claims the plugin prepared consume on each GPU, as its checkpoint says."""
+def prepared_usage(checkpoints: Iterable[Path]) -> dict[str, Fraction]:
+    """Memory the claims the plugin prepared consume on each GPU, as its checkpoint (records) says."""
     used: dict[str, Fraction] = Counter()  # type: ignore[assignment]
-    for path in node.checkpoints():
+    for path in checkpoints:
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -171,7 +177,8 @@ class Peaks:
         self.samples = 0
 
     def sample(self) -> None:
-        for peak, now in ((self.allocated, usage(self.cluster)), (self.prepared, prepared_usage(self.node))):
+        prepared = prepared_usage(self.node.checkpoints())
+        for peak, now in ((self.allocated, usage(self.cluster)), (self.prepared, prepared)):
             for gpu, used in now.items():
                 peak[gpu] = max(peak.get(gpu, Fraction(0)), used)
         self.samples += 1

@@ -65,18 +65,36 @@ Obj = dict[str, Any]
 
 
 def gpu_test4(cluster: Cluster) -> None:
-    """gpu-test4's ResourceClaimTemplate, and its Deployment's four replicas as pods (this control plane
-    runs no deployment controller), each container using one request."""
+    cluster.apply(gpu_test4_objects())
+
+
+def gpu_test4_objects(container: Obj | None = None) -> list[Obj]:
+    """gpu-test4's ResourceClaimTemplate, and its Deployment's four replicas as pods (the control planes here
+    run no deployment controller), each container (``container``: image and command) using one request."""
     requests = [request(name, "mig.nvidia.com", f"device.attributes['{NVIDIA}'].profile == '{profile}'")
                 for name, profile in TEST4.items()]
     template = claim_template("mig-devices", requests, [{"requests": [], "matchAttribute": f"{NVIDIA}/parentUUID"}])
     pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"test4-{n}", "namespace": "default"},
              "spec": {"terminationGracePeriodSeconds": 30, "restartPolicy": "Never",
                       "resourceClaims": [{"name": "mig-devices", "resourceClaimTemplateName": "mig-devices"}],
-                      "containers": [{"name": f"ctr{i}", "image": "ubuntu:22.04",
+                      "containers": [{**(container or {"image": "ubuntu:22.04"}), "name": f"ctr{i}",
                                       "resources": {"claims": [{"name": "mig-devices", "request": request}]}}
                                      for i, request in enumerate(TEST4)]}} for n in range(4)]
-    cluster.apply([template, *pods])
+    return [template, *pods]
+
+
+def dynamic_profile() -> Obj:
+    """The profile with its simulated NVML keeping its MIG devices in ``mig-state.json`` beside the file."""
+    source: Obj = yaml.safe_load((ROOT / "vendors" / "profiles" / f"{PROFILE}.yaml").read_text())
+    source["nvidia"]["state_file"] = "mig-state.json"
+    return source
+
+
+def layout(state_file: Path, gpu: int) -> list[tuple[str, int]]:
+    """GPU ``gpu``'s MIG devices as the simulated driver holds them in its state file: (profile, first memory
+    slice)."""
+    gpus = json.loads(state_file.read_text())["gpus"] if state_file.exists() else {}
+    return sorted((entry["profile"], entry["start"]) for entry in gpus.get(gpu_uuid(gpu), []))
 
 
 def gpu_uuid(gpu: int) -> str:
@@ -90,10 +108,8 @@ class MigNode(Node):
 
     def __init__(self, cluster: Cluster, work: Path) -> None:
         super().__init__(cluster, NODE, work, PROFILE, ["nvidia"], plugin_args=["--probe-interval", "0.5s"])
-        source = yaml.safe_load((ROOT / "vendors" / "profiles" / f"{PROFILE}.yaml").read_text())
-        source["nvidia"]["state_file"] = "mig-state.json"
         self.profile = str(self.dir / "node.yaml")
-        Path(self.profile).write_text(yaml.safe_dump(source))
+        Path(self.profile).write_text(yaml.safe_dump(dynamic_profile()))
         self.state_file = self.dir / "mig-state.json"
 
     def configure(self, dynamic: bool) -> None:
@@ -104,8 +120,7 @@ class MigNode(Node):
         return json.loads(self.state_file.read_text())["gpus"] if self.state_file.exists() else {}
 
     def layout(self, gpu: int) -> list[tuple[str, int]]:
-        """The GPU's MIG devices as the simulated driver holds them: (profile, first memory slice)."""
-        return sorted((entry["profile"], entry["start"]) for entry in self._state().get(gpu_uuid(gpu), []))
+        return layout(self.state_file, gpu)
 
     def mig_uuids(self, gpus: range) -> set[str]:
         """The UUIDs of the MIG devices the simulated driver holds on ``gpus``."""
@@ -141,10 +156,10 @@ def pending_reason(cluster: Cluster, name: str) -> str:
     return next((e["message"] for e in events if e.get("reason") == "FailedScheduling"), "")
 
 
-def claim_gpus(node: Node) -> list[set[str]]:
+def claim_gpus(spec_files: list[Path]) -> list[set[str]]:
     """Per CDI spec file (one per claim): the GPU device nodes its devices name."""
     found = []
-    for path in node.spec_files():
+    for path in spec_files:
         devices = json.loads(path.read_text())["devices"]
         found.append({n["path"] for d in devices for n in d["containerEdits"].get("deviceNodes", [])
                       if n["path"].removeprefix("/dev/nvidia").isdigit()})
@@ -214,7 +229,7 @@ def phase_gate_on(cluster: Cluster, node: MigNode) -> None:
     check(len(split) == 2 and all(sorted(p for p, _ in made[gpu]) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
                                   for gpu in split),
           f"the MIG devices of the 2 pods made at prepare on GPUs {split}: {[made[g] for g in split]}")
-    per_claim = claim_gpus(node)
+    per_claim = claim_gpus(node.spec_files())
     wanted = sorted([f"/dev/nvidia{g}"] for g in (2, 3, *split))
     uuids = node.mig_uuids(range(4, 8))
     specs = " ".join(path.read_text() for path in node.spec_files())

@@ -39,12 +39,14 @@ import copy
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,11 @@ DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")  # fixed in the kubelet
 FOREIGN = {"example.com/team": "ml", "nvidia.com/gpu.deploy.device-plugin": "true",
            "nvidia.com/gpu.example-foreign": "kept"}
 INSIDE_TIMEOUT_S = 540  # every wait below is bounded; this bounds the whole run inside the namespace
+# k8s-node's load-image.sh checks each import with `ctr images ls -q | grep -qxF IMAGE` under pipefail: ctr
+# writes one line per write(), so when grep has its match before the last line ctr dies of SIGPIPE and an import
+# that worked is called failed ("imported, but containerd does not list ..."): 57 of 400 such checks here, and
+# up.sh makes two (the pause image and ours).
+UP_ATTEMPTS = 4
 WAIT_S = 180  # one condition (a pod Ready, labels written): generous, the CI box is shared and loaded
 
 results: list[tuple[bool, str]] = []
@@ -349,24 +356,39 @@ def stop(signum: int, frame: object) -> None:
     sys.exit(1)
 
 
-def main(script: str = __file__, checks: Callable[[argparse.Namespace], int] = inside,
-         node_env_extra: dict[str, str] | None = None, doc: str = __doc__ or "") -> int:
-    """Start k8s-node (with ``node_env_extra`` for up.sh: feature gates), run ``script --inside`` in its network
-    namespace (``checks`` there), stop it with ``down.sh --wipe`` whatever happened. tests/e2e/e2e_node_dra.py
-    reuses it with its own checks."""
+@dataclass(frozen=True)
+class Start:
+    """One start of the node: ``env`` for up.sh (feature gates: ``APISERVER_EXTRA_ARGS``, ...,
+    ``KUBELET_EXTRA_ARGS``) and the ``checks`` run inside it (an exit code)."""
+
+    name: str
+    env: dict[str, str]
+    checks: Callable[[argparse.Namespace], int]
+
+
+def main(script: str = __file__, starts: Sequence[Start] = (Start("chart", {}, inside),),
+         doc: str = __doc__ or "") -> int:
+    """For each of ``starts`` in turn: start k8s-node with its env, run ``script --inside`` in its network
+    namespace (its checks there), stop the node with ``down.sh --wipe`` whatever happened (the next start
+    is on an empty node: a field the API server stored with a gate on would stay once it is off).
+    tests/e2e/e2e_node_dra.py reuses it with its own starts. Exit 0 when every start passed, 1 when a check
+    failed, 2 when the node or its checks cannot start."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--image", required=True, help="the image in podman storage, e.g. localhost/gpu-labeller:0.1.0")
     parser.add_argument("--k8s-node", type=Path, default=Path(os.environ.get("K8S_NODE_DIR", "/work/shared/k8s-node")),
                         help="the k8s-node folder (default: $K8S_NODE_DIR, else %(default)s)")
     parser.add_argument("--profile", default="dgx-h100", help="simulate.profile (default: %(default)s)")
+    parser.add_argument("--only", choices=[s.name for s in starts], default=None,
+                        help="run only this start of the node" if len(starts) > 1 else argparse.SUPPRESS)
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start", help=argparse.SUPPRESS)
     parser.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--node-name", help=argparse.SUPPRESS)
     parser.add_argument("--kubectl", help=argparse.SUPPRESS)
     args = parser.parse_args()
     name = Path(script).stem
     if args.inside:
-        return checks(args)
+        return next(s for s in starts if s.name == args.start).checks(args)
     if os.geteuid() != 0:
         print(f"{name}: needs root (k8s-node's up.sh: a network namespace, containerd, a kubelet)", file=sys.stderr)
         return 2
@@ -377,27 +399,55 @@ def main(script: str = __file__, checks: Callable[[argparse.Namespace], int] = i
         print(f"{name}: {args.image} is not in podman storage (build it: .ci/image build)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, stop)  # stop the node on the way out, as on Ctrl-C
+    began = time.monotonic()
+    statuses = []
+    for start in [s for s in starts if args.only in (None, s.name)]:
+        statuses.append(run_start(args, script, start))
+        if statuses[-1] == 2:
+            break
+    status = max(statuses)
+    print(f"{name}: {'passed' if status == 0 else 'FAILED'} in {time.monotonic() - began:.1f} s "
+          f"({len(statuses)} start{'s' if len(statuses) > 1 else ''}: up.sh, checks, down.sh --wipe)", flush=True)
+    return status
+
+
+def keep_logs(state: Path, prefix: str) -> Path:
+    """A copy of the node's logs in a new folder (the next start writes over them)."""
+    kept = Path(tempfile.mkdtemp(prefix=prefix))
+    for log in [*state.glob("*.log"), *state.glob("cp/*.log")]:
+        shutil.copy2(log, kept / (f"cp-{log.name}" if log.parent.name == "cp" else log.name))
+    return kept
+
+
+def run_start(args: argparse.Namespace, script: str, start: Start) -> int:
+    """One start of the node: up.sh with the start's env, its checks inside, down.sh --wipe; the exit code."""
+    name = Path(script).stem
     state = Path(os.environ.get("NODE_STATE", "/tmp/gpu-labeller-node"))
     began = time.monotonic()
     child: subprocess.Popen[str] | None = None
     status = 1
     try:
-        print(f"k8s-node up ({args.k8s_node}), importing {args.image}", flush=True)
-        up = subprocess.run([str(args.k8s_node / "up.sh")], env={**os.environ, **(node_env_extra or {}),
-                                                                  "IMAGES": args.image},
-                            capture_output=True, text=True, timeout=600, check=False)
-        if up.returncode != 0:
-            print(f"{name}: up.sh failed: {(up.stderr or up.stdout).strip().splitlines()[-1:]}", file=sys.stderr)
-            return 1
+        gates = " ".join(f"{k}={v!r}" for k, v in start.env.items()) or "no extra settings"
+        print(f"== {start.name}: k8s-node up ({args.k8s_node}; {gates}), importing {args.image}", flush=True)
+        for attempt in range(1, UP_ATTEMPTS + 1):
+            up = subprocess.run([str(args.k8s_node / "up.sh")], env={**os.environ, **start.env, "IMAGES": args.image},
+                                capture_output=True, text=True, timeout=600, check=False)
+            if up.returncode == 0:
+                break
+            said = (up.stdout + up.stderr).strip().splitlines()[-8:]
+            again = "; once more (up.sh is idempotent)" if attempt < UP_ATTEMPTS else ""
+            print(f"{name}: up.sh failed (exit {up.returncode}){again}:", *said, sep="\n  ", file=sys.stderr)
+        else:
+            return 2
         figure(f"up.sh with the image import: {time.monotonic() - began:.1f} s")
         env = node_env(state)
         child = subprocess.Popen(
-            ["nsenter", f"--net={env['NODE_NSPATH']}", sys.executable, script, "--inside", "--image", args.image,
-             "--profile", args.profile, "--state", str(state), "--node-name", env["NODE_NAME"],
-             "--kubectl", env["NODE_KUBECTL"]], text=True)
+            ["nsenter", f"--net={env['NODE_NSPATH']}", sys.executable, script, "--inside", "--start", start.name,
+             "--image", args.image, "--profile", args.profile, "--state", str(state), "--node-name",
+             env["NODE_NAME"], "--kubectl", env["NODE_KUBECTL"]], text=True)
         status = child.wait(INSIDE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        print(f"{name}: the checks did not finish within {INSIDE_TIMEOUT_S} s", file=sys.stderr)
+        print(f"{name}: the checks of {start.name} did not finish within {INSIDE_TIMEOUT_S} s", file=sys.stderr)
     finally:
         if child is not None and child.poll() is None:
             child.kill()
@@ -407,7 +457,11 @@ def main(script: str = __file__, checks: Callable[[argparse.Namespace], int] = i
         if down.returncode != 0:
             print(f"{name}: down.sh --wipe failed: {down.stderr.strip()}", file=sys.stderr)
             status = status or 1
-    print(f"{name}: {'passed' if status == 0 else 'FAILED'} in {time.monotonic() - began:.1f} s "
+        if status != 0:
+            kept = keep_logs(state, f"{name}-{start.name}-")
+            print(f"{name}: the logs of {start.name} (kubelet, containerd, control plane) kept in {kept}",
+                  file=sys.stderr)
+    print(f"== {start.name}: {'passed' if status == 0 else 'FAILED'} in {time.monotonic() - began:.1f} s "
           "(up.sh, checks, down.sh --wipe)", flush=True)
     return status
 

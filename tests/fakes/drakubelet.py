@@ -33,11 +33,12 @@ from labeller.draplugin.api import dra_pb2 as dra
 from labeller.draplugin.api import dra_pb2_grpc as dra_grpc
 from labeller.draplugin.api import registration_pb2 as reg
 from labeller.draplugin.api import registration_pb2_grpc as reg_grpc
+from tests.builders import PATIENCE_S
 
 DRA_V1 = "v1.DRAPlugin"
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 POLL_S = 0.02
-CALL_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 45.0  # the kubelet's defaultClientCallTimeout (pkg/kubelet/cm/dra/plugin)
 RETRY_S = 1.0  # the kubelet's plugin reconciler's period
 
 
@@ -183,7 +184,7 @@ class FakeDraKubelet:
         with self._lock:
             return self.plugins.get(driver)
 
-    def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = PATIENCE_S) -> Any:
         deadline = time.monotonic() + timeout
         with self._lock:
             while not (result := predicate()):

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from labeller.cli import main
 from labeller.plugin.cli import device_plugin
-from tests.builders import PATIENCE_S
+from tests.builders import PATIENCE_S, wait_for
 from tests.core.cli import in_process
 from tests.fakes.kubelet import FakeKubelet
 from tests.processes import LoggedProcess
@@ -79,7 +79,9 @@ def test_serves_registers_reloads_on_sighup_and_stops_on_sigterm(sock_dir: Path,
         assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu.shared") == 24)
         assert (sock_dir / "nvidia-gpu.shared.sock").exists()
         kubelet.admit("nvidia.com/gpu.shared", [1])
-        assert plugin.status("/readyz") == 200
+        # Like a real kubelet, ours watches the plugin before its Register answer reaches the plugin,
+        # which is ready once it has that answer: a moment after the devices are seen, on a loaded box.
+        wait_for(lambda: plugin.status("/readyz") == 200)
         with urllib.request.urlopen(f"http://127.0.0.1:{plugin.port}/metrics", timeout=PATIENCE_S) as answer:
             metrics = answer.read().decode()
         assert 'gpu_labeller_plugin_registrations_total{outcome="ok",resource="nvidia.com/gpu.shared"} 1.0' in metrics
@@ -107,6 +109,7 @@ def test_sighup_with_more_replicas_updates_the_stream_without_registering_again(
     write_yaml(config, time_slicing(2))
     with PluginProcess("--simulate", "dgx-h100", "--config", str(config), "--socket-dir", str(sock_dir)) as plugin:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 16)
+        wait_for(lambda: plugin.status("/readyz") == 200)  # the Register answer comes a moment after the watch
         since = time.monotonic()
         write_yaml(config, time_slicing(4))
         plugin.proc.send_signal(signal.SIGHUP)
@@ -126,7 +129,7 @@ def test_a_late_driver_is_found_without_a_sighup(sock_dir: Path, kubelet: FakeKu
         write_yaml(profile, l40s_node(2))  # the driver is installed
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 2)
         assert plugin.event("driver ready; serving")["reason"] == "driver-ready"
-        assert plugin.status("/readyz") == 200
+        wait_for(lambda: plugin.status("/readyz") == 200)  # the Register answer comes a moment after the watch
         assert plugin.count("signal received") == 0
 
 

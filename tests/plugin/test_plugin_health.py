@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from labeller.process.health import HealthBoard, checks_enabled
-from tests.builders import nvidia_part, offer_of
+from labeller.process.health import HealthBoard, HealthMonitor, checks_enabled
+from tests.builders import nvidia_part, offer_of, stays_true, wait_for
 from tests.plugin.conftest import simulated
+from labeller.vendor.plugin import Fault
 from vendors.nvidia.health import APPLICATION_XIDS, HealthPolicy, NvmlChecker
 
 
@@ -105,8 +107,135 @@ def test_mig_event_marks_only_its_instance(mig_checker: tuple[NvmlChecker, Healt
     assert board.unhealthy_keys() == {m.uuid for m in mig_gpu.migs}
 
 
-def test_lost_gpu_found_by_polling(mig_checker: tuple[NvmlChecker, HealthBoard, Any, list[str]]) -> None:
+def test_a_lost_gpu_is_seen_by_nvmls_unavailable_event(
+        mig_checker: tuple[NvmlChecker, HealthBoard, Any, list[str]]) -> None:
     checker, board, nvml, gpus = mig_checker
-    nvml.set_lost(gpus[0], True)
+    reasons: list[str] = []
+    board.listeners.append(lambda key, healthy, reason: reasons.append(reason))
+    nvml.set_lost(gpus[0], True)  # the GPU falls off the bus: the driver says so through NVML's events
+    checker.wait_for_event(100)
+    assert board.unhealthy_keys() == {gpus[0]} and reasons == ["GPU unavailable (NVML event)"]
+    assert Fault.kind_of(reasons[0]) == (Fault.LOST, None)
+
+
+def test_while_every_gpu_is_healthy_only_the_events_are_watched(
+        mig_checker: tuple[NvmlChecker, HealthBoard, Any, list[str]]) -> None:
+    """Idle, the poll asks NVML nothing (it would every second); once a device is Unhealthy it asks
+    every GPU, to see that one answer again, or another one gone."""
+    checker, board, nvml, gpus = mig_checker
+    next(g for g in nvml.state.gpus if g.uuid == gpus[0]).lost = True  # lost, and the driver said nothing
     checker.poll()
-    assert board.unhealthy_keys() == {gpus[0]}
+    assert board.unhealthy_keys() == frozenset()
+    nvml.inject_xid(gpus[1], 48)
+    checker.wait_for_event(100)
+    checker.poll()
+    assert board.unhealthy_keys() == {gpus[0], gpus[1]}
+
+
+def test_without_xid_events_the_poll_finds_a_lost_gpu() -> None:
+    with simulated("dgx-h100") as (inventory, config, _, handles):
+        nvml = handles["nvidia"]
+        physical = [d.physical for r in offer_of(inventory, config).resources for d in r.devices]
+        board = HealthBoard({p.health_key for p in physical}, recovery_seconds=0)
+        checker = NvmlChecker(nvml, physical, board, HealthPolicy.from_env({"DP_DISABLE_HEALTHCHECKS": "xids"}))
+        assert checker.start() and not checker.watches_events
+        uuid = nvidia_part(inventory).gpus[3].uuid
+        try:
+            next(g for g in nvml.state.gpus if g.uuid == uuid).lost = True
+            checker.poll()
+            assert board.unhealthy_keys() == {uuid}
+        finally:
+            checker.stop()
+
+
+def test_a_mig_reconfiguration_is_reported_as_a_hardware_change(
+        mig_checker: tuple[NvmlChecker, HealthBoard, Any, list[str]]) -> None:
+    checker, board, nvml, gpus = mig_checker
+    reasons: list[str] = []
+    board.hardware_listeners.append(reasons.append)
+    nvml.inject_mig_change(gpus[5])
+    checker.wait_for_event(100)
+    assert reasons == [f"MIG configuration changed on {gpus[5]}"] and board.hardware_changes == 1
+    assert board.unhealthy_keys() == frozenset()
+
+
+class Checker:
+    """A checker that records its polls; ``polling`` and its event wait are the test's to set."""
+
+    def __init__(self, polling: bool = True, events: bool = False) -> None:
+        self.polling, self.watches_events = polling, events
+        self.polls = 0
+        self.stopped = False
+        self.release = threading.Event()
+
+    def start(self) -> bool:
+        return True
+
+    def poll(self) -> None:
+        self.polls += 1
+
+    def wait_for_event(self, timeout_ms: int) -> None:
+        self.release.wait()  # a driver's wait: nothing interrupts it
+
+    def stop(self) -> None:
+        assert not self.stopped, "stopped twice"
+        self.stopped = True
+
+
+def test_a_monitor_with_nothing_to_poll_sleeps_until_nudged() -> None:
+    """NVIDIA's devices all Healthy: the events say what goes wrong, and the poll thread sleeps
+    (it would wake every second for nothing); a health change wakes it, and it polls while it must."""
+    checker = Checker(polling=False)
+    monitor = HealthMonitor([checker], poll_seconds=0.01)
+    monitor.start()
+    try:
+        stays_true(lambda: checker.polls == 0)
+        checker.polling = True  # a device went Unhealthy: the checker wants to see it recover
+        monitor.nudge()
+        wait_for(lambda: checker.polls >= 3)
+    finally:
+        monitor.stop()
+    assert checker.stopped
+
+
+def test_stopping_does_not_wait_for_a_driver_event_wait() -> None:
+    """The thread waiting for events stops its checker once its wait returns, never under it."""
+    checker = Checker(polling=False, events=True)
+    monitor = HealthMonitor([checker])
+    monitor.start()
+    monitor.stop()
+    assert not checker.stopped  # still waiting: freeing the event set now would be freeing it under NVML
+    checker.release.set()
+    wait_for(lambda: checker.stopped)
+
+
+def test_hardware_stamps_are_polled_and_a_moved_one_is_said() -> None:
+    stamp: list[object] = ["80"]
+    said: list[str] = []
+    seen: dict[str, object] = {}
+    monitor = HealthMonitor([], poll_seconds=0.01, stamps={"amd": lambda: stamp[0]}, seen=seen, changed=said.append)
+    monitor.start()
+    try:
+        wait_for(lambda: said)  # the first read: the caller compares it with what it probed
+        wait_for(lambda: seen == {"amd": "80"})
+        stays_true(lambda: len(said) == 1)
+        stamp[0] = "81"
+        wait_for(lambda: len(said) == 2)
+        assert said == ["amd: hardware stamp changed"] * 2
+    finally:
+        monitor.stop()
+
+
+def test_while_a_device_is_unhealthy_the_monitor_polls_often() -> None:
+    """Idle, once a second (an hour here); a device Unhealthy is seen answering again soon after
+    its quiet period, not up to a poll later."""
+    unhealthy = [False]
+    checker = Checker(polling=True)
+    monitor = HealthMonitor([checker], poll_seconds=3600, recovering=lambda: unhealthy[0])
+    monitor.start()
+    try:
+        unhealthy[0] = True
+        monitor.nudge()  # what a health change does
+        wait_for(lambda: checker.polls >= 3)
+    finally:
+        monitor.stop()

@@ -14,7 +14,7 @@ from labeller.plugin.api import api_pb2 as pb
 from labeller.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.plugin.manager import PluginManager
 from labeller.plugin.metrics import PluginMetrics
-from tests.builders import AT_ONCE_S, PATIENCE_S, amd_part, nvidia_part, stays_true, wait_for
+from tests.builders import AT_ONCE_S, PATIENCE_S, amd_part, kfd_node_goes, nvidia_part, stays_true, wait_for
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import running_plugin
 
@@ -162,12 +162,9 @@ def test_lost_gpu_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None
 def test_amd_kfd_node_disappears_and_returns(sock_dir: Path, kubelet: FakeKubelet) -> None:
     with running_plugin(sock_dir, "mi210-x8", recovery_seconds=0.2) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(AMD) == 8)
-        node = amd_part(running.inventory).gpus[2].nodes[0].kfd_node
-        path = running.host_root / f"sys/class/kfd/kfd/topology/nodes/{node}"
-        saved = path.with_name("saved")
-        path.rename(saved)
+        back = kfd_node_goes(running.host_root, amd_part(running.inventory).gpus[2].nodes[0].kfd_node)
         assert _wait_health(kubelet, AMD, 7) < AT_ONCE_S
-        saved.rename(path)
+        back()
         _wait_health(kubelet, AMD, 8)
 
 

@@ -250,7 +250,7 @@ def test_a_node_labelled_into_a_memory_sharing_pool_switches_without_a_restart(
             assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4)
             api.set_labels(NODE, {CONFIG_LABEL: "gpushare"})
             assert kubelet.wait_for(lambda: kubelet.allocatable(MEM) == 4 * UNITS_PER_GPU
-                                    and kubelet.allocatable(COUNT) == 4, 10)
+                                    and kubelet.allocatable(COUNT) == 4)
             assert kubelet.wait_for(lambda: kubelet.seen("nvidia.com/gpu")[-1].event == "stream-ended")
             api.create_pod("p", node=NODE, containers={"main": cuda(2)},
                            annotations=gpushare.placement_annotations(1, 2, UNITS_PER_GPU, next(_clock)))

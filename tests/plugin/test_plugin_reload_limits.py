@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.builders import AT_ONCE_S
+from tests.builders import AT_ONCE_S, wait_for
 from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.profile_files import time_slicing, write_yaml
 from tests.plugin.test_plugin_cli import PluginProcess
@@ -22,6 +22,7 @@ def test_sighup_with_a_million_replicas_is_refused_at_once_and_the_plugin_stays_
     write_yaml(config, time_slicing(2))
     with PluginProcess("--simulate", "dgx-h100", "--config", str(config), "--socket-dir", str(sock_dir)) as plugin:
         assert kubelet.wait_for(lambda: kubelet.allocatable(SHARED) == 16)
+        wait_for(lambda: plugin.status("/readyz") == 200)  # the Register answer comes a moment after the watch
         write_yaml(config, time_slicing(1_000_000))
         sent = time.monotonic()
         plugin.proc.send_signal(signal.SIGHUP)

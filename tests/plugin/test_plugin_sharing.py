@@ -15,7 +15,7 @@ import pytest
 
 from labeller.config import parse_config
 from labeller.host import NodeOptions, open_host
-from tests.builders import nvidia_part, offer_of
+from tests.builders import kfd_node_goes, nvidia_part, offer_of
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import probing_plugin, running_plugin
 from tests.plugin.profile_files import l40s_node, write_yaml
@@ -122,9 +122,7 @@ def test_a_partition_whose_kfd_node_disappears_alone_turns_unhealthy(sock_dir: P
         assert kubelet.wait_for(lambda: kubelet.allocatable(name) == 63)
         (resource,) = offer_of(running.inventory, running.config).resources
         victim = resource.devices[10]
-        kfd_node = victim.physical.node.kfd_node  # type: ignore[attr-defined]
-        node_dir = running.host_root / "sys/class/kfd/kfd/topology/nodes" / str(kfd_node)
-        node_dir.rename(node_dir.with_name("removed"))
+        kfd_node_goes(running.host_root, victim.physical.node.kfd_node)  # type: ignore[attr-defined]
         assert kubelet.wait_for(lambda: kubelet.allocatable(name) == 62)
         assert [i for i, health in kubelet.devices(name).items() if health == "Unhealthy"] == [victim.id]
         assert kubelet.capacity(name) == 63

@@ -18,7 +18,7 @@ from labeller.process.configsource import ConfigSource
 from labeller.process.loop import Exit, LoopOptions, ProcessLoop
 from labeller.process.serve import readiness
 from labeller.backoff import Backoff
-from tests.builders import wait_for
+from tests.builders import stays_true, wait_for
 
 
 @dataclass
@@ -145,6 +145,40 @@ def test_changed_inputs_probe_again_and_no_inputs_are_not_polled() -> None:
     with running(loop):
         wait_for(lambda: quiet.works >= 5)  # five turns, one every heartbeat
     assert len(looks) <= quiet.works + 1  # looked at once per turn at most: None is nothing to poll
+
+
+def test_a_wake_looks_at_the_inputs_at_once() -> None:
+    """A service whose inputs are watched (inotify, driver events) wakes the loop when they change:
+    the loop looks at them then, not at its next poll (an hour away here)."""
+    inputs: list[object] = ["generation 80"]
+    service = Recorder()
+    loop = ProcessLoop(service, LoopOptions(inputs_poll_s=3600), inputs=lambda: inputs[0])
+    with running(loop):
+        wait_for(lambda: service.probes == 1)
+        inputs[0] = "generation 81"
+        loop.wake()
+        wait_for(lambda: service.probes == 2)
+
+
+def test_inputs_that_need_no_polling_are_looked_at_only_when_woken() -> None:
+    inputs: list[object] = ["profile v1"]
+    looks: list[int] = []
+    polled = [False]
+
+    def read() -> object:
+        looks.append(1)
+        return inputs[0]
+
+    service = Recorder()
+    loop = ProcessLoop(service, LoopOptions(inputs_poll_s=0.01, heartbeat_s=0.05), inputs=read,
+                       inputs_polled=lambda: polled[0])
+    with running(loop):
+        wait_for(lambda: service.works >= 4)  # turns on the heartbeat alone
+        assert len(looks) == 1  # before the first probe, never since
+        inputs[0] = "profile v2"
+        stays_true(lambda: service.probes == 1)
+        polled[0] = True  # something now cannot be watched: it is polled again
+        wait_for(lambda: service.probes == 2)
 
 
 def test_a_config_that_fails_to_reload_changes_nothing(tmp_path: Path) -> None:

@@ -61,7 +61,8 @@ def dra_maker(host_root: Path, handles: Mapping[str, Any]) -> DeviceMaker:
 
 VENDOR = Vendor(
     name="amd",
-    discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=_probe, simulator=simulator),
+    discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=_probe, simulator=simulator,
+                        changes=probe.topology_generation),
     labelling=Labelling(
         presence_label="amd.com/gpu.present",  # ours: AMD's labeller has no presence label to select on
         presence_upstream="none: gpu-labeller's own key (AMD's labeller has no presence label)",

@@ -336,6 +336,7 @@ def generate(gpus: list[SimGpu], root: Path, driver_version: str | None, driver_
         if item.partition == 0:
             _partition_files(root, item.gpu, bdf)
             write_pci_device(root, bdf, item.gpu.device_id, item.gpu.revision, item.gpu.numa_node)
+    _write(topology / "generation_id", "1")  # bumped by the driver when nodes come or go
     _write_module(root, driver_version, driver_src_version)
 
 

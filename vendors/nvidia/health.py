@@ -1,5 +1,9 @@
 """NVIDIA device health, as NVIDIA's plugin checks it: XID critical-error events through NVML's
-event API, plus a poll that marks a GPU that stops answering NVML (lost) Unhealthy.
+event API, and NVML's GPU-unavailable event (a GPU that fell off the bus: lost; a driver without
+that event reports XID 79), plus a poll, while a device is Unhealthy, that sees it answer again (or
+marks a GPU that stops answering NVML, lost, Unhealthy; without events, the poll is the only check
+and runs always). NVML's MIG configuration change events (GPU or compute instances created or
+destroyed) are passed on as a hardware change: the plugin probes.
 
 Application XIDs (13, 31, 43, 45, 68, 109) are ignored; ``DP_DISABLE_HEALTHCHECKS`` and
 ``DP_ENABLE_HEALTHCHECKS`` work as in NVIDIA's plugin (``HealthPolicy``). A MIG device's event
@@ -8,6 +12,7 @@ marks only that MIG device when NVML names its instance.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -77,6 +82,25 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _mig_change(nvml: ModuleType) -> int:
+    """NVML's MIG configuration change event type (0 for a pynvml without it)."""
+    return int(getattr(nvml, "nvmlEventMigConfigChange", 0))
+
+
+def _unavailable(nvml: ModuleType) -> int:
+    """NVML's GPU-unavailable event type, for a GPU that fell off the bus (0 for a pynvml without it)."""
+    return int(getattr(nvml, "nvmlEventTypeGpuUnavailableError", 0))
+
+
+def _address(handle: Any) -> int | None:
+    """What a pynvml device handle points at (two handles of one GPU are two ctypes objects); None
+    for a handle that is not a pointer (the simulated NVML's)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
+
+
 class NvmlChecker:
     """XID events and lost-GPU polling through a pynvml-API module (real or simulated)."""
 
@@ -112,13 +136,14 @@ class NvmlChecker:
         except nvml.NVMLError as exc:
             log.error("cannot create an NVML event set; XID health checks disabled", error=str(exc))
             return True
+        wanted = nvml.nvmlEventTypeXidCriticalError | _mig_change(nvml) | _unavailable(nvml)
         for uuid, keys in self._keys_of_gpu.items():
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                mask = nvml.nvmlEventTypeXidCriticalError & nvml.nvmlDeviceGetSupportedEventTypes(handle)
+                mask = wanted & nvml.nvmlDeviceGetSupportedEventTypes(handle)
                 if mask:
                     nvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
-                else:
+                if not mask & nvml.nvmlEventTypeXidCriticalError:
                     log.warning("GPU does not report XID events", device=uuid)
                 self._handles[uuid] = handle
             except nvml.NVMLError as exc:
@@ -148,6 +173,12 @@ class NvmlChecker:
     def watches_events(self) -> bool:
         return self._event_set is not None
 
+    @property
+    def polling(self) -> bool:
+        """Without events, the poll is the check; with them, only while a device is Unhealthy."""
+        return self._initialised and (not self.watches_events
+                                      or not all(self._board.healthy(key) for key in self._all_keys()))
+
     def wait_for_event(self, timeout_ms: int) -> None:
         """Wait up to ``timeout_ms`` for one NVML event and act on it."""
         nvml = self._nvml
@@ -161,12 +192,24 @@ class NvmlChecker:
                                                                Fault.LOST if lost else Fault.UNMONITORED))
             time.sleep(timeout_ms / 1000)
             return
+        if event.eventType & _mig_change(nvml):
+            device = self._name(event.device)
+            log.info("MIG configuration changed; probing again", reason="hardware-changed", device=device)
+            self._board.hardware_changed(f"MIG configuration changed on {device}")
+            return
+        if event.eventType & _unavailable(nvml):
+            try:
+                keys = list(self._keys_of_gpu.get(self._uuid_of(event.device), ())) or self._all_keys()
+            except nvml.NVMLError:
+                keys = self._all_keys()
+            self._board.mark_unhealthy(keys, Fault("GPU unavailable (NVML event)", Fault.LOST))
+            return
         if not event.eventType & nvml.nvmlEventTypeXidCriticalError:
             log.debug("non-XID NVML event ignored", event_type=int(event.eventType))
             return
         xid = int(event.eventData)
         try:
-            uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+            uuid = self._uuid_of(event.device)
         except nvml.NVMLError as exc:
             self._board.mark_unhealthy(self._all_keys(),
                                        Fault(f"XID {xid} on a GPU NVML cannot name: {exc}", Fault.XID, xid))
@@ -180,6 +223,24 @@ class NvmlChecker:
             return
         self._board.mark_unhealthy(keys, Fault(f"XID {xid}", Fault.XID, xid))
 
+    def _uuid_of(self, device: Any) -> str:
+        """The UUID of an event's device: NVML's answer, else the GPU whose handle it is (a GPU that fell
+        off the bus may not answer even that); NVMLError when neither."""
+        try:
+            return _text(self._nvml.nvmlDeviceGetUUID(device))
+        except self._nvml.NVMLError:
+            address = _address(device)
+            for uuid, handle in self._handles.items():
+                if handle is device or (address is not None and _address(handle) == address):
+                    return uuid
+            raise
+
+    def _name(self, device: Any) -> str:
+        try:
+            return self._uuid_of(device)
+        except self._nvml.NVMLError:
+            return "a GPU NVML cannot name"
+
     def _keys_for_event(self, uuid: str, gi: int, ci: int) -> list[str]:
         if gi == WHOLE_GPU:
             return list(self._keys_of_gpu.get(uuid, ()))
@@ -191,9 +252,11 @@ class NvmlChecker:
 
     def poll(self) -> None:
         """A GPU that NVML calls lost (or not found, or needing a reset) is Unhealthy; one that
-        answers may recover. Other errors (permissions, unsupported) prove nothing either way."""
+        answers may recover. Other errors (permissions, unsupported) prove nothing either way.
+        While XID events are watched and every device is Healthy, nothing is asked: the events say
+        what goes wrong."""
         nvml = self._nvml
-        if not self._initialised:
+        if not self.polling:
             return
         gone = self._lost_errors()
         for uuid, keys in self._keys_of_gpu.items():

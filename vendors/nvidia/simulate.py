@@ -8,7 +8,11 @@ real ctypes structures (so ``PciInfo.busId`` reads back as pynvml gives it), and
 
 Test hooks on the module: ``inject_xid(uuid, xid)`` queues an XID event for the GPU (or MIG
 device) with that UUID on every event set registered for XID events; ``set_lost(uuid, lost)``
-makes every call on that GPU raise ``NVMLError_GpuIsLost`` (False restores it).
+makes every call on that GPU raise ``NVMLError_GpuIsLost`` (False restores it) and, as the driver
+does when a GPU falls off the bus, queues NVML's GPU-unavailable event for it; ``inject_mig_change(uuid)`` queues the
+MIG configuration change event the driver sends when GPU or compute instances are created or
+destroyed on a MIG-capable GPU. ``nvmlEventSetWait`` waits as the real one does: until an event
+comes or its timeout passes, whatever else happens meanwhile.
 """
 
 from __future__ import annotations
@@ -61,7 +65,9 @@ MIG_KEYS = ("profile", "uuid", "memory_mib", "multiprocessors", "slices_gi", "sl
 SECTION_KEYS = ("driver_version", "cuda_driver_version", "nvml_error", "gpus", "state_file")
 _PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<suffix>\+me|\+me\.all|\+gfx|-me)?$")
 SUPPORTED_EVENTS: int = (real.nvmlEventTypeSingleBitEccError | real.nvmlEventTypeDoubleBitEccError
-                         | real.nvmlEventTypePState | real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeClock)
+                         | real.nvmlEventTypePState | real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeClock
+                         | real.nvmlEventTypeGpuUnavailableError)
+MIG_CHANGE_EVENT: int = real.nvmlEventMigConfigChange  # supported by MIG-capable GPUs only
 
 
 def _profile_index(table: dict[int, Any], wanted: Any) -> int | None:
@@ -1071,12 +1077,15 @@ class FakeNvml:
         return event_set
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
-        self._gpu(handle)
-        return SUPPORTED_EVENTS
+        return self._supported_events(self._gpu(handle))
+
+    @staticmethod
+    def _supported_events(gpu: FakeGpu) -> int:
+        return SUPPORTED_EVENTS | (MIG_CHANGE_EVENT if gpu.mig_model is not None else 0)
 
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: FakeEventSet) -> None:
         gpu = self._gpu(handle)
-        if event_types & ~SUPPORTED_EVENTS:
+        if event_types & ~self._supported_events(gpu):
             raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
         with event_set.ready:
             event_set.registered[id(gpu)] = event_set.registered.get(id(gpu), 0) | event_types
@@ -1109,29 +1118,45 @@ class FakeNvml:
             raise ValueError(f"inject_xid: no GPU or MIG device with UUID {uuid}") from None
         gpu = target.parent if isinstance(target, FakeMig) else target
         assert gpu is not None
-        event = FakeEvent(
+        self._queue(gpu, FakeEvent(
             device=gpu, eventType=real.nvmlEventTypeXidCriticalError, eventData=xid,
             gpuInstanceId=target.gpu_instance_id if isinstance(target, FakeMig) else WHOLE_GPU,
             computeInstanceId=target.compute_instance_id if isinstance(target, FakeMig) else WHOLE_GPU,
-        )
+        ))
+
+    def inject_mig_change(self, uuid: str) -> None:
+        """Queue a MIG configuration change event for the GPU ``uuid`` (it must be MIG-capable)."""
+        gpu = next((g for g in self.gpus if g.uuid == uuid), None)
+        if gpu is None or gpu.mig_model is None:
+            raise ValueError(f"inject_mig_change: no MIG-capable GPU with UUID {uuid}")
+        self._queue(gpu, FakeEvent(device=gpu, eventType=MIG_CHANGE_EVENT, eventData=0, gpuInstanceId=WHOLE_GPU,
+                                   computeInstanceId=WHOLE_GPU))
+
+    def _queue(self, gpu: FakeGpu, event: FakeEvent) -> None:
+        """Deliver ``event`` to every event set registered for its type on ``gpu``."""
         with self.lock:
             sets = list(self.event_sets)
         for event_set in sets:
             with event_set.ready:
-                if event_set.registered.get(id(gpu), 0) & real.nvmlEventTypeXidCriticalError:
+                if event_set.registered.get(id(gpu), 0) & event.eventType:
                     event_set.queue.append(event)
                     event_set.ready.notify_all()
 
     def set_lost(self, uuid: str, lost: bool) -> None:
-        """Make every call on the GPU ``uuid`` (or on its MIG devices) raise NVMLError_GpuIsLost."""
+        """Make every call on the GPU ``uuid`` (or on its MIG devices) raise NVMLError_GpuIsLost;
+        losing it queues the GPU-unavailable event, as the driver does."""
         for gpu in self.gpus:
             if gpu.uuid == uuid:
-                gpu.lost = lost
+                was, gpu.lost = gpu.lost, lost
+                if lost and not was:
+                    self._queue(gpu, FakeEvent(device=gpu, eventType=real.nvmlEventTypeGpuUnavailableError,
+                                               eventData=0, gpuInstanceId=WHOLE_GPU, computeInstanceId=WHOLE_GPU))
                 return
         raise ValueError(f"set_lost: no GPU with UUID {uuid}")
 
 
-_EXPORTED_PREFIXES = ("NVML_", "NVMLError", "nvmlEventType", "c_nvml", "nvmlPciInfo_t", "byref")
+_EXPORTED_PREFIXES = ("NVML_", "NVMLError", "nvmlEventType", "nvmlEventMigConfigChange", "c_nvml", "nvmlPciInfo_t",
+                      "byref")
 
 
 def _module(state: FakeNvml) -> ModuleType:
@@ -1140,7 +1165,7 @@ def _module(state: FakeNvml) -> ModuleType:
         if name.startswith(_EXPORTED_PREFIXES):
             setattr(module, name, getattr(real, name))
     for name in dir(state):
-        if name.startswith("nvml") or name in ("inject_xid", "set_lost"):
+        if name.startswith("nvml") or name in ("inject_xid", "inject_mig_change", "set_lost"):
             setattr(module, name, getattr(state, name))
     setattr(module, "state", state)
     return module
