@@ -28,7 +28,7 @@ A gate found off stays off until the plugin restarts: finding out that a server 
 take a write while nothing changes. One server serves every driver, so a gate off for one is off for all.
 
 A feature that publishes gated fields adds one ``Gate`` to ``GATES``: the paths of the fields it adds
-(as ``publisher.dropped`` names them, ``*`` for any one key such as a capacity's name) and the fallback.
+(as ``slicecontent.dropped`` names them, ``*`` for any one key such as a capacity's name) and the fallback.
 """
 
 from __future__ import annotations

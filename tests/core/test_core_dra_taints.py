@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from labeller.draplugin.publisher import content, dropped
+from labeller.draplugin.slicecontent import content, dropped
 from labeller.draplugin.taints import GONE, published, taints
 from labeller.resourceslices import resource_slices
 from labeller.vendor.plugin import Fault

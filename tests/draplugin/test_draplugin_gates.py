@@ -9,7 +9,7 @@ import dataclasses
 import structlog
 
 from labeller.draplugin.gates import GATES, Gate, GateFallbacks
-from labeller.draplugin.publisher import content, dropped, named_fields
+from labeller.draplugin.slicecontent import content, dropped, named_fields
 from labeller.offer import PhysicalDevice
 from labeller.resourceslices import Capacity, CounterSet, CounterUse, DeviceTaint, DraDevice, RequestPolicy
 

@@ -16,7 +16,8 @@ import structlog
 
 from labeller.cluster.kube import Kube
 from labeller.draplugin.metrics import DraMetrics
-from labeller.draplugin.publisher import SlicePublisher, content, quantity
+from labeller.draplugin.publisher import SlicePublisher, WantedSlices
+from labeller.draplugin.slicecontent import content, quantity
 from labeller.host import NodeOptions, open_host
 from labeller.offer import PhysicalDevice
 from labeller.resourceslices import DraDevice
@@ -295,6 +296,22 @@ def test_ready_means_registered_and_written(api: FakeApiServer, drakubelet: Fake
         wait_for(lambda: run.plugin.ready)
         assert run.plugin.publisher.in_sync and all(d.sockets.registered for d in run.plugin.drivers.values())
         assert run.slices()
+
+
+def test_a_driver_published_again_while_its_emptied_pool_is_forgotten_stays_published() -> None:
+    """The worker forgets a driver whose pool it found gone and unwanted, as of what it read; a publish
+    that wants the driver again meanwhile keeps it, so that its slices are written."""
+    wanted = WantedSlices()
+    wanted.replace({NVIDIA: [{"spec": {"driver": NVIDIA}}]})
+    wanted.replace({})  # served no more
+    _, read, drivers = wanted.seen()  # what the worker reconciles: the pool to empty
+    assert NVIDIA in drivers and NVIDIA not in read
+    wanted.replace({NVIDIA: [{"spec": {"driver": NVIDIA}}]})  # served again before the worker is done
+    wanted.emptied(NVIDIA)  # the worker found the pool gone
+    assert NVIDIA in wanted.seen()[2]
+    wanted.replace({})
+    wanted.emptied(NVIDIA)
+    assert wanted.seen()[2] == set()
 
 
 def test_a_pool_over_128_devices_is_split_and_shrinks(api: FakeApiServer, tmp_path: Path) -> None:

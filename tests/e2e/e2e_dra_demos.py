@@ -65,6 +65,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from labeller.draplugin.checkpoint import VERSION as CHECKPOINT_VERSION  # noqa: E402
 from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
                                 figure, start_nodes, stop_nodes, verdict, wait)
 
@@ -397,7 +398,7 @@ def check_mps(p: Placed, request: str, containers: Sequence[str], undo: Sharing)
               f"pipe at {MPS_PIPE} and its /dev/shm mounted")
     record = checkpoint(node, NVIDIA, mps.uid) or {}
     applied = [c["applied"] for c in record.get("configs", []) if c["devices"] == [mps.device]]
-    check(record.get("version") == 3 and len(applied) == 1 and applied[0].get("strategy") == "MPS"
+    check(record.get("version") == CHECKPOINT_VERSION and len(applied) == 1 and applied[0].get("strategy") == "MPS"
           and applied[0].get("daemon") == daemon and applied[0].get("defaultActiveThreadPercentage") == 50,
           f"{p.ref}: the checkpoint records the MPS config applied to {mps.device}")
     undo.mps.append((node, uuid, daemon))

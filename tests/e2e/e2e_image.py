@@ -45,6 +45,13 @@ TIMEOUT_S = 600  # one container; generous: the CI box is shared and loaded
 # Distributions the processes import only when they need them, not when gpu-labeller's modules load.
 ON_DEMAND = {"nvidia-ml-py": "pynvml: NVML, on a node with NVIDIA's driver",
              "tzdata": "time zone data, read by python-dateutil when the system has none"}
+# What the Kubernetes client requires beyond its configuration and REST layer: its own kubeconfig loader and the
+# generated API it builds on, loaded only for a kubeconfig labeller/cluster/kubeconfig.py does not read itself
+# (exec credentials, an auth provider); websocket-client is kubernetes.stream's, required but never loaded.
+ON_DEMAND |= {name: "the Kubernetes client's kubeconfig loader, for exec credentials or an auth provider"
+              for name in ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "python-dateutil",
+                           "certifi", "requests", "charset-normalizer", "idna", "requests-oauthlib", "oauthlib",
+                           "websocket-client")}
 CHART_RUNTIME = ["--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges"]
 
 lock = load_lock_script()
