@@ -19,7 +19,7 @@ from labeller.offer import PhysicalDevice
 from labeller.vendor.plugin import Fault, HealthReporter
 from vendors.amd.devices import AmdDevice
 from vendors.amd.facts import KFD_TOPOLOGY_DIRS
-from vendors.amd.probe import topology_generation
+from vendors.amd.generation import topology_generation
 
 
 class KfdChecker:
