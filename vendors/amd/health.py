@@ -59,7 +59,8 @@ class KfdChecker:
 
     def poll(self) -> None:
         stamp = topology_generation(self._host_root)
-        if stamp == self._checked and all(self._board.healthy(key) for key in self._nodes):
+        if stamp == self._checked and (self._board.all_healthy()
+                                       or all(self._board.healthy(key) for key in self._nodes)):
             return
         self._checked = stamp
         present = self._present()
