@@ -74,6 +74,10 @@ class HealthBoard:
     def healthy(self, key: str) -> bool:
         return key not in self._last_bad
 
+    def all_healthy(self) -> bool:
+        """No key is Unhealthy (what a poll asks every second: one look, whatever the number of keys)."""
+        return not self._last_bad
+
     def hardware_changed(self, reason: str) -> None:
         """The driver says the devices changed (``reason``: who and how): count it, tell the listeners."""
         with self._cond:
@@ -307,7 +311,7 @@ class HealthChecks:
         self._monitor = HealthMonitor(self._checkers(list(watched[0]), host_root, handles, vendors),
                                       poll_seconds=self.poll_seconds, stamps=stamps, seen=self._seen,
                                       changed=self.board.look_again,
-                                      recovering=lambda: bool(self.board.unhealthy_keys()))
+                                      recovering=lambda: not self.board.all_healthy())
         self._monitor.start()
         self._watched = watched
 

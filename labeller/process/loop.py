@@ -14,6 +14,9 @@ with the node and what else is due between probes; ``ProcessLoop`` decides when:
 - ``interval_s`` after a probe that worked (infinite: only when asked);
 - sooner after one that did not: jittered backoff, at most ``interval_s``.
 
+A heartbeat turn (``heartbeat_s``) after a probe, once things have settled, the memory the probe
+freed is given back to the system (``memory.release_free_memory``).
+
 Every request (``stop``, ``request_reload``, ``config_changed``, ``wake``) sets a flag and then
 the one wake event, and the loop clears the event before it reads the flags: a request that arrives
 at any moment is seen at the next turn, never slept through.
@@ -32,6 +35,7 @@ from typing import Protocol
 import structlog
 
 from labeller.process.configsource import ConfigSource
+from labeller.process.memory import release_free_memory
 from labeller.backoff import Backoff
 
 log = structlog.get_logger(__name__)
@@ -102,6 +106,7 @@ class ProcessLoop:
         self._inputs: object = None
         self._inputs_checked = -math.inf
         self._failing_since: float | None = None
+        self._settled_at: float | None = None  # after a probe: when to give back the memory it freed
         if config is not None and config.follower is not None:
             config.follower.on_change = self.config_changed
 
@@ -154,6 +159,10 @@ class ProcessLoop:
                     next_probe = now
                 if now >= next_probe:
                     next_probe = now + self._probe(now)
+                    self._settled_at = now + self.options.heartbeat_s
+                elif self._settled_at is not None and now >= self._settled_at:
+                    self._settled_at = None
+                    release_free_memory()
                 wake_at = min(next_probe, self.service.work(now), now + self.options.heartbeat_s)
                 if self._inputs is not None and self.inputs_polled():  # None: nothing to look at
                     wake_at = min(wake_at, self._inputs_checked + self.options.inputs_poll_s)

@@ -90,7 +90,8 @@ def main() -> int:
             [sys.executable, "-m", "labeller.cli", "--log-format", "json", "dra-plugin", "--simulate", str(profile),
              "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--config", str(config),
              "--registry-dir", str(registry), "--plugins-dir", str(plugins), "--cdi-spec-dir", str(cdi),
-             "--metrics-port", "0", "--metrics-bind", "127.0.0.1"],
+             "--metrics-port", "0", "--metrics-bind", "127.0.0.1",
+             "--probe-interval", "1s"],  # the idle budget is over probes (the default is 300 s: a safety net)
             stdout=subprocess.DEVNULL, stderr=log.open("w"), env={**os.environ, "GRPC_VERBOSITY": "ERROR"})
         try:
             # the request log, not the slices: copying 200 devices every 5 ms would slow the server down

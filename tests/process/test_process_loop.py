@@ -11,10 +11,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 
 from labeller.config import Config
 from labeller.host import Host
 from labeller.process.configsource import ConfigSource
+from labeller.process import loop as loop_module
 from labeller.process.loop import Exit, LoopOptions, ProcessLoop
 from labeller.process.serve import readiness
 from labeller.backoff import Backoff
@@ -227,3 +229,18 @@ def test_a_turn_that_runs_long_makes_the_process_not_ready_until_it_ends() -> No
         assert loop.healthy()  # ...not yet long enough to count as dead (stall_s)
         release.set()
         wait_for(ready)
+
+
+def test_the_memory_a_probe_freed_is_given_back_once_things_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heartbeat after each probe, once: an idle loop asks the C allocator nothing more."""
+    released: list[float] = []
+    monkeypatch.setattr(loop_module, "release_free_memory", lambda: released.append(time.monotonic()))
+    service = Recorder()
+    loop = ProcessLoop(service, LoopOptions(heartbeat_s=0.05))
+    with running(loop):
+        wait_for(lambda: len(released) == 1)
+        works = service.works
+        wait_for(lambda: service.works >= works + 5)  # five more heartbeats, idle
+        assert len(released) == 1 and service.probes == 1
+        loop.request_reload()
+        wait_for(lambda: service.probes == 2 and len(released) == 2)

@@ -17,7 +17,7 @@ from labeller.vendor.devices import Devices
 from labeller.vendor.discovery import Discovery, Labelling, Simulator
 from labeller.vendor.dra import ConfigApi, DeviceMaker, Dra
 from labeller.vendor.plugin import PluginParts
-from vendors.amd import devices, dra, labels, probe, settings
+from vendors.amd import devices, dra, generation, labels, probe, settings
 from vendors.amd.settings import any_labels
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID
 from vendors.amd.model import AmdInventory
@@ -62,7 +62,7 @@ def dra_maker(host_root: Path, handles: Mapping[str, Any]) -> DeviceMaker:
 VENDOR = Vendor(
     name="amd",
     discovery=Discovery(pci_vendor_id=PCI_VENDOR_ID, pci_classes=PCI_CLASSES, probe=_probe, simulator=simulator,
-                        changes=probe.topology_generation),
+                        changes=generation.topology_generation),
     labelling=Labelling(
         presence_label="amd.com/gpu.present",  # ours: AMD's labeller has no presence label to select on
         presence_upstream="none: gpu-labeller's own key (AMD's labeller has no presence label)",

@@ -19,7 +19,7 @@ from labeller.offer import PhysicalDevice
 from labeller.vendor.plugin import Fault, HealthReporter
 from vendors.amd.devices import AmdDevice
 from vendors.amd.facts import KFD_TOPOLOGY_DIRS
-from vendors.amd.probe import topology_generation
+from vendors.amd.generation import topology_generation
 
 
 class KfdChecker:
@@ -59,7 +59,8 @@ class KfdChecker:
 
     def poll(self) -> None:
         stamp = topology_generation(self._host_root)
-        if stamp == self._checked and all(self._board.healthy(key) for key in self._nodes):
+        if stamp == self._checked and (self._board.all_healthy()
+                                       or all(self._board.healthy(key) for key in self._nodes)):
             return
         self._checked = stamp
         present = self._present()

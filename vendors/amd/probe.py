@@ -11,7 +11,6 @@ and ``unique_id``. ``probe`` never raises: trouble becomes a ``BackendReport``.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import stat
@@ -134,31 +133,6 @@ def _topology_dir(host_root: Path) -> Path | None:
         if path.is_dir():
             return path
     return None
-
-
-def topology_generation(host_root: Path) -> object:
-    """A cheap stamp of the KFD topology (``Discovery.changes``): its ``generation_id``, which the
-    driver bumps whenever a topology node comes or goes (a partition mode change, a reset, a GPU
-    added or removed); on a tree without one (a capture that left it out), the names of its nodes."""
-    for topology in _topology_dirs(host_root):
-        if not os.path.isdir(topology):  # no KFD (a node without AMD GPUs): one stat
-            continue
-        try:
-            generation = read_text(topology / "generation_id")
-            names = list_dir(topology / "nodes") if generation is None else None
-        except Untrusted as exc:
-            return str(exc)
-        if generation is not None:
-            return generation
-        if names is not None:
-            return tuple(names)
-    return None
-
-
-@functools.lru_cache(maxsize=4)
-def _topology_dirs(host_root: Path) -> tuple[Path, ...]:
-    """The KFD topology directories under ``host_root`` (read every second: made once)."""
-    return tuple(host_root / relative for relative in KFD_TOPOLOGY_DIRS)
 
 
 def _links(node_dir: Path) -> tuple[tuple[int, int], ...]:
