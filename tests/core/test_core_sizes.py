@@ -51,7 +51,6 @@ LIMITS = Limits()
 # Offenders outside the rooms this test was written with, each being split on its own branch (issue 32).
 PENDING = frozenset({
     "class labeller.draplugin.app.DraPlugin",
-    "class labeller.process.loop.ProcessLoop",
 })
 
 PROPERTY_DECORATORS = {"property", "cached_property", "functools.cached_property"}
