@@ -16,10 +16,11 @@ from labeller.commands.options import (BadInput, discovery_options, endpoint_opt
                                        parent_must_exist)
 from labeller.commands.params import Duration
 from labeller.commands.upstream import EPILOG, upstream_options
-from labeller.draplugin.app import (DEFAULT_CDI_SPEC_DIR, DEFAULT_MPS_ROOT, DEFAULT_PLUGINS_DIR,
-                                   DEFAULT_REGISTRY_DIR, DraPlugin, DraSettings, probe_inputs)
+from labeller.draplugin.app import DraPlugin, probe_inputs
 from labeller.draplugin.checkpoint import DIRECTORY
 from labeller.draplugin.metrics import DraMetrics
+from labeller.draplugin.settings import (DEFAULT_CDI_SPEC_DIR, DEFAULT_MPS_ROOT, DEFAULT_PLUGINS_DIR,
+                                        DEFAULT_REGISTRY_DIR, DraSettings)
 from labeller.host import Host, NodeOptions
 from labeller.ownfiles import directory_problem
 from labeller.process.follow import ConfigFollower

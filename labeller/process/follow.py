@@ -9,7 +9,8 @@
   case it did not, and every ``poll_s`` where the directory cannot be watched;
 and calls ``on_change`` when what is in force, or why the config asked for is not, changed. The
 consumer (the daemon's loop, the plugin's prober) then calls ``apply(node)``: the selection goes
-into force and is reported once: one log line, the metrics, and (the labeller) an Event on the Node.
+into force and is reported once (``SelectionReport``): one log line, the metrics, and (the labeller)
+an Event on the Node.
 
 The Kubernetes client is reached only through the cluster layer (``labeller.cluster``), which
 loads it when a process connects, so a process that follows no label never loads it.
@@ -59,6 +60,41 @@ class ConfigMetrics:
                                "config asked for is in force; failed: it cannot be).", ["outcome"], registry=registry)
 
 
+class SelectionReport:
+    """Says each change of the selection in force once: a log line, the metrics, and an Event on the
+    Node (when ``events`` is given). Called by the consumer's thread only (``ConfigFollower.apply``)."""
+
+    def __init__(self, label_key: str | None, metrics: ConfigMetrics, events: EventRecorder | None = None) -> None:
+        self.label_key, self.metrics, self.events = label_key, metrics, events
+        self._reported: Selection | None = None
+
+    def __call__(self, selection: Selection) -> None:
+        """Once per change: a log line, the metrics and an Event (when ``events`` is given)."""
+        before, self._reported = self._reported, selection
+        self.metrics.failed.set(0 if selection.ok else 1)
+        if before == selection:
+            return
+        fields = {"config": selection.name, "asked": selection.wanted, "label": self.label_key}
+        if selection.problem is not None:
+            if before is not None and before.problem == selection.problem:
+                return
+            log.error("named config not applied; the config in force stays", reason="config-failed",
+                      error=selection.problem, **fields)
+            self.metrics.changes.labels(outcome="failed").inc()
+            self._event("Warning", "GPUConfigFailed", f"{selection.problem}; config {selection.name!r} stays in force")
+            return
+        if before is None:
+            log.info("named config in force", reason="config-applied", **fields)
+            return
+        log.info("named config applied", reason="config-applied", previous=before.name, **fields)
+        self.metrics.changes.labels(outcome="applied").inc()
+        self._event("Normal", "GPUConfigApplied", f"config {selection.name!r} in force (was {before.name!r})")
+
+    def _event(self, kind: str, reason: str, message: str) -> None:
+        if self.events is not None:
+            self.events(kind, reason, f"gpu-labeller: {message}")
+
+
 class ConfigFollower:
     """See the module docstring. ``label_key`` None: the node label is not followed (the default
     config and the directory only)."""
@@ -66,15 +102,14 @@ class ConfigFollower:
     def __init__(self, chooser: Chooser, label_key: str | None, metrics: ConfigMetrics, *,
                  events: EventRecorder | None = None, poll_s: float = POLL_SECONDS,
                  on_change: Callable[[], None] = lambda: None) -> None:
-        self.chooser, self.label_key, self.metrics = chooser, label_key, metrics
-        self.events, self.poll_s, self.on_change = events, poll_s, on_change
+        self.chooser, self.label_key, self.poll_s, self.on_change = chooser, label_key, poll_s, on_change
+        self.report = SelectionReport(label_key, metrics, events)
         self._lock = threading.Lock()
         self._wanted: str | None = None
         self._hint: str | None = None
         self._signature = chooser.directory.signature()
         self._selection: Selection | None = None
         self._problem: str | None = None
-        self._reported: Selection | None = None
         self._synced = threading.Event()
         self._choose()
 
@@ -189,35 +224,8 @@ class ConfigFollower:
         """Put the current selection in force on ``node`` and report it; True when the config changed."""
         selection = self.selection
         changed = node.select(selection)
-        self._report(selection)
+        self.report(selection)
         return changed
-
-    def _report(self, selection: Selection) -> None:
-        """Once per change: a log line, the metrics and an Event (when ``events`` is given)."""
-        before, self._reported = self._reported, selection
-        self.metrics.failed.set(0 if selection.ok else 1)
-        if before == selection:
-            return
-        fields = {"config": selection.name, "asked": selection.wanted, "label": self.label_key}
-        if selection.problem is not None:
-            if before is not None and before.problem == selection.problem:
-                return
-            log.error("named config not applied; the config in force stays", reason="config-failed",
-                      error=selection.problem, **fields)
-            self.metrics.changes.labels(outcome="failed").inc()
-            self._event("Warning", "GPUConfigFailed", f"{selection.problem}; config {selection.name!r} stays in force")
-            return
-        if before is None:
-            log.info("named config in force", reason="config-applied", **fields)
-            return
-        log.info("named config applied", reason="config-applied", previous=before.name, **fields)
-        self.metrics.changes.labels(outcome="applied").inc()
-        self._event("Normal", "GPUConfigApplied", f"config {selection.name!r} in force (was {before.name!r})")
-
-    def _event(self, kind: str, reason: str, message: str) -> None:
-        if self.events is not None:
-            self.events(kind, reason, f"gpu-labeller: {message}")
-
 
 
 # --- what run and device-plugin share to start following -----------------------------------------

@@ -10,9 +10,9 @@ with the node and what else is due between probes; ``ProcessLoop`` decides when:
 - when what the offer reads besides the hardware changed (``inputs``: NVIDIA's MPS readiness
   file, a simulated profile, a cheap stamp of the hardware), looked at whenever the loop is woken
   (a service whose inputs can be watched, by inotify or driver events, wakes it when they change)
-  and every ``inputs_poll_s`` while ``inputs_polled()`` says some cannot be watched;
+  and every ``inputs_poll_s`` while ``inputs_polled()`` says some cannot be watched (``InputsWatch``);
 - ``interval_s`` after a probe that worked (infinite: only when asked);
-- sooner after one that did not: jittered backoff, at most ``interval_s``.
+- sooner after one that did not: jittered backoff, at most ``interval_s`` (``ProbeRetry``).
 
 A heartbeat turn (``heartbeat_s``) after a probe, once things have settled, the memory the probe
 freed is given back to the system (``memory.release_free_memory``).
@@ -88,24 +88,83 @@ class LoopOptions:
     heartbeat_s: float = 5.0  # the loop turns at least this often, so its heartbeat tells a stall
 
 
+class InputsWatch:
+    """What the offer reads besides the hardware (``read``: a cheap stamp of it), as the last probe
+    saw it: a change is a probe now. Looked at when the loop is woken, and every ``poll_s`` while
+    ``polled()`` says some of it cannot be watched. The loop's thread only."""
+
+    def __init__(self, read: Callable[[], object] | None, polled: Callable[[], bool], poll_s: float) -> None:
+        self.read, self.polled, self.poll_s = read, polled, poll_s
+        self._probed: object = None  # what the last probe read; None: nothing to look at
+        self._checked = -math.inf  # when it was last read
+
+    def probing(self, now: float) -> None:
+        """Before a probe: what it reads (a change during the probe is seen at the next look)."""
+        if self.read is None:
+            return
+        self._checked = now
+        try:
+            self._probed = self.read()
+        except Exception:  # noqa: BLE001 - a failing look is no change; the probe reports the real problem
+            self._probed = None
+
+    def changed(self, now: float, look: bool) -> bool:
+        """Whether the inputs changed since the last probe, looked at when due, or now with ``look``."""
+        due = now - self._checked >= self.poll_s
+        if self.read is None or not (look or (due and self.polled())):
+            return False
+        self._checked = now
+        try:
+            return self.read() != self._probed
+        except Exception:  # noqa: BLE001 - as above
+            return False
+
+    def next_look(self) -> float:
+        """When the inputs are due to be looked at (``math.inf``: only when the loop is woken)."""
+        if self._probed is not None and self.polled():
+            return self._checked + self.poll_s
+        return math.inf
+
+
+class ProbeRetry:
+    """After a probe that failed, when to probe again (jittered backoff, at most ``interval_s``), and
+    the service told of each failure and of the recovery. The loop's thread only."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self.backoff = backoff
+        self._failing_since: float | None = None  # the first failure of the current run of them
+
+    def worked(self, service: Service) -> None:
+        if self._failing_since is not None:
+            service.recovered(self.backoff.attempts + 1, time.monotonic() - self._failing_since)
+        self._failing_since = None
+        self.backoff.reset()
+
+    def failed(self, service: Service, reason: str, now: float, interval_s: float) -> float:
+        """How long until the next probe."""
+        if self._failing_since is None:
+            self._failing_since = now
+        delay = min(interval_s, self.backoff.next())
+        service.retrying(reason, self.backoff.attempts, delay)
+        return delay
+
+
 class ProcessLoop:
     """See the module docstring. ``run()`` until ``stop()``; returns the process's exit code."""
 
     def __init__(self, service: Service, options: LoopOptions | None = None, *, retry: Backoff | None = None,
                  config: ConfigSource | None = None, inputs: Callable[[], object] | None = None,
                  inputs_polled: Callable[[], bool] = lambda: True) -> None:
-        self.service, self.config, self.inputs, self.inputs_polled = service, config, inputs, inputs_polled
+        self.service, self.config = service, config
         self.options = options or LoopOptions()
-        self.retry = retry or Backoff(base_s=1.0, cap_s=30.0)
+        self.inputs = InputsWatch(inputs, inputs_polled, self.options.inputs_poll_s)
+        self.retry = ProbeRetry(retry or Backoff(base_s=1.0, cap_s=30.0))
         self.stopped = threading.Event()
         self.heartbeat = time.monotonic()
         self._turn_started: float | None = None  # while a turn runs: when it began
         self._wake = threading.Event()
         self._reload: str | None = None  # why: "sighup"
         self._config_changed = False
-        self._inputs: object = None
-        self._inputs_checked = -math.inf
-        self._failing_since: float | None = None
         self._settled_at: float | None = None  # after a probe: when to give back the memory it freed
         if config is not None and config.follower is not None:
             config.follower.on_change = self.config_changed
@@ -163,9 +222,8 @@ class ProcessLoop:
                 elif self._settled_at is not None and now >= self._settled_at:
                     self._settled_at = None
                     release_free_memory()
-                wake_at = min(next_probe, self.service.work(now), now + self.options.heartbeat_s)
-                if self._inputs is not None and self.inputs_polled():  # None: nothing to look at
-                    wake_at = min(wake_at, self._inputs_checked + self.options.inputs_poll_s)
+                wake_at = min(next_probe, self.service.work(now), now + self.options.heartbeat_s,
+                              self.inputs.next_look())
                 self._turn_ended(now)
                 woken = self._wake.wait(max(0.0, wake_at - time.monotonic()))
         except Exit as exc:
@@ -190,32 +248,13 @@ class ProcessLoop:
         if self._config_changed:
             self._config_changed = False
             probe = self.config.apply() if self.config is not None else False
-        due = now - self._inputs_checked >= self.options.inputs_poll_s
-        if self.inputs is not None and (look or (due and self.inputs_polled())):
-            self._inputs_checked = now
-            try:
-                probe = self.inputs() != self._inputs or probe
-            except Exception:  # noqa: BLE001 - a failing look is no change; the probe reports the real problem
-                pass
-        return probe
+        return self.inputs.changed(now, look) or probe
 
     def _probe(self, now: float) -> float:
         """Probe once; how long until the next probe."""
-        if self.inputs is not None:  # before the probe: a change during it is seen next time
-            self._inputs_checked = now
-            try:
-                self._inputs = self.inputs()
-            except Exception:  # noqa: BLE001 - as above
-                self._inputs = None
+        self.inputs.probing(now)
         reason = self.service.probe()
         if reason is None:
-            if self._failing_since is not None:
-                self.service.recovered(self.retry.attempts + 1, time.monotonic() - self._failing_since)
-            self._failing_since = None
-            self.retry.reset()
+            self.retry.worked(self.service)
             return self.options.interval_s
-        if self._failing_since is None:
-            self._failing_since = now
-        delay = min(self.options.interval_s, self.retry.next())
-        self.service.retrying(reason, self.retry.attempts, delay)
-        return delay
+        return self.retry.failed(self.service, reason, now, self.options.interval_s)

@@ -21,9 +21,6 @@ What counts:
   counts the module; ``from __future__ import ...`` counts nothing.
 - **Generated code** is not sized: a module whose first 400 characters say "do not edit" (what protoc
   and grpcio-tools write, and the package beside it that ``generate`` writes).
-
-``PENDING`` names the offenders whose rooms are being rebuilt elsewhere; it may only shrink: an
-entry that is no longer an offender fails the test until it is removed.
 """
 
 from __future__ import annotations
@@ -47,13 +44,6 @@ class Limits:
 
 
 LIMITS = Limits()
-
-# Offenders outside the rooms this test was written with, each being split on its own branch (issue 32).
-PENDING = frozenset({
-    "class labeller.draplugin.app.DraPlugin",
-    "class labeller.process.follow.ConfigFollower",
-    "class labeller.process.loop.ProcessLoop",
-})
 
 PROPERTY_DECORATORS = {"property", "cached_property", "functools.cached_property"}
 RECORD_BASES = {"NamedTuple", "typing.NamedTuple", "TypedDict", "typing.TypedDict"}
@@ -206,15 +196,9 @@ def offenders() -> dict[str, Offender]:
 
 
 def test_no_class_function_or_module_is_too_big() -> None:
-    over = [str(o) for key, o in sorted(offenders().items()) if key not in PENDING]
+    over = [str(o) for _, o in sorted(offenders().items())]
     assert not over, "too big (split it along its concerns; tests/core/test_core_sizes.py says what counts):\n" + \
         "\n".join(over)
-
-
-def test_every_pending_offender_is_still_one() -> None:
-    """PENDING may only shrink: a room that was made small leaves it."""
-    fixed = sorted(PENDING - set(offenders()))
-    assert not fixed, "no longer too big; remove from PENDING in tests/core/test_core_sizes.py: " + ", ".join(fixed)
 
 
 # --- the rules themselves, on small sources ---------------------------------------------------------

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from labeller.cluster.kube import Kube
-from labeller.draplugin.app import DraPlugin, DraSettings, probe_inputs
+from labeller.draplugin.app import DraPlugin, probe_inputs
+from labeller.draplugin.settings import DraSettings
 from labeller.draplugin.taints import DEFAULT_HOLD_S
 from labeller.host import Host, NodeOptions, open_host
 from labeller.process.configsource import ConfigSource
