@@ -41,7 +41,7 @@ from typing import Any
 import helm_python
 import yaml
 
-from labeller.config import ConfigError, parse_document
+from labeller.model.config import ConfigError, parse_document
 from vendors import RESOURCE_NAMES
 
 DEPLOY = Path(__file__).resolve().parent

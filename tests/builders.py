@@ -12,13 +12,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from labeller import sharing
-from labeller.config import Config, parse_config
-from labeller.discovery import discover
-from labeller.inventory import BackendReport, Inventory, PciGpu
-from labeller.labels import LabelSet
-from labeller.offer import Offer
-from labeller.nodelabels import node_labels
+from labeller.model import sharing
+from labeller.model.config import Config, parse_config
+from labeller.host.discovery import discover
+from labeller.model.inventory import BackendReport, Inventory, PciGpu
+from labeller.model.labels import LabelSet
+from labeller.model.offer import Offer
+from labeller.model.nodelabels import node_labels
 from vendors import RESOURCE_NAMES, VENDORS, pci
 from vendors.amd import probe as amd_probe
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory

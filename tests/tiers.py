@@ -176,7 +176,7 @@ def _imports(tree: ast.Module, package: str) -> dict[str, str]:
 
 
 def _names(node: ast.AST, module: str, imports: dict[str, str], defined: set[str]) -> Iterator[str]:
-    """The dotted names ``node`` uses: ``subprocess.run``, ``labeller.host.open_host``, ``tests.x.helper``.
+    """The dotted names ``node`` uses: ``subprocess.run``, ``labeller.host.machine.open_host``, ``tests.x.helper``.
     Annotations are left out (a type named in a signature runs nothing)."""
     stack = [node]
     while stack:

@@ -1,14 +1,14 @@
 """GPU vendors, one package each, registered here as NFD registers its sources; and the host
 facts they share (pci: the PCI scan; sysfs: bounded reads; dmi; plausible: physical bounds).
 
-A vendor package builds a ``labeller.vendor.Vendor``; adding a vendor is adding its package and
+A vendor package builds a ``labeller.model.vendor.Vendor``; adding a vendor is adding its package and
 one entry below. Order matters only for output order (NVIDIA's resources first).
 """
 
 from __future__ import annotations
 
-from labeller.config import ResourceNames
-from labeller.vendor import Vendor, resource_names
+from labeller.model.config import ResourceNames
+from labeller.model.vendor import Vendor, resource_names
 from vendors.amd import VENDOR as AMD
 from vendors.nvidia import VENDOR as NVIDIA
 

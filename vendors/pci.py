@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from labeller.inventory import BackendReport, PciGpu, ProbeError
+from labeller.model.inventory import BackendReport, PciGpu, ProbeError
 from vendors.sysfs import Untrusted, list_dir, numa_node, read_int
 
 GpuClasses = Mapping[int, tuple[int, ...]]  # PCI vendor id -> the PCI base classes that are its GPUs

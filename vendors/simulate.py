@@ -28,8 +28,8 @@ from typing import Any, Self
 
 import yaml
 
-from labeller.documents import DocumentError, read_document
-from labeller.errors import InputError
+from labeller.model.documents import DocumentError, read_document
+from labeller.base.errors import InputError
 from vendors import VENDORS
 from vendors.dmi import PRODUCT_NAME
 from vendors.sim_pci import write_host_bridge

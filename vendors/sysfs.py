@@ -18,7 +18,7 @@ import os
 import stat
 from pathlib import Path
 
-from labeller.ownfiles import file_kind, read_at_most
+from labeller.base.ownfiles import file_kind, read_at_most
 
 # A sysfs attribute is at most one page (4 KiB); debugfs text such as amdgpu_firmware_info is a few KiB.
 ATTRIBUTE_LIMIT = 64 * 1024

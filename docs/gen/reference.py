@@ -3,7 +3,8 @@
 - docs/reference/labels.md: every label key, from the vendors' ``KEY_DOCS`` (what ``explain`` says of a key), with
   an example value and where it came from, taken from the built-in profiles' own derivation;
 - docs/reference/cli.md: every command, its help and its options, from the click commands;
-- docs/reference/config.md: every key of the config file, from ``labeller.config.config_keys()`` (the config table).
+- docs/reference/config.md: every key of the config file, from ``labeller.model.config.config_keys()``
+  (the config table).
 
     python docs/gen/reference.py           # write the pages
     python docs/gen/reference.py --check   # exit 1, naming each page that differs from what the code says
@@ -79,10 +80,10 @@ class Example:
 def _derive_all() -> list[tuple[str, str, Any]]:
     """(profile, how, LabelSet) for every built-in profile with its own config, then again with DRA serving
     every vendor that has a DRA driver (the DRA labels are written only then), then one with named configs."""
-    from labeller.commands.dryrun import offer_of, probe_host
-    from labeller.errors import InputError
-    from labeller.host import NodeOptions, open_host
-    from labeller.log import at_least
+    from labeller.cli.commands.dryrun import offer_of, probe_host
+    from labeller.base.errors import InputError
+    from labeller.host.machine import NodeOptions, open_host
+    from labeller.base.log import at_least
     from vendors import VENDORS
     from vendors.simulate import builtin_profiles
 
@@ -109,7 +110,7 @@ def _derive_all() -> list[tuple[str, str, Any]]:
 
 def examples(entries: Sequence[Any]) -> dict[int, Example]:
     """For each catalog entry (by index), the first key it describes in the built-in profiles' labels."""
-    from labeller.explain import find
+    from labeller.host.explain import find
 
     found: dict[int, Example] = {}
     index = {id(entry): i for i, entry in enumerate(entries)}
@@ -138,7 +139,7 @@ def _source_text(example: Example) -> str:
 
 
 def labels_page() -> str:
-    from labeller.explain import catalog
+    from labeller.host.explain import catalog
     from vendors import VENDORS
 
     entries = catalog(VENDORS)
@@ -150,8 +151,8 @@ def labels_page() -> str:
     titles = {"nvidia": "NVIDIA", "amd": "AMD", "": "Named configs"}
     parts = [_front_matter(hide=("toc",)), HEADER, "# Labels reference\n\n",
              "Every label key gpu-labeller writes, from the same tables `gpu-labeller explain` reads (`KEY_DOCS` in "
-             "`vendors/nvidia/labels.py` and `vendors/amd/labels.py`, and `labeller/explain.py`). `<name>` in a key "
-             "stands for any text. The example is what a built-in profile prints "
+             "`vendors/nvidia/labels.py` and `vendors/amd/labels.py`, and `labeller/host/explain.py`). "
+             "`<name>` in a key stands for any text. The example is what a built-in profile prints "
              "(`gpu-labeller labels --simulate PROFILE`), with where its value came from on that node; "
              "`gpu-labeller explain --simulate PROFILE KEY` says the same of one key. [Labels](../labels.md) explains "
              "the families, the merge order and which keys gpu-labeller owns.\n\n"]
@@ -246,15 +247,15 @@ def _command_section(name: str, command: Any, parent: Any) -> str:
 def cli_page() -> str:
     import click
 
-    from labeller.cli import main
+    from labeller.cli.root import main
 
     root = click.Context(main, info_name="gpu-labeller")
     globals_ = [p for p in main.get_params(root) if isinstance(p, click.Option) and not p.hidden
                 and "--help" not in p.opts]
     parts = [HEADER, "# CLI reference\n\n",
              "Every command of `gpu-labeller`, with its help and options as `gpu-labeller COMMAND --help` prints "
-             "them (the click commands in `labeller/cli.py`, `labeller/commands/` and each process's `cli.py`). "
-             "[CLI](../cli.md) explains the commands with examples. Every command takes `-h`/`--help`.\n\n",
+             "them (the click commands in `labeller/cli/root.py`, `labeller/cli/commands/` and each process's "
+             "`cli.py`). [CLI](../cli.md) explains the commands with examples. Every command takes `-h`/`--help`.\n\n",
              "## Global options\n\n", "Given before the command: `gpu-labeller --log-level debug labels`.\n\n",
              table(["option", "value", "default", "env", "meaning"],
                    [_global_row(p, root) for p in globals_]), "\n"]
@@ -276,7 +277,7 @@ def _global_row(param: Any, ctx: Any) -> list[str]:
 # --- config ------------------------------------------------------------------------------------------
 
 def config_page() -> str:
-    from labeller.config import config_keys
+    from labeller.model.config import config_keys
     from vendors import RESOURCE_NAMES
 
     rows = []
@@ -288,8 +289,8 @@ def config_page() -> str:
     return "".join([
         HEADER, "# Config file reference\n\n",
         "Every key of the config file (`--config`, each named config of `--config-dir`, a profile's `config` "
-        "section), from the schema in `labeller/config.py`. `{timeSlicing,mps}` stands for either block; `[]` for "
-        "each entry of a list. Any other key is refused: one line naming it, exit code 2. "
+        "section), from the schema in `labeller/model/config.py`. `{timeSlicing,mps}` stands for either block; "
+        "`[]` for each entry of a list. Any other key is refused: one line naming it, exit code 2. "
         "[Config file](../configuration.md) explains the format with examples.\n\n",
         table(["key", "takes", "default", "effect"], rows)])
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from labeller.cluster.kube import Kube, KubeError, Observer, REQUEST_TIMEOUT, Unreachable
-from labeller.documents import DocumentError, read_document
-from labeller.errors import ClusterError, InputError
+from labeller.model.documents import DocumentError, read_document
+from labeller.base.errors import ClusterError, InputError
 
 KUBECTL_CONFIG = os.path.join("~", ".kube", "config")
 NAMED_LISTS = ("clusters", "users", "contexts")

@@ -33,8 +33,8 @@ import urllib3
 import yaml
 
 from labeller.cluster.kubeconfig import static_credentials
-from labeller.errors import ClusterError
-from labeller.labels import FIELD_MANAGER
+from labeller.base.errors import ClusterError
+from labeller.model.labels import FIELD_MANAGER
 
 
 def _bare_package(name: str) -> None:

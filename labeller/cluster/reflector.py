@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 
 from labeller.cluster.permissions import PermissionLog
-from labeller.backoff import Backoff
+from labeller.base.backoff import Backoff
 
 log = structlog.get_logger("gpu_labeller.cluster")
 

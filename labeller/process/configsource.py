@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from labeller.config import ConfigError
+from labeller.model.config import ConfigError
 
 if TYPE_CHECKING:
     from labeller.process.follow import ConfigFollower
-    from labeller.host import Host
+    from labeller.host.machine import Host
 
 log = structlog.get_logger(__name__)
 

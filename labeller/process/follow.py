@@ -1,4 +1,4 @@
-"""Following a node's named config (labeller.namedconfigs) while ``run`` or ``device-plugin`` runs.
+"""Following a node's named config (labeller.model.namedconfigs) while ``run`` or ``device-plugin`` runs.
 
 ``ConfigFollower`` holds the selection in force and chooses again when
 - the node label that asks for a config (``nvidia.com/device-plugin.config``) or gpu-labeller's
@@ -29,11 +29,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from labeller.cluster.nodes import NodeCache, NodeWatch, node_labels, node_labels_reader
 from labeller.cluster.permissions import PermissionLog
-from labeller.host import Host, NodeOptions, OptionsError
-from labeller.inotify import DirectoryWatch
-from labeller.labels import key_problem, owns
-from labeller.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
-from labeller.backoff import Backoff
+from labeller.host.machine import Host, NodeOptions, OptionsError
+from labeller.base.inotify import DirectoryWatch
+from labeller.model.labels import key_problem, owns
+from labeller.model.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
+from labeller.base.backoff import Backoff
 
 if TYPE_CHECKING:
     from labeller.cluster.kube import Kube

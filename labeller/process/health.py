@@ -27,9 +27,9 @@ from typing import Any
 
 import structlog
 
-from labeller.offer import PhysicalDevice
-from labeller.vendor import Vendor
-from labeller.vendor.plugin import Checker, Fault
+from labeller.model.offer import PhysicalDevice
+from labeller.model.vendor import Vendor
+from labeller.model.vendor.plugin import Checker, Fault
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from labeller.errors import InputError
+from labeller.base.errors import InputError
 from labeller.process.connections import ConnectionServer
 from labeller.process.idleconnections import Connection
 

@@ -36,7 +36,7 @@ import structlog
 
 from labeller.process.configsource import ConfigSource
 from labeller.process.memory import release_free_memory
-from labeller.backoff import Backoff
+from labeller.base.backoff import Backoff
 
 log = structlog.get_logger(__name__)
 

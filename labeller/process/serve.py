@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import structlog
 from prometheus_client import CollectorRegistry
 
-from labeller.host import Host, NodeOptions, open_host
-from labeller.namedconfigs import Selection
+from labeller.host.machine import Host, NodeOptions, open_host
+from labeller.model.namedconfigs import Selection
 from labeller.process.configsource import ConfigSource
 from labeller.process.follow import ConfigFollower, ConfigMetrics, follow_own_node
 from labeller.process.httpserver import start_http_server

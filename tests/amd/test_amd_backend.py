@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import Config
-from labeller.inventory import BackendReport
+from labeller.model.config import Config
+from labeller.model.inventory import BackendReport
 from tests.builders import (
     FIRMWARE_INFO,
     PATIENCE_S,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.offer import Offer
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.offer import Offer
 from tests.builders import (MI210, MI300X_CPX, RX7900XTX, VEGA10, amd, amd_gpu, amd_labels_of, amd_node, groups,
                             label_set_of)
 from vendors.amd import labels as amd_labels

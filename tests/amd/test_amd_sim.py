@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from labeller.config import Config
+from labeller.model.config import Config
 from tests.builders import MI210, PATIENCE_S, amd_labels_of, amd_probe_of, pci_scan, promptly
 from tests.core.cli import in_process
 from vendors.amd import simulate as amd_sim

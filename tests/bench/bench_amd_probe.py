@@ -15,10 +15,10 @@ import statistics
 import time
 from pathlib import Path
 
-from labeller import sharing
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.nodelabels import node_labels
+from labeller.model import sharing
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.nodelabels import node_labels
 from vendors import VENDORS, pci
 from vendors.amd import probe as amd
 from vendors.simulate import simulated_node

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from labeller import config as config_module  # noqa: E402
-from labeller.config import ConfigError, load_config, parse_config  # noqa: E402
+from labeller.model.config import ConfigError, load_config, parse_config  # noqa: E402
 from vendors import RESOURCE_NAMES  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the kubelet emulator's gRPC: no INFO lines on stream ends
 
 from labeller.process.follow import POLL_SECONDS  # noqa: E402
-from labeller.namedconfigs import CONFIG_LABEL, ConfigDir  # noqa: E402
+from labeller.model.namedconfigs import CONFIG_LABEL, ConfigDir  # noqa: E402
 from tests.bench.bench_plugin import rss_mib  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402

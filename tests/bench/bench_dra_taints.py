@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import structlog  # noqa: E402
 
-from labeller.host import NodeOptions, open_host  # noqa: E402
+from labeller.host.machine import NodeOptions, open_host  # noqa: E402
 from tests.bench.bench_dra import slice_writes, wait  # noqa: E402
 from tests.draplugin.conftest import NODE, Dirs, dra_config, plugin_on_loop  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402

@@ -50,7 +50,7 @@ def one_run(name: str, profile: str, env: dict[str, str]) -> tuple[float, float]
 def compile_imports(name: str, profile: str, prefix: str) -> None:
     """Write bytecode under ``prefix`` for every module the command imports."""
     code = (
-        "import sys; from labeller.cli import main\n"
+        "import sys; from labeller.cli.root import main\n"
         f"try: main([{name!r}, '--simulate', {profile!r}])\n"
         "except SystemExit: pass\n"
         "print('\\n'.join(f for m in list(sys.modules.values()) if (f := getattr(m, '__file__', None))"
@@ -64,7 +64,7 @@ def compile_imports(name: str, profile: str, prefix: str) -> None:
 def heavy_imported(name: str, profile: str) -> bool:
     """Whether the kubernetes client or grpc was imported."""
     code = (
-        "import sys; from labeller.cli import main\n"
+        "import sys; from labeller.cli.root import main\n"
         f"try: main([{name!r}, '--simulate', {profile!r}])\n"
         "except SystemExit: pass\n"
         "print('kubernetes' in sys.modules or 'grpc' in sys.modules, file=sys.stderr)"

@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller import gpushare  # noqa: E402
-from labeller.extender.cache import ShareCache  # noqa: E402
+from labeller.model import gpushare  # noqa: E402
+from labeller.apps.extender.cache import ShareCache  # noqa: E402
 from labeller.cluster.kube import Kube  # noqa: E402
 from tests.bench.bench_plugin import pct, rss_mib  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402

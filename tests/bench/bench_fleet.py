@@ -23,13 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.daemon.service import Daemon, Options  # noqa: E402
+from labeller.apps.daemon.service import Daemon, Options  # noqa: E402
 from labeller.process.loop import ProcessLoop  # noqa: E402
-from labeller.daemon.reconcile import ProbeResult, owned  # noqa: E402
-from labeller.daemon.sinks import NodeSink  # noqa: E402
+from labeller.apps.daemon.reconcile import ProbeResult, owned  # noqa: E402
+from labeller.apps.daemon.sinks import NodeSink  # noqa: E402
 from labeller.cluster.kube import Kube  # noqa: E402
-from labeller.log import configure  # noqa: E402
-from labeller.daemon.metrics import Metrics  # noqa: E402
+from labeller.base.log import configure  # noqa: E402
+from labeller.apps.daemon.metrics import Metrics  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer, Fault  # noqa: E402
 
 LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8",

@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
-from labeller import gpushare  # noqa: E402
-from labeller.plugin.api import api_pb2 as pb  # noqa: E402
-from labeller.plugin.api import api_pb2_grpc as pb_grpc  # noqa: E402
+from labeller.model import gpushare  # noqa: E402
+from labeller.apps.plugin.api import api_pb2 as pb  # noqa: E402
+from labeller.apps.plugin.api import api_pb2_grpc as pb_grpc  # noqa: E402
 from tests.bench.bench_plugin import pct, rss_mib  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 from tests.fakes.kubelet import FakeKubelet  # noqa: E402

@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
-from labeller.plugin.api import api_pb2 as pb  # noqa: E402
-from labeller.plugin.api import api_pb2_grpc as pb_grpc  # noqa: E402
-from labeller.host import NodeOptions, open_host  # noqa: E402
-from labeller.plugin.app import PluginSettings  # noqa: E402
+from labeller.apps.plugin.api import api_pb2 as pb  # noqa: E402
+from labeller.apps.plugin.api import api_pb2_grpc as pb_grpc  # noqa: E402
+from labeller.host.machine import NodeOptions, open_host  # noqa: E402
+from labeller.apps.plugin.app import PluginSettings  # noqa: E402
 from tests.fakes.kubelet import FakeKubelet  # noqa: E402
 from tests.builders import amd_part, nvidia_part  # noqa: E402
 from tests.plugin.conftest import running_plugin  # noqa: E402

@@ -44,7 +44,7 @@ def one_run(command: str, profile: str) -> tuple[float, float]:
 
 
 def heavy_imported(command: str, profile: str) -> bool:
-    code = ("import sys; from labeller.cli import main\n"
+    code = ("import sys; from labeller.cli.root import main\n"
             f"try: main({[*COMMANDS[command], '--simulate', profile]!r})\n"
             "except SystemExit: pass\n"
             "print(any(m.split('.')[0] in ('kubernetes', 'grpc') for m in sys.modules), file=sys.stderr)")

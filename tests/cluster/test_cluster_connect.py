@@ -15,9 +15,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from labeller.cli import LazyGroup
+from labeller.cli.root import LazyGroup
 from labeller.cluster.connect import NoCredentials, connect
-from labeller.errors import InputError
+from labeller.base.errors import InputError
 from tests.builders import config_map_volume
 from tests.core.cli import error_line, in_process
 from tests.fakes.apiserver import FakeApiServer

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from labeller.cluster.kube import Kube, KubeError, Unavailable
-from labeller.errors import ClusterError
+from labeller.base.errors import ClusterError
 from tests.core.cli import error_line, gpu_labeller, in_process
 
 

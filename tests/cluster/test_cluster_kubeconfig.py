@@ -14,9 +14,9 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from labeller.cli import main
+from labeller.cli.root import main
 from labeller.cluster.connect import NoCredentials, find_kubeconfig
-from labeller.commands.completion import complete_node_names
+from labeller.cli.commands.completion import complete_node_names
 from tests.builders import config_map_volume
 from tests.fakes.apiserver import FakeApiServer
 

@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from labeller.cluster.nodes import Labels, NodeCache, node_labels
-from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, Chooser, ConfigDir
+from labeller.model.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, Chooser, ConfigDir
 from labeller.process.follow import ConfigFollower, ConfigMetrics
 from tests.builders import PATIENCE_S, config_map_volume, stays_true
 from vendors import RESOURCE_NAMES

@@ -34,7 +34,7 @@ def in_process(*args: str, env: dict[str, str] | None = None, input: str | None 
     """The CLI run here by click's runner, as ``gpu_labeller`` would run it: ``env`` is the whole environment
     (a variable it lacks is unset), ``input`` standard input, ``cwd`` the working directory. An exception
     that escapes the command (a traceback, for a user) is raised here, so a test cannot pass on it."""
-    from labeller.cli import main
+    from labeller.cli.root import main
 
     changes: dict[str, str | None] = {}
     if env is not None:

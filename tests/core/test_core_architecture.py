@@ -1,9 +1,10 @@
-"""The layers hold. From the bottom: base plumbing, the model, the vendors, the host (probing it,
-and the tools that read its labels), the cluster layer, the process layer (one loop), the
-applications (daemon, device plugin, DRA plugin, extender, MPS supervisor: never one another), and
-the command line on top. A module imports its own tier and those below, never one above. Also: one
-adapter talks to the API, only the two kubelet plugins speak gRPC, only the command line imports
-click, and nothing on a real node imports a simulation.
+"""The layers hold. Each module's tier is the sub-package it lives in (``labeller/<tier>/...``), from
+the bottom: base plumbing, the model, the vendors (``vendors/``), the host (probing it, and the tools
+that read its labels), the cluster layer, the process layer (one loop), the applications
+(``labeller/apps/<process>/``: daemon, device plugin, DRA plugin, extender, MPS supervisor; never one
+another), and the command line on top (``labeller/cli/`` and each application's ``cli.py``). A module
+imports its own tier and those below, never one above. Also: one adapter talks to the API, only the
+two kubelet plugins speak gRPC, only the command line imports click, and nothing on a real node imports a simulation.
 
 Imports are read from the source (function-level and TYPE_CHECKING imports included), and so are
 the modules named in strings for ``importlib`` (the lazy command table), so a lazy import cannot
@@ -19,11 +20,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = {"labeller.inventory", "labeller.config", "labeller.documents", "labeller.labels", "labeller.offer",
-         "labeller.sharing", "labeller.vendor", "labeller.vendor.discovery", "labeller.vendor.devices",
-         "labeller.vendor.plugin", "labeller.vendor.mps", "labeller.nodelabels", "labeller.gpushare",
-         "labeller.namedconfigs", "labeller.resourceslices", "labeller.vendor.dra", "labeller.upstream",
-         "labeller.quantity", "labeller.configtable"}
+# The tiers, from the bottom, as the sub-packages of labeller/ name them (vendors/ is tier 2).
+TIERS = ("base", "model", "vendors", "host", "cluster", "process", "apps", "cli")
+TIER = {name: number for number, name in enumerate(TIERS)}
 
 
 def module_name(path: Path) -> str:
@@ -38,7 +37,7 @@ def imported_names(node: ast.AST) -> set[str]:
     return set()
 
 
-# A string that names a module (``labeller.daemon.cli``) or a module's attribute (``...:run``): imported
+# A string that names a module (``labeller.apps.daemon.cli``) or a module's attribute (``...:run``): imported
 # by name, with importlib.
 MODULE_STRING = re.compile(r"(?:labeller|vendors)(?:\.\w+)+(?::\w+)?")
 
@@ -53,7 +52,7 @@ def sources() -> list[Path]:
             if not str(path.relative_to(ROOT)).startswith(GENERATED)]
 
 
-GENERATED = ("labeller/plugin/api/", "labeller/draplugin/api/")  # gRPC code protoc wrote
+GENERATED = ("labeller/apps/plugin/api/", "labeller/apps/draplugin/api/")  # gRPC code protoc wrote
 
 
 @cache
@@ -94,45 +93,39 @@ def ours(imports: set[str]) -> set[str]:
     return {name for name in imports if name in names}
 
 
-def test_every_model_module_exists() -> None:
-    assert MODEL <= set(modules())
+def test_every_tier_holds_modules() -> None:
+    assert all(in_tier(name) for name in TIERS)
+    assert {"labeller.model.inventory", "labeller.model.config", "labeller.model.offer"} <= in_tier("model")
 
 
 def test_the_inventory_sits_at_the_bottom() -> None:
-    assert ours(modules()["labeller.inventory"]) <= {"labeller.errors"}
+    assert ours(modules()["labeller.model.inventory"]) <= {"labeller.base.errors"}
 
 
-PROCESSES = ("labeller.daemon", "labeller.plugin", "labeller.draplugin", "labeller.extender", "labeller.mps")
-BASE = {"labeller", "labeller.errors", "labeller.grpcgen", "labeller.inotify", "labeller.log", "labeller.outputs",
-        "labeller.ownfiles", "labeller.backoff"}
-HOST = {"labeller.host", "labeller.discovery", "labeller.explain", "labeller.selectors", "labeller.snippets",
-        "labeller.fleet"}
+
+
+def in_tier(name: str) -> set[str]:
+    return {module for module in modules() if tier(module) == TIER[name]}
 
 
 def process_of(module: str) -> str | None:
-    """The process package ``module`` belongs to (``labeller.daemon.cli`` -> ``labeller.daemon``), if any."""
-    return next((p for p in PROCESSES if module == p or module.startswith(p + ".")), None)
+    """The application package ``module`` belongs to (``labeller.apps.daemon.cli`` -> ``labeller.apps.daemon``)."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["labeller", "apps"] and len(parts) >= 3 else None
 
 
 def tier(module: str) -> int:
-    """0 base, 1 model, 2 vendors, 3 host, 4 cluster, 5 process, 6 applications, 7 command line."""
-    if module in BASE:
-        return 0
-    if module in MODEL:
-        return 1
-    if module == "vendors" or module.startswith("vendors."):
-        return 2
-    if module in HOST:
-        return 3
-    if module.startswith("labeller.cluster"):
-        return 4
-    if module.startswith("labeller.process"):
-        return 5
-    if process_of(module) is not None:
-        return 7 if module.endswith(".cli") else 6
-    if module in ("labeller.cli", "labeller.main") or module.startswith("labeller.commands"):
-        return 7
-    raise AssertionError(f"{module}: in no tier; place it in tests/core/test_core_architecture.py")
+    """The tier ``module``'s path names; an application's ``cli`` module is the command line's."""
+    parts = module.split(".")
+    if parts == ["labeller"]:
+        return TIER["base"]
+    if parts[0] == "vendors":
+        return TIER["vendors"]
+    if len(parts) < 2 or parts[1] not in TIER or parts[1] == "vendors":
+        raise AssertionError(f"{module}: not in a tier's sub-package of labeller/ ({', '.join(TIERS)})")
+    if parts[1] == "apps" and parts[-1] == "cli":
+        return TIER["cli"]
+    return TIER[parts[1]]
 
 
 def test_every_module_has_its_tier() -> None:
@@ -148,7 +141,8 @@ def test_no_module_imports_one_above_its_tier() -> None:
 
 
 def test_the_lazy_command_table_is_seen() -> None:
-    assert {"labeller.daemon.cli", "labeller.plugin.cli", "labeller.commands.selectors"} <= modules()["labeller.cli"]
+    lazy = {"labeller.apps.daemon.cli", "labeller.apps.plugin.cli", "labeller.cli.commands.selectors"}
+    assert lazy <= modules()["labeller.cli.root"]
 
 
 def test_only_the_command_line_imports_click() -> None:
@@ -177,9 +171,10 @@ def test_the_whole_house_has_no_import_cycle() -> None:
     assert cycle(graph) == []
 
 
-@pytest.mark.parametrize("module", sorted(MODEL))
-def test_the_model_imports_only_the_model(module: str) -> None:
-    assert ours(modules()[module]) - MODEL - BASE == set()
+def test_the_model_imports_only_the_model() -> None:
+    model, base = in_tier("model"), in_tier("base")
+    assert {module: sorted(ours(modules()[module]) - model - base) for module in model
+            if ours(modules()[module]) - model - base} == {}
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -209,12 +204,14 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_the_model_has_no_import_cycle() -> None:
     """TYPE_CHECKING and function-level imports count: a cycle hidden behind them is still one
     module that cannot be read, or changed, without the other."""
-    graph = {module: ours(modules()[module]) & MODEL for module in MODEL}
+    model = in_tier("model")
+    graph = {module: ours(modules()[module]) & model for module in model}
     assert cycle(graph) == []
 
 
 def test_vendors_import_only_the_model_and_vendors() -> None:
-    wrong = {module: sorted(ours(imports) - MODEL - BASE - {m for m in modules() if m.startswith("vendors")})
+    allowed = in_tier("model") | in_tier("base") | in_tier("vendors")
+    wrong = {module: sorted(ours(imports) - allowed)
              for module, imports in modules().items() if module.startswith("vendors")}
     assert {module: found for module, found in wrong.items() if found} == {}
 
@@ -238,7 +235,8 @@ def test_only_the_adapter_imports_the_kubernetes_client() -> None:
 def test_no_process_package_imports_another() -> None:
     """The daemon, the device plugin, the extender and the MPS supervisor share the layers below
     them (the cluster layer among them), never each other's modules, not even inside a function."""
-    assert {process_of(m) for m in modules()} >= set(PROCESSES)
+    assert {process_of(m) for m in modules()} >= {f"labeller.apps.{name}" for name in
+                                                  ("daemon", "plugin", "draplugin", "extender", "mps")}
     sideways = {module: sorted(i for i in ours(imports) if process_of(i) not in (None, process_of(module)))
                 for module, imports in modules().items() if process_of(module) is not None}
     assert {module: found for module, found in sideways.items() if found} == {}
@@ -246,10 +244,10 @@ def test_no_process_package_imports_another() -> None:
 
 def test_nothing_outside_the_daemon_imports_it() -> None:
     importers = {module for module, imports in modules().items()
-                 if process_of(module) != "labeller.daemon"
-                 and any(process_of(i) == "labeller.daemon" for i in imports)}
-    importers.discard("labeller.cli")  # the root's lazy command table names ``run``
-    importers.discard("labeller.commands.cleanup")  # ``cleanup`` writes the daemon's empty set with its Node sink
+                 if process_of(module) != "labeller.apps.daemon"
+                 and any(process_of(i) == "labeller.apps.daemon" for i in imports)}
+    importers.discard("labeller.cli.root")  # the root's lazy command table names ``run``
+    importers.discard("labeller.cli.commands.cleanup")  # ``cleanup`` writes the daemon's empty set with its Node sink
     assert importers == set()
 
 
@@ -259,17 +257,17 @@ def test_the_cluster_layer_imports_no_process_and_no_command_line() -> None:
     for module, imports in cluster.items():
         assert not {i for i in imports if process_of(i) is not None or i.split(".")[0] in ("click", "grpc")}, module
         assert not {i for i in ours(imports)
-                    if i in ("labeller.cli", "labeller.commands.options", "labeller.process.follow")}, module
+                    if i in ("labeller.cli.root", "labeller.cli.commands.options", "labeller.process.follow")}, module
 
 
 def test_only_the_plugins_speak_grpc() -> None:
     """The device plugin and the DRA plugin (each its own generated code: no process imports another).
-    ``grpc_tools`` (protoc, for ``labeller.grpcgen``, a developer's tool) is no gRPC at run time."""
+    ``grpc_tools`` (protoc, for ``labeller.base.grpcgen``, a developer's tool) is no gRPC at run time."""
     users = {module for module, imports in modules().items()
-             if any(i.split(".")[0] == "grpc" or i.startswith(("labeller.plugin.api", "labeller.draplugin.api"))
-                    for i in imports)}
-    assert users and all(module.startswith(("labeller.plugin.", "labeller.draplugin.")) for module in users)
-    assert {m for m in users if m.startswith("labeller.draplugin.")}, "the DRA plugin serves gRPC"
+             if any(i.split(".")[0] == "grpc"
+                    or i.startswith(("labeller.apps.plugin.api", "labeller.apps.draplugin.api")) for i in imports)}
+    assert users and all(module.startswith(("labeller.apps.plugin.", "labeller.apps.draplugin.")) for module in users)
+    assert {m for m in users if m.startswith("labeller.apps.draplugin.")}, "the DRA plugin serves gRPC"
 
 
 def vendor_packages() -> set[str]:
@@ -281,11 +279,11 @@ def test_nothing_on_a_real_node_imports_a_simulation() -> None:
     simulations = {m for m in modules() if m.endswith(".simulate") or m == "vendors.sim_pci"}
     importers = {module for module, imports in modules().items() if ours(imports) & simulations}
     # each vendor package hands its simulator to the profile replayer (Discovery.simulator);
-    # labeller.host imports the replayer only for --simulate; match (its default targets) and
+    # labeller.host.machine imports the replayer only for --simulate; match (its default targets) and
     # completion (--simulate names) list the built-in profiles
-    assert importers <= simulations | vendor_packages() | {"labeller.host", "labeller.commands.dryrun",
-                                                           "labeller.commands.selectors",
-                                                           "labeller.commands.completion"}
+    assert importers <= simulations | vendor_packages() | {"labeller.host.machine", "labeller.cli.commands.dryrun",
+                                                           "labeller.cli.commands.selectors",
+                                                           "labeller.cli.commands.completion"}
     assert {p for p in vendor_packages() if ours(eager_modules()[p]) & simulations} == set()
 
 
@@ -302,36 +300,38 @@ def test_the_vendors_plugin_parts_load_on_first_use() -> None:
 
 def test_named_configs_read_files_with_the_model_only() -> None:
     """Choosing a named config is part of the dry run: no Kubernetes, no threads, no click."""
-    assert ours(modules()["labeller.namedconfigs"]) <= MODEL
-    assert not {i for i in modules()["labeller.namedconfigs"]
+    assert ours(modules()["labeller.model.namedconfigs"]) <= in_tier("model")
+    assert not {i for i in modules()["labeller.model.namedconfigs"]
                 if i.split(".")[0] in ("threading", "click", "kubernetes")}
 
 
 def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
     """The annotations' meaning and where memory fits are shared by the extender and the plugin:
     plain data, no client, no I/O; the cache adds only a lock."""
-    packages = {"labeller", "labeller.extender"}  # ``from labeller import gpushare`` names the package too
-    assert ours(modules()["labeller.quantity"]) == set()
-    assert ours(modules()["labeller.gpushare"]) - packages <= {"labeller.quantity"}
-    assert ours(modules()["labeller.extender.placement"]) - packages <= {"labeller.gpushare"}
-    assert ours(modules()["labeller.extender.cache"]) - packages <= {"labeller.gpushare", "labeller.quantity",
-                                                                     "labeller.extender.placement"}
-    for module in ("labeller.quantity", "labeller.gpushare", "labeller.extender.placement", "labeller.extender.cache"):
+    # ``from labeller.model import gpushare`` names the package too
+    packages = {"labeller", "labeller.model", "labeller.apps", "labeller.apps.extender"}
+    assert ours(modules()["labeller.model.quantity"]) == set()
+    assert ours(modules()["labeller.model.gpushare"]) - packages <= {"labeller.model.quantity"}
+    assert ours(modules()["labeller.apps.extender.placement"]) - packages <= {"labeller.model.gpushare"}
+    assert ours(modules()["labeller.apps.extender.cache"]) - packages <= {
+        "labeller.model.gpushare", "labeller.model.quantity", "labeller.apps.extender.placement"}
+    for module in ("labeller.model.quantity", "labeller.model.gpushare", "labeller.apps.extender.placement",
+                   "labeller.apps.extender.cache"):
         assert not {i for i in modules()[module]
                     if i.split(".")[0] in ("kubernetes", "urllib3", "click", "grpc")}, module
 
 
-@pytest.mark.parametrize("module", ["labeller.explain", "labeller.selectors", "labeller.snippets", "labeller.fleet",
-                                    "labeller.commands.completion"])
+@pytest.mark.parametrize("module", ["labeller.host.explain", "labeller.host.selectors", "labeller.host.snippets",
+                                    "labeller.host.fleet", "labeller.cli.commands.completion"])
 def test_the_selector_tools_stay_off_the_api(module: str) -> None:
     """explain, match on profiles and the snippets work without a cluster: their modules import
     neither the adapter nor the daemon (completion reaches the adapter only inside the function
     that completes node names, guarded)."""
-    above = {m for m in ours(modules()[module]) if m.startswith(("labeller.daemon", "labeller.plugin"))}
+    above = {m for m in ours(modules()[module]) if m.startswith(("labeller.apps.daemon", "labeller.apps.plugin"))}
     assert above == set()
     clients = {i for i in modules()[module] if i.split(".")[0] in ("kubernetes", "grpc", "urllib3")}
     assert clients == set()
-    if module != "labeller.commands.completion":
+    if module != "labeller.cli.commands.completion":
         assert "labeller.cluster.kube" not in modules()[module]
 
 

@@ -128,13 +128,13 @@ def test_dry_run_never_imports_the_kubernetes_client_grpc_or_the_plugin(tmp_path
     args = command if "--simulate" in command else [*command, "--host-root", str(empty_node(tmp_path))]
     code = (
         "import sys\n"
-        "from labeller.cli import main\n"
+        "from labeller.cli.root import main\n"
         "try:\n"
         f"    main({args!r})\n"
         "except SystemExit:\n"
         "    pass\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'google')\n"
-        "             or m.startswith(('labeller.plugin', 'labeller.draplugin'))"
+        "             or m.startswith(('labeller.apps.plugin', 'labeller.apps.draplugin'))"
         " or m.rsplit('.', 1)[-1] in ('allocate', 'health')))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE_S)

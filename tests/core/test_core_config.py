@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import ConfigError, load_config, parse_config, parse_document
+from labeller.model.config import ConfigError, load_config, parse_config, parse_document
 from vendors import RESOURCE_NAMES
 from vendors.amd.settings import AmdSettings
 from vendors.nvidia.settings import NvidiaSettings

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from labeller.config import ConfigError, config_keys, parse_document
+from labeller.model.config import ConfigError, config_keys, parse_document
 from vendors import RESOURCE_NAMES
 
 KEYS = config_keys(RESOURCE_NAMES)

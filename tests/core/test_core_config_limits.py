@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import MAX_DEVICE_REFS, MAX_REPLICAS, MAX_SHARED_RESOURCES, ConfigError, parse_config
-from labeller.offer import MAX_DEVICES_PER_RESOURCE
+from labeller.model.config import MAX_DEVICE_REFS, MAX_REPLICAS, MAX_SHARED_RESOURCES, ConfigError, parse_config
+from labeller.model.offer import MAX_DEVICES_PER_RESOURCE
 from tests.builders import AT_ONCE_S, nvidia, nvidia_gpu, offer_of
 from tests.core.cli import error_line, in_process
 from vendors import RESOURCE_NAMES

@@ -1,6 +1,7 @@
-"""The config table (labeller.configtable): each key is declared once, next to the code that acts on it (the core's
-in labeller/config.py, a vendor's in its package, registered through ``Vendor.settings``), and the check, the
-defaults, the upstream flags and the reference page come from that one declaration. A key the docs or the product's
+"""The config table (labeller.model.configtable): each key is declared once, next to the code that acts on
+it (the core's in labeller/model/config.py, a vendor's in its package, registered through
+``Vendor.settings``), and the check, the defaults, the upstream flags and the reference page come from
+that one declaration. A key the docs or the product's
 messages name and nobody declares fails here, and so does a declared key without its documentation."""
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import (Config, ConfigError, ResourceNames, config_keys, config_table, parse_config,
+from labeller.model.config import (Config, ConfigError, ResourceNames, config_keys, config_table, parse_config,
                              upstream_flags)
-from labeller.configtable import Key, Section, setting
-from labeller.upstream import DRA_PLUGIN, KeyFlag, overlay, overrides_and_warnings
+from labeller.model.configtable import Key, Section, setting
+from labeller.model.upstream import DRA_PLUGIN, KeyFlag, overlay, overrides_and_warnings
 from vendors import RESOURCE_NAMES, VENDORS
 from vendors.amd.settings import AmdSettings
 
@@ -120,7 +121,7 @@ def mentions() -> dict[str, set[str]]:
 
 
 def python_name(text: str) -> bool:
-    """``labeller.labels.merge`` names a function of the module ``labeller.labels``, not a key."""
+    """``labeller.model.labels.merge`` names a function of the module ``labeller.labels``, not a key."""
     module, _, name = text.rpartition(".")
     try:
         return hasattr(importlib.import_module(module), name)

@@ -15,15 +15,15 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from labeller.cli import main
-from labeller.config import MemorySharing, parse_document
-from labeller.draplugin import taints
-from labeller.explain import catalog, find
-from labeller.host import Host, NodeOptions, open_host
-from labeller.labels import KeyDoc
-from labeller.offer import Offer
-from labeller.resourceslices import DraDevice, resource_slices, untainted
-from labeller.sharing import memory_policy
+from labeller.cli.root import main
+from labeller.model.config import MemorySharing, parse_document
+from labeller.apps.draplugin import taints
+from labeller.host.explain import catalog, find
+from labeller.host.machine import Host, NodeOptions, open_host
+from labeller.model.labels import KeyDoc
+from labeller.model.offer import Offer
+from labeller.model.resourceslices import DraDevice, resource_slices, untainted
+from labeller.model.sharing import memory_policy
 from tests.fakes.apiserver import ApiError, NodeStore, SliceStore
 from vendors import RESOURCE_NAMES, VENDORS
 from vendors.amd.labels import product_name_value, vram_gib_label

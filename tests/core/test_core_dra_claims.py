@@ -19,8 +19,8 @@ from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
-from labeller.host import NodeOptions, open_host
-from labeller.resourceslices import resource_slices
+from labeller.host.machine import NodeOptions, open_host
+from labeller.model.resourceslices import resource_slices
 from vendors.simulate import builtin_profiles
 
 DRA_PAGE = Path(__file__).resolve().parents[2] / "docs" / "dra.md"

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from labeller.draplugin.slicecontent import content, dropped
-from labeller.draplugin.taints import GONE, published, taints
-from labeller.resourceslices import resource_slices
-from labeller.vendor.plugin import Fault
+from labeller.apps.draplugin.slicecontent import content, dropped
+from labeller.apps.draplugin.taints import GONE, published, taints
+from labeller.model.resourceslices import resource_slices
+from labeller.model.vendor.plugin import Fault
 from tests.fakes.apiserver import ApiError, NodeStore, SliceStore
 from tests.core.test_core_dra import derive
 from vendors import VENDORS

@@ -9,8 +9,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from labeller.cli import main
-from labeller.commands.params import Duration, format_duration, parse_duration
+from labeller.cli.root import main
+from labeller.cli.commands.params import Duration, format_duration, parse_duration
 
 
 def duration_options() -> list[tuple[str, click.Option]]:

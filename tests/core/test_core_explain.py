@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import Config, parse_config
-from labeller.explain import catalog, explain, find
-from labeller.inventory import Inventory
-from labeller.labels import LabelSet
-from labeller.namedconfigs import Selection
-from labeller.host import NodeOptions, open_host
-from labeller.nodelabels import node_labels
-from labeller.sharing import derive
+from labeller.model.config import Config, parse_config
+from labeller.host.explain import catalog, explain, find
+from labeller.model.inventory import Inventory
+from labeller.model.labels import LabelSet
+from labeller.model.namedconfigs import Selection
+from labeller.host.machine import NodeOptions, open_host
+from labeller.model.nodelabels import node_labels
+from labeller.model.sharing import derive
 from tests.builders import label_set_of, mps_ready, nvidia, nvidia_gpu
 from tests.core.cli import in_process
 from vendors import RESOURCE_NAMES, VENDORS
@@ -188,7 +188,7 @@ def test_state_labels_are_explained_with_named_configs_and_why_not_without(tmp_p
 
 
 def test_a_labeler_without_sources_still_gets_provenance_from_itself() -> None:
-    from labeller.labels import merge
+    from labeller.model.labels import merge
 
     def extra_labels(inventory: Inventory, config: Config, offer: object) -> dict[str, str]:
         """example.com/extra: what a new rule writes before it names its sources."""

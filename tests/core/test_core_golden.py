@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from labeller.cli import main
+from labeller.cli.root import main
 from vendors.simulate import builtin_profiles
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"

@@ -1,4 +1,4 @@
-"""labeller.inotify: a directory's changes are told without anyone looking at it, including a directory
+"""labeller.base.inotify: a directory's changes are told without anyone looking at it, including a directory
 that is not there yet, one deleted and made again (a kubelet restarting), and one replaced."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import labeller.inotify
-from labeller.inotify import DirectoryWatch
+import labeller.base.inotify
+from labeller.base.inotify import DirectoryWatch
 from tests.builders import wait_for
 
 
@@ -118,7 +118,7 @@ def test_without_inotify_the_caller_is_told_to_look_itself(told: Told, tmp_path:
     def unavailable() -> None:
         raise OSError(24, "inotify_init1: Too many open files")
 
-    monkeypatch.setattr(labeller.inotify, "Inotify", unavailable)
+    monkeypatch.setattr(labeller.base.inotify, "Inotify", unavailable)
     watch = DirectoryWatch(told, "test-watch")
     watch.watch([tmp_path])
     assert not watch.available and not watch.watching

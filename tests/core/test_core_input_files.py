@@ -2,7 +2,7 @@
 and a document nested too deep or holding a huge integer is one line of error, exit 2.
 
 Every command reads configs, profiles, kubeconfigs and the features file through one bounded reader
-(``labeller.documents.read_limited``), so a few commands stand for all of them.
+(``labeller.model.documents.read_limited``), so a few commands stand for all of them.
 """
 
 from __future__ import annotations

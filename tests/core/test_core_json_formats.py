@@ -7,7 +7,7 @@ import json
 
 from click.testing import CliRunner
 
-from labeller.cli import main
+from labeller.cli.root import main
 from vendors.simulate import builtin_profiles
 
 

@@ -1,9 +1,9 @@
 """Kubernetes label syntax, sanitising, merging and ownership."""
 
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.offer import Offer
-from labeller.labels import LabelSet, is_valid_value, key_problem, merge, owns, sanitise_value, validated
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.offer import Offer
+from labeller.model.labels import LabelSet, is_valid_value, key_problem, merge, owns, sanitise_value, validated
 
 
 def test_value_syntax_matches_kubernetes_rules() -> None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from labeller.gpushare import RESOURCE_COUNT as COUNT_RESOURCE, RESOURCE_MEM as MEMORY_RESOURCE
+from labeller.model.gpushare import RESOURCE_COUNT as COUNT_RESOURCE, RESOURCE_MEM as MEMORY_RESOURCE
 from tests.builders import label_set_of, nvidia, nvidia_gpu, offer_of
 from tests.core.cli import in_process
 
@@ -93,7 +93,7 @@ def test_amd_gpus_on_the_node_stay_amd_com_gpu() -> None:
 
 
 def _profile_inventory(profile: str) -> Any:
-    from labeller.host import NodeOptions, open_host
+    from labeller.host.machine import NodeOptions, open_host
 
     with open_host(NodeOptions(simulate=profile)) as node:
         return node.probe()

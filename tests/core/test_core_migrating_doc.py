@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 import pytest
 
-from labeller.cli import main
-from labeller.config import upstream_flags
+from labeller.cli.root import main
+from labeller.model.config import upstream_flags
 from tests.core.test_core_upstream import sample
 from vendors import RESOURCE_NAMES
 

@@ -14,12 +14,13 @@ import structlog.testing
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
-from labeller.cli import main
-from labeller.config import Config, ConfigError, parse_document
+from labeller.cli.root import main
+from labeller.model.config import Config, ConfigError, parse_document
 from labeller.process.follow import ConfigFollower, ConfigMetrics
-from labeller.labels import owns
-from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Chooser, ConfigDir, NoConfig, Selection
-from labeller.host import NodeOptions, open_host
+from labeller.model.labels import owns
+from labeller.model.namedconfigs import (APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL, Chooser, ConfigDir, NoConfig,
+                                         Selection)
+from labeller.host.machine import NodeOptions, open_host
 from tests.builders import AT_ONCE_S, PATIENCE_S, config_map_volume, label_set_of, promptly
 from tests.core.cli import in_process
 from vendors import RESOURCE_NAMES

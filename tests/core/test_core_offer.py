@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from labeller.config import Config, parse_config
-from labeller.inventory import Inventory
-from labeller.host import NodeOptions, open_host
-from labeller.offer import Offer, Resource
+from labeller.model.config import Config, parse_config
+from labeller.model.inventory import Inventory
+from labeller.host.machine import NodeOptions, open_host
+from labeller.model.offer import Offer, Resource
 from tests.builders import label_set_of, mps_ready, offer_of
 from tests.core.cli import in_process
 from vendors import RESOURCE_NAMES

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labeller.outputs import render, write_atomic
+from labeller.base.outputs import render, write_atomic
 
 LABELS = {"nvidia.com/gpu.product": "Tesla-T4", "amd.com/gpu.cu-count": "104"}
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import Config
-from labeller.inventory import ProbeError
+from labeller.model.config import Config
+from labeller.model.inventory import ProbeError
 from tests.builders import add_pci_device, discover_node, empty_node, label_set_of, pci_scan, promptly
 from tests.core.cli import gpu_labeller, in_process
 from vendors import sysfs

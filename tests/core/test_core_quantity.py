@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from labeller import gpushare, quantity
-from labeller.extender.cache import node_gpus
+from labeller.model import gpushare, quantity
+from labeller.apps.extender.cache import node_gpus
 
 # (text, exact value, whole value as Quantity.Value() gives it)
 TABLE: list[tuple[Any, Fraction | None, int]] = [

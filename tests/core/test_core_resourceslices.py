@@ -1,4 +1,4 @@
-"""The ResourceSlices a node publishes (labeller.resourceslices), the vendors' DRA devices, and the
+"""The ResourceSlices a node publishes (labeller.model.resourceslices), the vendors' DRA devices, and the
 config key that says which vendors a node serves through DRA."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from labeller.config import Config, ConfigError, parse_config
-from labeller.draplugin import taints
-from labeller.host import Host
-from labeller.inventory import Inventory, PciGpu
-from labeller.offer import Offer, PhysicalDevice
-from labeller.resourceslices import (MAX_DEVICES_PER_SLICE, Attribute, Capacity, DraDevice, Version, quantity,
+from labeller.model.config import Config, ConfigError, parse_config
+from labeller.apps.draplugin import taints
+from labeller.host.machine import Host
+from labeller.model.inventory import Inventory, PciGpu
+from labeller.model.offer import Offer, PhysicalDevice
+from labeller.model.resourceslices import (MAX_DEVICES_PER_SLICE, Attribute, Capacity, DraDevice, Version, quantity,
                                      resource_slices, semver, untainted)
 from tests.builders import nvidia, nvidia_gpu
 from vendors import RESOURCE_NAMES

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labeller.snippets import snippet
-from labeller.selectors import Requirement, SelectorError, parse_selector, selector_from_document
+from labeller.host.snippets import snippet
+from labeller.host.selectors import Requirement, SelectorError, parse_selector, selector_from_document
 from tests.core.cli import error_line, in_process
 from vendors.simulate import builtin_profiles
 
@@ -227,7 +227,7 @@ def guide() -> str:
 
 
 def all_profile_labels() -> dict[str, dict[str, str]]:
-    from labeller.host import NodeOptions, open_host
+    from labeller.host.machine import NodeOptions, open_host
     from vendors.simulate import builtin_profiles
 
     out = {}

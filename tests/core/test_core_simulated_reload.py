@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from labeller.host import Host, NodeOptions, open_host
+from labeller.host.machine import Host, NodeOptions, open_host
 from vendors.nvidia.model import NvidiaInventory
 from tests.builders import PATIENCE_S, wait_for
 from tests.plugin.profile_files import l40s_node, time_slicing, write_yaml

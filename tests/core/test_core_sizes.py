@@ -51,7 +51,7 @@ RECORD_BASES = {"NamedTuple", "typing.NamedTuple", "TypedDict", "typing.TypedDic
 
 @dataclass(frozen=True)
 class Offender:
-    key: str  # "class labeller.plugin.app.DevicePlugin", "function ...", "imports ..."
+    key: str  # "class labeller.apps.plugin.app.DevicePlugin", "function ...", "imports ..."
     where: str  # path:line
     figure: str  # "14 fields (at most 12): a, b, ..."
 

@@ -1,5 +1,5 @@
 """The flags and env vars of the tools gpu-labeller replaces on gpu-labeller's commands
-(labeller.upstream): each sets its config key over the config file, or is a warning naming it."""
+(labeller.model.upstream): each sets its config key over the config file, or is a warning naming it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from labeller.cli import main
-from labeller.config import Config, config_table, load_config, upstream_flags
-from labeller.upstream import UpstreamFlag, go_duration, overlay, overrides_and_warnings
+from labeller.cli.root import main
+from labeller.model.config import Config, config_table, load_config, upstream_flags
+from labeller.model.upstream import UpstreamFlag, go_duration, overlay, overrides_and_warnings
 from vendors import RESOURCE_NAMES
 from vendors.nvidia.settings import NvidiaSettings
 
@@ -236,7 +236,7 @@ def test_gfd_settings_are_read(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("interval", ["10", "0s", "5ms", "ten", "[1]", "true"])
 def test_a_bad_sleep_interval_names_the_key(tmp_path: Path, interval: str) -> None:
-    from labeller.config import ConfigError
+    from labeller.model.config import ConfigError
 
     path = Path(config_file(tmp_path, f"flags: {{gfd: {{sleepInterval: {interval}}}}}\n"))
     with pytest.raises(ConfigError, match="flags.gfd.sleepInterval: must be a duration of at least 10ms"):
@@ -249,8 +249,8 @@ def test_a_bare_sleep_interval_is_nanoseconds_as_in_gfd(tmp_path: Path) -> None:
 
 
 def test_run_takes_gfds_interval_oneshot_and_output_file_where_its_own_options_are_not_given() -> None:
-    from labeller.config import GfdFlags
-    from labeller.daemon.run import DEFAULT_FEATURES_FILE, _gfd_settings
+    from labeller.model.config import GfdFlags
+    from labeller.apps.daemon.run import DEFAULT_FEATURES_FILE, _gfd_settings
 
     gfd = GfdFlags(oneshot=True, sleep_interval_s=10.0, output_file="/out/gfd")
     assert _gfd_settings(GfdFlags(), False, None, None, "node") == (False, 60.0, DEFAULT_FEATURES_FILE)

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from labeller.daemon.service import Daemon, Options
+from labeller.apps.daemon.service import Daemon, Options
 from labeller.process.loop import ProcessLoop
-from labeller.daemon.reconcile import owned, FightGuard, ProbeResult
-from labeller.daemon.sinks import EventSink, NodeSink, Sink
+from labeller.apps.daemon.reconcile import owned, FightGuard, ProbeResult
+from labeller.apps.daemon.sinks import EventSink, NodeSink, Sink
 from labeller.cluster.kube import REQUEST_TIMEOUT, Kube
-from labeller.daemon.metrics import Metrics
+from labeller.apps.daemon.metrics import Metrics
 from tests.builders import PATIENCE_S
 from tests.fakes.apiserver import FakeApiServer
 

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from labeller.labels import FIELD_MANAGER
+from labeller.model.labels import FIELD_MANAGER
 from tests.builders import PATIENCE_S, wait_for
 from tests.core.cli import in_process
 from tests.daemon.conftest import NODE, OTHERS
@@ -222,11 +222,11 @@ def test_cleanup_names_the_missing_permission_once(api: FakeApiServer, kubeconfi
 
 
 def test_the_dry_run_path_never_imports_kubernetes(tmp_path: Path) -> None:
-    code = ("import sys; from click.testing import CliRunner; from labeller.cli import main; "
+    code = ("import sys; from click.testing import CliRunner; from labeller.cli.root import main; "
             f"r = CliRunner().invoke(main, ['labels', '--simulate', '{no_gpu_profile(tmp_path)}']); "
             "assert r.exit_code == 0, r.output; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'prometheus_client') "
-            "or m in ('labeller.cluster.kube', 'labeller.daemon', 'labeller.daemon.sinks')); "
+            "or m in ('labeller.cluster.kube', 'labeller.apps.daemon', 'labeller.apps.daemon.sinks')); "
             "print(bad); sys.exit(1 if bad else 0)")
     result = finished([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -19,7 +19,7 @@ from labeller.cluster.kube import (
     NotFound,
     Unavailable,
 )
-from labeller.labels import FIELD_MANAGER
+from labeller.model.labels import FIELD_MANAGER
 from tests.fakes.apiserver import FakeApiServer, Fault
 
 NODE = "gpu-node-1"

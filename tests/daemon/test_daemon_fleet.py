@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from labeller.cli import main
-from labeller.fleet import fleet_text, node_row, pod_requests
+from labeller.cli.root import main
+from labeller.host.fleet import fleet_text, node_row, pod_requests
 from tests.core.cli import error_line, in_process
 from tests.fakes.apiserver import FakeApiServer
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labeller.daemon.run import probe_labels
-from labeller.host import NodeOptions, open_host
+from labeller.apps.daemon.run import probe_labels
+from labeller.host.machine import NodeOptions, open_host
 from tests.builders import AT_ONCE_S, offer_of, wait_for
 from tests.daemon.conftest import NODE, Running
 from tests.fakes.apiserver import FakeApiServer

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from labeller.cli import main
+from labeller.cli.root import main
 
-from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
+from labeller.model.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
 from tests.builders import PATIENCE_S, config_map_volume, stays_true, wait_for
 from tests.daemon.conftest import NODE, OTHERS
 from tests.daemon.test_daemon_cli import free_port, run_args, run_options

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-from labeller.outputs import render
-from labeller.daemon.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
+from labeller.base.outputs import render
+from labeller.apps.daemon.sinks import WRITTEN_BY, FeaturesFileSink, NodeFeatureSink
 from labeller.cluster.kube import Kube, NotFound
 from labeller.process.httpserver import start_http_server
 from tests.builders import PATIENCE_S, wait_for

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-from labeller.daemon.sinks import Stale
+from labeller.apps.daemon.sinks import Stale
 from labeller.cluster.kube import Kube
-from labeller.labels import FIELD_MANAGER
-from labeller.daemon.reconcile import Live, plan
-from labeller.daemon.sinks import NodeSink
+from labeller.model.labels import FIELD_MANAGER
+from labeller.apps.daemon.reconcile import Live, plan
+from labeller.apps.daemon.sinks import NodeSink
 from tests.builders import wait_for
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer
@@ -148,7 +148,7 @@ def test_a_key_set_by_someone_else_after_the_plan_is_never_patched_out(api: Fake
 
 
 def test_cleanup_reports_a_key_another_manager_set_meanwhile_as_left() -> None:
-    from labeller.commands.cleanup import cleanup_report
+    from labeller.cli.commands.cleanup import cleanup_report
 
     def node(manager: str) -> Live:
         return Live.of_node({"metadata": {"labels": {"nvidia.com/gpu.count": "8"}, "managedFields": [

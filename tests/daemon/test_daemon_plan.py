@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from labeller import labels
-from labeller.labels import FIELD_MANAGER, owns
-from labeller.daemon.reconcile import FightGuard, Live, ProbeResult, desired_after, label_managers, owned, plan
-from labeller.backoff import Backoff
+from labeller.model import labels
+from labeller.model.labels import FIELD_MANAGER, owns
+from labeller.apps.daemon.reconcile import FightGuard, Live, ProbeResult, desired_after, label_managers, owned, plan
+from labeller.base.backoff import Backoff
 from labeller.cluster.nodes import NodeCache
 
 LIVE = {"team": "ml", "nvidia.com/gpu.deploy.gfd": "true", "nvidia.com/gpu.count": "8",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-from labeller.inventory import ProbeError
-from labeller.labels import FIELD_MANAGER
+from labeller.model.inventory import ProbeError
+from labeller.model.labels import FIELD_MANAGER
 from tests.builders import AT_ONCE_S, wait_for
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer, Fault
@@ -182,11 +182,11 @@ def test_watch_resumes_after_410_and_dropped_streams(api: FakeApiServer, start: 
 
 
 def test_once_reports_a_failed_probe_as_a_failure(api: FakeApiServer, kubeconfig: Path) -> None:
-    from labeller.daemon.service import Daemon
-    from labeller.daemon.sinks import NodeSink
-    from labeller.daemon.run import _run_once
+    from labeller.apps.daemon.service import Daemon
+    from labeller.apps.daemon.sinks import NodeSink
+    from labeller.apps.daemon.run import _run_once
     from labeller.cluster.kube import Kube
-    from labeller.daemon.metrics import Metrics
+    from labeller.apps.daemon.metrics import Metrics
 
     api.create_node(NODE, {**OTHERS, **GPU_LABELS})
     kube = Kube(str(kubeconfig))

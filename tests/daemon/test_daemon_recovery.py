@@ -12,10 +12,10 @@ from collections.abc import Callable
 import pytest
 import structlog.testing
 
-from labeller.inventory import ProbeError
+from labeller.model.inventory import ProbeError
 from labeller.process.httpserver import start_http_server
-from labeller.daemon.reconcile import FightGuard
-from labeller.backoff import Backoff
+from labeller.apps.daemon.reconcile import FightGuard
+from labeller.base.backoff import Backoff
 from tests.builders import AT_ONCE_S, PATIENCE_S, wait_for
 from tests.daemon.conftest import GPU_LABELS, NODE, OTHERS, FakeProbe, Running
 from tests.fakes.apiserver import FakeApiServer, Fault

@@ -118,12 +118,12 @@ class Family:
 
 def _metrics_objects() -> Iterator[tuple[str, object, CollectorRegistry]]:
     """(package, metrics object, its registry) for every metrics class the processes use."""
-    from labeller.daemon.metrics import Metrics as DaemonMetrics
-    from labeller.draplugin.metrics import DraMetrics
-    from labeller.extender.cache import ShareCache
-    from labeller.extender.metrics import Metrics as ExtenderMetrics
-    from labeller.mps.service import Metrics as MpsMetrics
-    from labeller.plugin.metrics import PluginMetrics
+    from labeller.apps.daemon.metrics import Metrics as DaemonMetrics
+    from labeller.apps.draplugin.metrics import DraMetrics
+    from labeller.apps.extender.cache import ShareCache
+    from labeller.apps.extender.metrics import Metrics as ExtenderMetrics
+    from labeller.apps.mps.service import Metrics as MpsMetrics
+    from labeller.apps.plugin.metrics import PluginMetrics
     from labeller.process.follow import ConfigMetrics
 
     daemon, plugin, dra = DaemonMetrics(), PluginMetrics(), DraMetrics()
@@ -176,7 +176,7 @@ def emitted_values() -> dict[tuple[str, str], frozenset[str]]:
         relative = path.relative_to(ROOT).with_suffix("")
         if "api" in relative.parts:
             continue  # generated gRPC code
-        package = relative.parts[1] if len(relative.parts) > 2 else ""
+        package = relative.parts[2] if relative.parts[1] == "apps" and len(relative.parts) > 3 else ""
         module_name = ".".join(relative.parts)
         for function in ast.walk(ast.parse(path.read_text())):
             if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):

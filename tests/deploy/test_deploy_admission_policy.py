@@ -11,7 +11,7 @@ from typing import Any
 import helm_python
 import pytest
 
-from labeller.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_KEYS, OWNED_PREFIXES
+from labeller.model.labels import FIELD_MANAGER, NOT_OWNED_KEYS, NOT_OWNED_PREFIXES, OWNED_KEYS, OWNED_PREFIXES
 from tests.deploy import cluster, installed, notes, one, render
 from tests.deploy.cel import Policy
 

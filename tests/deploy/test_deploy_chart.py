@@ -116,7 +116,7 @@ def config_map(values: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def test_config_map_holds_the_default_config_and_the_labeller_accepts_it() -> None:
-    from labeller.config import parse_document
+    from labeller.model.config import parse_document
     from vendors import RESOURCE_NAMES
 
     assert config_map() == {"default": {"version": "v1", "flags": {"migStrategy": "none"}}}
@@ -124,7 +124,7 @@ def test_config_map_holds_the_default_config_and_the_labeller_accepts_it() -> No
 
 
 def test_named_configs_reach_the_config_map_as_mappings_or_as_nvidias_yaml_text() -> None:
-    from labeller.config import parse_document
+    from labeller.model.config import parse_document
     from vendors import RESOURCE_NAMES
 
     text = "version: v1\nflags:\n  migStrategy: mixed  # a comment stays\n"

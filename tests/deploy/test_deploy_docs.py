@@ -13,7 +13,7 @@ import yaml
 from mkdocs.commands.build import build
 from mkdocs.config import load_config
 
-from labeller.cli import LAZY_COMMANDS, main
+from labeller.cli.root import LAZY_COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -12,9 +12,9 @@ from types import ModuleType
 import click
 import pytest
 
-from labeller.cli import main
-from labeller.config import config_keys
-from labeller.explain import catalog, find
+from labeller.cli.root import main
+from labeller.model.config import config_keys
+from labeller.host.explain import catalog, find
 from tests.deploy import ROOT
 from vendors import RESOURCE_NAMES, VENDORS
 
@@ -70,7 +70,7 @@ def test_every_label_key_has_a_meaning_and_a_row() -> None:
                                      "t4-x4-gpushare", "mixed-l40s-mi210"])
 def test_every_label_a_profile_prints_is_described_with_a_meaning(profile: str) -> None:
     """A labeler that writes a key without a KeyDoc (or one without a meaning) would leave it out of the reference."""
-    from labeller.commands.selectors import profile_labels
+    from labeller.cli.commands.selectors import profile_labels
 
     entries = catalog(VENDORS)
     labels = profile_labels(profile)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from labeller.cli import main
+from labeller.cli.root import main
 from tests.core.test_core_dra_claims import DEVICE_CLASSES as CLAIM_TEST_DEVICE_CLASSES
 from tests.deploy import CHART, ROOT, dra_ds, find, labeller_ds, one, plugin_ds, render
 from tests.deploy.cel import DeviceClassSelector
@@ -192,15 +192,15 @@ def test_it_reads_the_same_configs_and_follows_the_same_label_as_the_others(valu
 
 
 def dra_plugin_command() -> click.Command:
-    """``gpu-labeller dra-plugin`` (labeller.draplugin.cli) where it is built; until then a command made of
+    """``gpu-labeller dra-plugin`` (labeller.apps.draplugin.cli) where it is built; until then a command made of
     the same shared option decorators, with the directory options the issue gives it."""
     try:
-        command: click.Command = importlib.import_module("labeller.draplugin.cli").dra_plugin
+        command: click.Command = importlib.import_module("labeller.apps.draplugin.cli").dra_plugin
         return command
     except ModuleNotFoundError as missing:
-        if not (missing.name or "").startswith("labeller.draplugin"):
+        if not (missing.name or "").startswith("labeller.apps.draplugin"):
             raise
-    from labeller.commands.options import (
+    from labeller.cli.commands.options import (
         discovery_options,
         endpoint_options,
         own_node_options,
@@ -288,7 +288,7 @@ def configs(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_dra_vendors_are_written_into_the_default_config_which_the_components_accept() -> None:
-    from labeller.config import parse_document
+    from labeller.model.config import parse_document
 
     written = configs(ALL_ON_DRA)
     assert written == {"default": {"version": "v1", "flags": {"migStrategy": "none"},

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from labeller.cli import main
+from labeller.cli.root import main
 from tests.deploy import cluster, find, one, render
 from tests.deploy.cel import Policy
 from vendors import VENDORS

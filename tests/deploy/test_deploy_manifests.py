@@ -122,7 +122,7 @@ def test_check_mode_reports_stale_files(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_plain_manifests_show_two_named_configs_that_the_labeller_accepts() -> None:
-    from labeller.config import parse_document
+    from labeller.model.config import parse_document
     from vendors import RESOURCE_NAMES
 
     objects = [o for o in yaml.safe_load_all((MANIFESTS / "gpu-labeller.yaml").read_text()) if o]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
-from labeller.labels import FIELD_MANAGER
+from labeller.model.labels import FIELD_MANAGER
 from tests.deploy import (
     CHART,
     MANIFESTS,

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 
 from labeller.cluster.kube import Kube
-from labeller.draplugin.app import DraPlugin, probe_inputs
-from labeller.draplugin.settings import DraSettings
-from labeller.draplugin.taints import DEFAULT_HOLD_S
-from labeller.host import Host, NodeOptions, open_host
+from labeller.apps.draplugin.app import DraPlugin, probe_inputs
+from labeller.apps.draplugin.settings import DraSettings
+from labeller.apps.draplugin.taints import DEFAULT_HOLD_S
+from labeller.host.machine import Host, NodeOptions, open_host
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
-from labeller.backoff import Backoff
-from labeller.vendor.dra import ConfigSettings
+from labeller.base.backoff import Backoff
+from labeller.model.vendor.dra import ConfigSettings
 from tests.builders import wait_for
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.drakubelet import Claim, FakeDraKubelet

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from labeller.cli import main
-from labeller.namedconfigs import CONFIG_LABEL
+from labeller.cli.root import main
+from labeller.model.namedconfigs import CONFIG_LABEL
 from tests.builders import AT_ONCE_S, config_map_volume, wait_for
 from tests.draplugin.conftest import NODE, NVIDIA, Dirs, dra_config, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer

@@ -18,8 +18,8 @@ import pytest
 import structlog
 import yaml
 
-from labeller.draplugin.ledger import Ledger
-from labeller.host import NodeOptions, open_host
+from labeller.apps.draplugin.ledger import Ledger
+from labeller.host.machine import NodeOptions, open_host
 from tests.builders import wait_for
 from tests.draplugin.conftest import NVIDIA, Dirs, Running, running_plugin
 from tests.draplugin.test_draplugin_prepare import spec_file

@@ -104,7 +104,7 @@ def test_a_gpu_whose_files_offer_no_switch_is_published_as_it_is(
 
 
 def test_the_simulated_driver_refuses_a_mode_its_memory_mode_does_not_allow(tmp_path: Path) -> None:
-    from labeller.host import NodeOptions, open_host
+    from labeller.host.machine import NodeOptions, open_host
     from tests.plugin.profile_files import write_yaml
 
     profile = tmp_path / "nps4.yaml"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from labeller.draplugin.checkpoint import DIRECTORY, RECORD_LIMIT
+from labeller.apps.draplugin.checkpoint import DIRECTORY, RECORD_LIMIT
 from tests.draplugin.conftest import NODE, NVIDIA, Dirs, Running, simulated_plugin
 from tests.draplugin.test_draplugin_prepare import KIND, checkpoint, claim_reads, spec_file
 from tests.fakes.apiserver import FakeApiServer

@@ -1,4 +1,4 @@
-"""The one mechanism for fields behind feature gates (labeller/draplugin/gates.py): what the publisher
+"""The one mechanism for fields behind feature gates (labeller/apps/draplugin/gates.py): what the publisher
 reports as dropped (the fields of a write its answer lacks), which gate such a field belongs to, one
 line per gate found off, and the fallback every driver's devices are published with from then on."""
 
@@ -8,10 +8,10 @@ import dataclasses
 
 import structlog
 
-from labeller.draplugin.gates import GATES, Gate, GateFallbacks
-from labeller.draplugin.slicecontent import content, dropped, named_fields
-from labeller.offer import PhysicalDevice
-from labeller.resourceslices import Capacity, CounterSet, CounterUse, DeviceTaint, DraDevice, RequestPolicy
+from labeller.apps.draplugin.gates import GATES, Gate, GateFallbacks
+from labeller.apps.draplugin.slicecontent import content, dropped, named_fields
+from labeller.model.offer import PhysicalDevice
+from labeller.model.resourceslices import Capacity, CounterSet, CounterUse, DeviceTaint, DraDevice, RequestPolicy
 
 GIB = 1 << 30
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labeller.draplugin import generate
-from labeller.draplugin.api import dra_pb2, registration_pb2
+from labeller.apps.draplugin import generate
+from labeller.apps.draplugin.api import dra_pb2, registration_pb2
 from tests.plugin.test_plugin_generated import stale_files
 
 
 def test_generated_code_is_not_stale(tmp_path: Path) -> None:
     stale = stale_files(generate.generate(tmp_path), generate.OUTPUT)
-    assert not stale, f"stale generated code {stale}: run python -m labeller.draplugin.generate"
+    assert not stale, f"stale generated code {stale}: run python -m labeller.apps.draplugin.generate"
 
 
 def test_a_changed_proto_is_detected(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-import labeller.inotify
-from labeller.host import NodeOptions, open_host
+import labeller.base.inotify
+from labeller.host.machine import NodeOptions, open_host
 from labeller.process.health import POLL_SECONDS
 from tests.builders import AT_ONCE_S, TOPOLOGY, kfd_node_goes, stays_true, wait_for
 from tests.draplugin.conftest import AMD, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
@@ -53,7 +53,7 @@ def test_without_inotify_the_sockets_are_looked_at_every_tick(api: FakeApiServer
     def unavailable() -> None:
         raise OSError(24, "inotify_init1: Too many open files")
 
-    monkeypatch.setattr(labeller.inotify, "Inotify", unavailable)
+    monkeypatch.setattr(labeller.base.inotify, "Inotify", unavailable)
     with simulated_plugin(api, drakubelet, dirs, "dgx-h100", inputs_poll_s=HOUR, health_poll_seconds=HOUR,
                           tick_seconds=0.05) as run:
         assert run.plugin.watch is not None and not run.plugin.watch.available

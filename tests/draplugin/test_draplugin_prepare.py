@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from labeller.draplugin.checkpoint import DIRECTORY, Checkpoint, PreparedClaim, PreparedDevice
-from labeller.draplugin.prepare import ClaimRef, Preparer
-from labeller.offer import PhysicalDevice
+from labeller.apps.draplugin.checkpoint import DIRECTORY, Checkpoint, PreparedClaim, PreparedDevice
+from labeller.apps.draplugin.prepare import ClaimRef, Preparer
+from labeller.model.offer import PhysicalDevice
 from tests.builders import wait_for
 from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer

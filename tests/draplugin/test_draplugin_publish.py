@@ -15,12 +15,12 @@ import pytest
 import structlog
 
 from labeller.cluster.kube import Kube
-from labeller.draplugin.metrics import DraMetrics
-from labeller.draplugin.publisher import SlicePublisher, WantedSlices
-from labeller.draplugin.slicecontent import content, quantity
-from labeller.host import NodeOptions, open_host
-from labeller.offer import PhysicalDevice
-from labeller.resourceslices import DraDevice
+from labeller.apps.draplugin.metrics import DraMetrics
+from labeller.apps.draplugin.publisher import SlicePublisher, WantedSlices
+from labeller.apps.draplugin.slicecontent import content, quantity
+from labeller.host.machine import NodeOptions, open_host
+from labeller.model.offer import PhysicalDevice
+from labeller.model.resourceslices import DraDevice
 from tests.builders import AT_ONCE_S, kfd_node_goes, nvidia_part, wait_for
 from tests.draplugin.conftest import AMD, NODE, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
 from tests.fakes.apiserver import Fault, FakeApiServer

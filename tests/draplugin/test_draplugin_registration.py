@@ -8,7 +8,7 @@ import time
 import grpc
 import structlog
 
-from labeller.draplugin.api import dra_pb2
+from labeller.apps.draplugin.api import dra_pb2
 from tests.builders import AT_ONCE_S, stays_true, wait_for
 from tests.draplugin.conftest import AMD, NVIDIA, Dirs, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import structlog
 
-from labeller.host import NodeOptions, open_host
+from labeller.host.machine import NodeOptions, open_host
 from tests.builders import AT_ONCE_S, kfd_node_goes, wait_for
 from tests.draplugin.conftest import AMD, NVIDIA, Dirs, Running, dra_config, running_plugin, simulated_plugin
 from tests.fakes.apiserver import FakeApiServer

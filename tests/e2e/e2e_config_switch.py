@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from labeller.cluster.kube import Kube  # noqa: E402
-from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL  # noqa: E402
+from labeller.model.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_ownership import add_k8s_argument, check, results, wait  # noqa: E402
@@ -147,7 +147,7 @@ def main() -> int:
         cli = [sys.executable, "-m", "labeller.cli", "--log-format", "json"]
         processes.append(subprocess.Popen(
             [*cli, "run", *common, "--kubeconfig", str(labeller_config), "--interval", "3600", "--start-jitter", "0",
-             "--events"], stderr=(work / "labeller.log").open("w"), text=True, cwd=ROOT))
+             "--events"], stderr=(work / "labeller.base.log").open("w"), text=True, cwd=ROOT))
         processes.append(subprocess.Popen(
             [*cli, "device-plugin", *common, "--kubeconfig", str(plugin_config), "--socket-dir", str(sockets),
              "--metrics-bind", "127.0.0.1"], stderr=(work / "plugin.log").open("w"), text=True, cwd=ROOT,

@@ -65,7 +65,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.draplugin.checkpoint import VERSION as CHECKPOINT_VERSION  # noqa: E402
+from labeller.apps.draplugin.checkpoint import VERSION as CHECKPOINT_VERSION  # noqa: E402
 from tests.e2e.draplane import (Cluster, Node, add_k8s_dra_argument, chart_device_classes, check,  # noqa: E402
                                 figure, start_nodes, stop_nodes, verdict, wait)
 

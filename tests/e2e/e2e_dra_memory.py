@@ -57,7 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.quantity import parse as parse_quantity  # noqa: E402
+from labeller.model.quantity import parse as parse_quantity  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
 from tests.e2e.draplane import (Cluster, Node, check, figure, open_plane, verdict, wait)  # noqa: E402
 from tests.e2e.e2e_dra import claim_template, pod, request  # noqa: E402

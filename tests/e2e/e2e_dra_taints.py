@@ -56,8 +56,8 @@ import structlog
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.draplugin.app import DraPlugin  # noqa: E402
-from labeller.host import Host, NodeOptions, open_host  # noqa: E402
+from labeller.apps.draplugin.app import DraPlugin  # noqa: E402
+from labeller.host.machine import Host, NodeOptions, open_host  # noqa: E402
 from tests.draplugin.conftest import Dirs, plugin_on_loop  # noqa: E402
 from tests.e2e import e2e_dra  # noqa: E402
 from tests.e2e.draplane import (Cluster, Node, chart_device_classes, check, figure, open_plane, verdict,  # noqa: E402

@@ -52,7 +52,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller import gpushare  # noqa: E402
+from labeller.model import gpushare  # noqa: E402
 from labeller.cluster.kube import Kube  # noqa: E402
 from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402

@@ -94,7 +94,7 @@ def last_line(text: str) -> str:
 
 def venv_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """This checkout's CLI, from the interpreter running this script."""
-    return subprocess.run([sys.executable, "-c", "from labeller.main import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from labeller.cli.main import main; main()", *args],
                           capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
 
 
@@ -221,7 +221,7 @@ def distributions(image: str) -> str:
 COMPILED = """
 import importlib, importlib.util, json, pkgutil, sys
 import labeller
-from labeller.main import main
+from labeller.cli.main import main
 sys.argv = ["gpu-labeller", "labels", "--simulate", sys.argv[1], "-o", "/dev/null"]
 try:
     main()

@@ -36,9 +36,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller import gpushare  # noqa: E402
+from labeller.model import gpushare  # noqa: E402
 from labeller.cluster.kube import Kube  # noqa: E402
-from labeller.host import NodeOptions, open_host  # noqa: E402
+from labeller.host.machine import NodeOptions, open_host  # noqa: E402
 from tests.builders import config_map_volume  # noqa: E402
 from tests.deploy import render  # noqa: E402
 from tests.e2e.e2e_config_switch import NAMESPACE, Cluster, ms  # noqa: E402

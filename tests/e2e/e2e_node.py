@@ -55,7 +55,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.labels import FIELD_MANAGER, owns  # noqa: E402
+from labeller.model.labels import FIELD_MANAGER, owns  # noqa: E402
 
 Obj = dict[str, Any]
 CHART = ROOT / "deploy" / "helm" / "gpu-labeller"

@@ -408,12 +408,12 @@ def main() -> int:
 
         print("3. with the policies: each component does its own work")
         labeller_kubeconfig = setup.kubeconfig("labeller", tokens["labeller"], work)
-        code = labeller_once(labeller_kubeconfig, "dgx-a100-mig-mixed", work / "labeller.log")
+        code = labeller_once(labeller_kubeconfig, "dgx-a100-mig-mixed", work / "labeller.base.log")
         labels = node_labels(setup, NODE)
         check(code == 0 and "nvidia.com/mig-1g.5gb.count" in labels,
               f"labeller: `run --once` with its token labels its own Node (exit {code}, "
               f"{sum(k.startswith('nvidia.com/') for k in labels)} nvidia.com labels)")
-        code = labeller_once(labeller_kubeconfig, "dgx-h100", work / "labeller.log")
+        code = labeller_once(labeller_kubeconfig, "dgx-h100", work / "labeller.base.log")
         labels = node_labels(setup, NODE)
         check(code == 0 and labels.get("nvidia.com/gpu.product") == "NVIDIA-H100-80GB-HBM3"
               and not [k for k in labels if k.startswith("nvidia.com/mig-")],

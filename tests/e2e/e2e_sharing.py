@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from labeller.host import NodeOptions, open_host  # noqa: E402
+from labeller.host.machine import NodeOptions, open_host  # noqa: E402
 from tests.e2e.e2e_ownership import add_k8s_argument  # noqa: E402
 from tests.e2e.e2e_plugin import JsonLines, named  # noqa: E402
 from vendors.nvidia.model import NvidiaInventory  # noqa: E402

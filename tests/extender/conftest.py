@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from labeller import gpushare
-from labeller.extender.binder import BindOptions
-from labeller.extender.app import Running, start
+from labeller.model import gpushare
+from labeller.apps.extender.binder import BindOptions
+from labeller.apps.extender.app import Running, start
 from labeller.cluster.kube import Kube
 from labeller.process.httpserver import HttpLimits
 from tests.builders import PATIENCE_S, wait_for

@@ -8,8 +8,8 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from labeller import gpushare
-from labeller.extender.cache import ShareCache
+from labeller.model import gpushare
+from labeller.apps.extender.cache import ShareCache
 
 Obj = dict[str, Any]
 NOW_NS = 1_700_000_000_000_000_000

@@ -8,8 +8,8 @@ import collections
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from labeller import gpushare
-from labeller.extender.app import Running
+from labeller.model import gpushare
+from labeller.apps.extender.app import Running
 from tests.builders import wait_for
 from tests.extender.conftest import Client, Start, mem_pod, share_node
 from tests.fakes.apiserver import FakeApiServer

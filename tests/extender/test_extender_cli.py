@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from labeller import gpushare
+from labeller.model import gpushare
 from tests.core.cli import error_line, gpu_labeller, in_process
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import mem_pod, share_node

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from labeller.extender.server import PREFIX
+from labeller.apps.extender.server import PREFIX
 from labeller.process.httpserver import server_tls
 from tests.builders import PATIENCE_S, wait_for
 from tests.deploy import one, render

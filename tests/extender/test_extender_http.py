@@ -9,10 +9,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from labeller import gpushare
+from labeller.model import gpushare
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import Client, PluginStandIn, Start, mem_pod, share_node
-from labeller.extender.app import Running
+from labeller.apps.extender.app import Running
 from tests.fakes.apiserver import FakeApiServer, Fault
 
 

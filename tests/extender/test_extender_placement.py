@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from labeller import gpushare
-from labeller.extender import placement
-from labeller.extender.cache import ShareCache, node_gpus, unhealthy_gpus
-from labeller.extender.placement import Gpus
+from labeller.model import gpushare
+from labeller.apps.extender import placement
+from labeller.apps.extender.cache import ShareCache, node_gpus, unhealthy_gpus
+from labeller.apps.extender.placement import Gpus
 
 
 def test_free_memory_is_per_gpu_minus_placed_and_none_for_unhealthy() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from labeller.extender.app import Running
+from labeller.apps.extender.app import Running
 from labeller.process.httpserver import HttpLimits
 from tests.builders import AT_ONCE_S, PATIENCE_S, stays_true, wait_for
 from tests.extender.conftest import Client, Start, mem_pod, share_node

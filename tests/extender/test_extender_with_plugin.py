@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from labeller import gpushare
-from labeller.extender.binder import BindOptions
-from labeller.extender.app import Running, start
+from labeller.model import gpushare
+from labeller.apps.extender.binder import BindOptions
+from labeller.apps.extender.app import Running, start
 from labeller.cluster.kube import Kube
 from tests.builders import PATIENCE_S, wait_for
 from tests.extender.conftest import Client

@@ -29,10 +29,10 @@ from typing import Any, Self
 
 import grpc
 
-from labeller.draplugin.api import dra_pb2 as dra
-from labeller.draplugin.api import dra_pb2_grpc as dra_grpc
-from labeller.draplugin.api import registration_pb2 as reg
-from labeller.draplugin.api import registration_pb2_grpc as reg_grpc
+from labeller.apps.draplugin.api import dra_pb2 as dra
+from labeller.apps.draplugin.api import dra_pb2_grpc as dra_grpc
+from labeller.apps.draplugin.api import registration_pb2 as reg
+from labeller.apps.draplugin.api import registration_pb2_grpc as reg_grpc
 from tests.builders import PATIENCE_S
 
 DRA_V1 = "v1.DRAPlugin"

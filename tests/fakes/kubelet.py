@@ -36,8 +36,8 @@ from typing import Any, Self
 
 import grpc
 
-from labeller.plugin.api import api_pb2 as pb
-from labeller.plugin.api import api_pb2_grpc as pb_grpc
+from labeller.apps.plugin.api import api_pb2 as pb
+from labeller.apps.plugin.api import api_pb2_grpc as pb_grpc
 from tests.builders import PATIENCE_S
 
 KUBELET_SOCKET = "kubelet.sock"

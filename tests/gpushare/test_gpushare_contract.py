@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from labeller import gpushare
+from labeller.model import gpushare
 
 
 def pod(*containers: dict[str, Any], annotations: dict[str, str] | None = None, phase: str = "Pending",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from labeller.gpushare import RESOURCE_MEM
+from labeller.model.gpushare import RESOURCE_MEM
 from labeller.cluster.kube import Conflict, Gone, Kube, KubeError, NotFound
 from tests.builders import PATIENCE_S, wait_for
 from tests.fakes.apiserver import FakeApiServer

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import structlog
 
-from labeller.config import Config
-from labeller.inventory import Inventory, PciGpu
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory, PciGpu
 from tests.builders import (
     A100_40GB_BYTES,
     A100_80GB_BYTES,

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from labeller.cli import main
+from labeller.cli.root import main
 from tests.builders import PATIENCE_S, h100, section
 
 NVIDIA_PROFILES = ("dgx-h100", "dgx-a100-mig-mixed", "a100-mig-single", "t4-time-slicing", "h100-pcie-driver-2part")

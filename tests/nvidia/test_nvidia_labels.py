@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import structlog
 
-from labeller.config import Config, SharedResource, Sharing, parse_config
-from labeller.inventory import Inventory, PciGpu
+from labeller.model.config import Config, SharedResource, Sharing, parse_config
+from labeller.model.inventory import Inventory, PciGpu
 from tests.builders import A100_40GB_BYTES, H100_BYTES, T4_BYTES, label_set_of, mps_ready
 from vendors import RESOURCE_NAMES
 from vendors.nvidia.facts import PCI_VENDOR_ID

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import parse_config
-from labeller.mps.supervisor import Supervisor, Wanted, plans
+from labeller.model.config import parse_config
+from labeller.apps.mps.supervisor import Supervisor, Wanted, plans
 from tests.builders import config_map_volume, mps_ready, nvidia, nvidia_gpu, offer_of, promptly, wait_for
 from tests.core.cli import gpu_labeller
 from tests.processes import LoggedProcess

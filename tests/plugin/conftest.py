@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from labeller.config import Config, parse_config
-from labeller.host import Host, NodeOptions, open_host
-from labeller.inventory import Inventory
-from labeller.plugin.app import DevicePlugin, PluginSettings
-from labeller.plugin.prober import Prober
+from labeller.model.config import Config, parse_config
+from labeller.host.machine import Host, NodeOptions, open_host
+from labeller.model.inventory import Inventory
+from labeller.apps.plugin.app import DevicePlugin, PluginSettings
+from labeller.apps.plugin.prober import Prober
 from labeller.process.configsource import ConfigSource
 from labeller.process.loop import LoopOptions, ProcessLoop
-from labeller.backoff import Backoff
+from labeller.base.backoff import Backoff
 from tests.builders import PATIENCE_S, offer_of
 from tests.fakes.kubelet import FakeKubelet
 from vendors import RESOURCE_NAMES

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from labeller.config import parse_config
-from labeller.inventory import Inventory
-from labeller.plugin.allocate import Allocator, RequestError
-from labeller.plugin.api import api_pb2 as pb
+from labeller.model.config import parse_config
+from labeller.model.inventory import Inventory
+from labeller.apps.plugin.allocate import Allocator, RequestError
+from labeller.apps.plugin.api import api_pb2 as pb
 from tests.builders import amd, amd_gpu, amd_node, nvidia, nvidia_gpu, offer_of
 from vendors import RESOURCE_NAMES, VENDORS
 

@@ -14,9 +14,9 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from labeller.config import parse_config
-from labeller.host import NodeOptions, open_host
-from labeller.plugin.api import api_pb2 as pb
+from labeller.model.config import parse_config
+from labeller.host.machine import NodeOptions, open_host
+from labeller.apps.plugin.api import api_pb2 as pb
 from tests.builders import nvidia, nvidia_gpu, offer_of
 from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.conftest import probing_plugin, running_plugin
@@ -206,7 +206,7 @@ def test_the_schema_check_can_fail() -> None:
 
 def test_a_link_at_a_spec_path_is_left_alone_and_its_target_untouched(sock_dir: Path, kubelet: FakeKubelet,
                                                                       tmp_path: Path) -> None:
-    """The spec files are written as the DRA plugin's (labeller.ownfiles): never through a link, and
+    """The spec files are written as the DRA plugin's (labeller.base.ownfiles): never through a link, and
     temporary files a killed plugin left are removed at start."""
     spec_dir, target = tmp_path / "cdi", tmp_path / "elsewhere.json"
     spec_dir.mkdir()

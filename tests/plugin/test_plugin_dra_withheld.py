@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labeller.plugin.prober import not_ready
+from labeller.apps.plugin.prober import not_ready
 from tests.builders import offer_of
 from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.conftest import running_plugin, simulated

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from labeller.plugin import generate
-from labeller.plugin.api import api_pb2 as pb
+from labeller.apps.plugin import generate
+from labeller.apps.plugin.api import api_pb2 as pb
 
 # Lines that only stamp the generator's version: a different grpcio-tools must not fail the test.
 VERSION_STAMPS = re.compile(r"^(# Protobuf Python Version:.*|GRPC_GENERATED_VERSION = .*|\s+\d+,\s*)$", re.MULTILINE)
@@ -23,7 +23,7 @@ def stale_files(fresh: list[Path], committed_dir: Path) -> list[str]:
 
 def test_generated_code_is_not_stale(tmp_path: Path) -> None:
     stale = stale_files(generate.generate(tmp_path), generate.OUTPUT)
-    assert not stale, f"stale generated code {stale}: run python -m labeller.plugin.generate"
+    assert not stale, f"stale generated code {stale}: run python -m labeller.apps.plugin.generate"
 
 
 def test_a_changed_proto_is_detected(tmp_path: Path) -> None:

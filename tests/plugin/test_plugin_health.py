@@ -11,7 +11,7 @@ import pytest
 from labeller.process.health import HealthBoard, HealthMonitor, checks_enabled
 from tests.builders import nvidia_part, offer_of, stays_true, wait_for
 from tests.plugin.conftest import simulated
-from labeller.vendor.plugin import Fault
+from labeller.model.vendor.plugin import Fault
 from vendors.nvidia.health import APPLICATION_XIDS, HealthPolicy, NvmlChecker
 
 

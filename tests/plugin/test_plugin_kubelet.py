@@ -10,10 +10,10 @@ import grpc
 import pytest
 import structlog
 
-from labeller.plugin.api import api_pb2 as pb
-from labeller.plugin.api import api_pb2_grpc as pb_grpc
-from labeller.plugin.manager import PluginManager
-from labeller.plugin.metrics import PluginMetrics
+from labeller.apps.plugin.api import api_pb2 as pb
+from labeller.apps.plugin.api import api_pb2_grpc as pb_grpc
+from labeller.apps.plugin.manager import PluginManager
+from labeller.apps.plugin.metrics import PluginMetrics
 from tests.builders import AT_ONCE_S, PATIENCE_S, amd_part, kfd_node_goes, nvidia_part, stays_true, wait_for
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import running_plugin

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from labeller import gpushare
+from labeller.model import gpushare
 from labeller.cluster.kube import Kube
-from labeller.namedconfigs import CONFIG_LABEL
-from labeller.plugin.app import DevicePlugin, PluginSettings
+from labeller.model.namedconfigs import CONFIG_LABEL
+from labeller.apps.plugin.app import DevicePlugin, PluginSettings
 from tests.builders import config_map_volume, offer_of
 from tests.fakes.apiserver import FakeApiServer, Fault
 from tests.fakes.kubelet import AdmissionError, FakeKubelet

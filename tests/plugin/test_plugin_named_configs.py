@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from labeller.cli import main
+from labeller.cli.root import main
 
-from labeller.labels import FIELD_MANAGER
-from labeller.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
+from labeller.model.labels import FIELD_MANAGER
+from labeller.model.namedconfigs import APPLIED_LABEL, CONFIG_LABEL, STATE_LABEL
 from tests.builders import config_map_volume
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet

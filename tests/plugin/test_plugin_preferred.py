@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from labeller.config import parse_config
-from labeller.plugin.preferred import preferred
-from labeller.offer import Resource
+from labeller.model.config import parse_config
+from labeller.apps.plugin.preferred import preferred
+from labeller.model.offer import Resource
 from tests.builders import nvidia, nvidia_gpu, offer_of
 from tests.plugin.conftest import simulated
 from vendors import RESOURCE_NAMES

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import structlog
 
-from labeller.host import Host, NodeOptions, open_host
-from labeller.inventory import Inventory, ProbeError
-from labeller.plugin.prober import carried_forward, failed_vendors, not_ready
-from labeller.backoff import Backoff
+from labeller.host.machine import Host, NodeOptions, open_host
+from labeller.model.inventory import Inventory, ProbeError
+from labeller.apps.plugin.prober import carried_forward, failed_vendors, not_ready
+from labeller.base.backoff import Backoff
 from tests.fakes.kubelet import FakeKubelet
 from tests.builders import offer_of
 from tests.plugin.conftest import probing_plugin, simulated

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog.testing
 
-from labeller.host import NodeOptions, open_host
+from labeller.host.machine import NodeOptions, open_host
 from tests.builders import stays_true, wait_for
 from tests.fakes.kubelet import FakeKubelet
 from tests.plugin.conftest import Probing, probing_plugin

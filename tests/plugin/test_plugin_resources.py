@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from labeller.config import parse_config
+from labeller.model.config import parse_config
 from vendors.amd.devices import AmdDevice
 from vendors.nvidia.devices import NvidiaDevice
 from tests.builders import amd, amd_gpu, amd_node, bus, nvidia, nvidia_gpu, offer_of

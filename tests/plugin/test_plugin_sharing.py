@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import parse_config
-from labeller.host import NodeOptions, open_host
+from labeller.model.config import parse_config
+from labeller.host.machine import NodeOptions, open_host
 from tests.builders import kfd_node_goes, nvidia_part, offer_of
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import probing_plugin, running_plugin

@@ -1,4 +1,4 @@
-"""NVIDIA's device-plugin flags and env vars on ``gpu-labeller device-plugin`` (labeller.upstream)."""
+"""NVIDIA's device-plugin flags and env vars on ``gpu-labeller device-plugin`` (labeller.model.upstream)."""
 
 from __future__ import annotations
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from labeller.config import Config
-from labeller.host import Host
+from labeller.model.config import Config
+from labeller.host.machine import Host
 from labeller.process.configsource import ConfigSource
 from labeller.process import loop as loop_module
 from labeller.process.loop import Exit, LoopOptions, ProcessLoop
 from labeller.process.serve import readiness
-from labeller.backoff import Backoff
+from labeller.base.backoff import Backoff
 from tests.builders import stays_true, wait_for
 
 
@@ -186,7 +186,7 @@ def test_inputs_that_need_no_polling_are_looked_at_only_when_woken() -> None:
 def test_a_config_that_fails_to_reload_changes_nothing(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n")
-    from labeller.config import load_config
+    from labeller.model.config import load_config
     from vendors import RESOURCE_NAMES
 
     host = Host(tmp_path, load_config(config, RESOURCE_NAMES))

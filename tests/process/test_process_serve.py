@@ -18,8 +18,8 @@ import structlog
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from labeller.errors import InputError
-from labeller.host import Host, NodeOptions
+from labeller.base.errors import InputError
+from labeller.host.machine import Host, NodeOptions
 from labeller.process.follow import ConfigFollower
 from labeller.process.loop import Exit
 from labeller.process.serve import Endpoint, Process, Served, serve

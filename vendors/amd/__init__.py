@@ -10,13 +10,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from labeller.config import Config
-from labeller.inventory import BackendReport, PciGpu
-from labeller.vendor import Vendor
-from labeller.vendor.devices import Devices
-from labeller.vendor.discovery import Discovery, Labelling, Simulator
-from labeller.vendor.dra import ConfigApi, DeviceMaker, Dra
-from labeller.vendor.plugin import PluginParts
+from labeller.model.config import Config
+from labeller.model.inventory import BackendReport, PciGpu
+from labeller.model.vendor import Vendor
+from labeller.model.vendor.devices import Devices
+from labeller.model.vendor.discovery import Discovery, Labelling, Simulator
+from labeller.model.vendor.dra import ConfigApi, DeviceMaker, Dra
+from labeller.model.vendor.plugin import PluginParts
 from vendors.amd import devices, dra, generation, labels, probe, settings
 from vendors.amd.settings import any_labels
 from vendors.amd.facts import PCI_CLASSES, PCI_VENDOR_ID

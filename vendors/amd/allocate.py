@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from labeller.config import Config
-from labeller.offer import PhysicalDevice, Resource
-from labeller.vendor.plugin import CDI_STRATEGIES, Allocate, ContainerEdits, DeviceNode, name_cdi_devices
+from labeller.model.config import Config
+from labeller.model.offer import PhysicalDevice, Resource
+from labeller.model.vendor.plugin import CDI_STRATEGIES, Allocate, ContainerEdits, DeviceNode, name_cdi_devices
 from vendors.amd.devices import AmdDevice
 
 CDI_KIND = "amd.com/gpu"

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from labeller.config import Config
-from labeller.offer import PhysicalDevice
+from labeller.model.config import Config
+from labeller.model.offer import PhysicalDevice
 from vendors.amd.allocate import CDI_KIND, device_paths
 from vendors.amd.devices import AmdDevice
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.offer import DeviceGroup, PhysicalDevice
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.offer import DeviceGroup, PhysicalDevice
 from vendors.amd.facts import LINK_XGMI, pci_address
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 from vendors.amd.settings import AmdSettings

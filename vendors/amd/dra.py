@@ -17,12 +17,12 @@ read, ours publishes no ``memory``. A node whose DRM card is unknown (a KFD capt
 
 from __future__ import annotations
 
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.offer import Offer
-from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, pcie_root, semver
-from labeller.vendor.dra import AttributeDoc, DraState
-from labeller.vendor.plugin import Fault
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.offer import Offer
+from labeller.model.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, pcie_root, semver
+from labeller.model.vendor.dra import AttributeDoc, DraState
+from labeller.model.vendor.plugin import Fault
 from vendors.amd import devices as kfd
 from vendors.amd import dynamicpartitions
 from vendors.amd.devices import AmdDevice

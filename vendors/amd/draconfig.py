@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labeller.resourceslices import DraDevice
-from labeller.vendor.dra import Applied, ConfigApi, ConfigSettings, DeviceConfig, Share, fields, shown, type_meta
+from labeller.model.resourceslices import DraDevice
+from labeller.model.vendor.dra import Applied, ConfigApi, ConfigSettings, DeviceConfig, Share, fields, shown, type_meta
 
 API_VERSION = "gpu.resource.amd.com/v1alpha1"
 GPU_CONFIG = "GpuConfig"

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import structlog
 
-from labeller.resourceslices import Attribute, Capacity, CounterSet, CounterUse, DraDevice
+from labeller.model.resourceslices import Attribute, Capacity, CounterSet, CounterUse, DraDevice
 from vendors.amd.devices import AmdDevice
 from vendors.amd.facts import PARTITIONS_BY_MODE
 from vendors.amd.model import AmdGpu

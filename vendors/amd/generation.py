@@ -18,7 +18,7 @@ import stat
 import threading
 from pathlib import Path
 
-from labeller.ownfiles import file_kind
+from labeller.base.ownfiles import file_kind
 from vendors.amd.facts import KFD_TOPOLOGY_DIRS
 from vendors.sysfs import Untrusted
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labeller.offer import PhysicalDevice
-from labeller.vendor.plugin import Fault, HealthReporter
+from labeller.model.offer import PhysicalDevice
+from labeller.model.vendor.plugin import Fault, HealthReporter
 from vendors.amd.devices import AmdDevice
 from vendors.amd.facts import KFD_TOPOLOGY_DIRS
 from vendors.amd.generation import topology_generation

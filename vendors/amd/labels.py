@@ -7,7 +7,7 @@ Each kind yields, from a list of per-GPU values:
   else ``amd.com/gpu.<kind>.<value>=<count>`` per value and no plain key.
 
 Counts follow AMD: cu-count, simd-count and vram count KFD compute nodes (so partitions): the
-devices ``amd.com/gpu`` offers (labeller.offer), so labels and plugin count the same nodes (on a
+devices ``amd.com/gpu`` offers (labeller.model.offer), so labels and plugin count the same nodes (on a
 node that serves AMD GPUs through DRA, the devices its ResourceSlices publish: every node);
 device-id, family and product-name count physical GPUs (partitions have no PCI files there).
 """
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.labels import KeyDoc, Labeler, Labels, derived, is_valid_value, sanitise_value
-from labeller.offer import Offer
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.labels import KeyDoc, Labeler, Labels, derived, is_valid_value, sanitise_value
+from labeller.model.offer import Offer
 from vendors.amd.devices import VENDOR, AmdDevice, devices
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 from vendors.amd.settings import AmdSettings

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from labeller.inventory import VendorPart
+from labeller.model.inventory import VendorPart
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from typing import Any
 
 import structlog
 
-from labeller.resourceslices import DraDevice
-from labeller.vendor.dra import DeviceMaker, Made, MakeRefused
+from labeller.model.resourceslices import DraDevice
+from labeller.model.vendor.dra import DeviceMaker, Made, MakeRefused
 from vendors import pci
 from vendors.amd import devices as kfd
 from vendors.amd import probe as backend

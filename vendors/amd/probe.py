@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from labeller.config import Config
-from labeller.inventory import BackendReport, BackendStatus, PciGpu
+from labeller.model.config import Config
+from labeller.model.inventory import BackendReport, BackendStatus, PciGpu
 from vendors.amd.facts import (
     AMDGPU_MODULE,
     DEBUGFS_DRI,

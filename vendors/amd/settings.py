@@ -1,5 +1,5 @@
 """AMD's keys of the config file: its label groups and its device plugin's resource naming. Declared
-once here (``labeller.configtable``), registered through ``Vendor.settings``; the code reads them as
+once here (``labeller.model.configtable``), registered through ``Vendor.settings``; the code reads them as
 ``config.section(AmdSettings)``."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from labeller.config import Config
-from labeller.configtable import BLOCK, Key, Section, setting
-from labeller.upstream import DEVICE_PLUGIN, RUN_AND_LABELS, KeyFlag, go_names
+from labeller.model.config import Config
+from labeller.model.configtable import BLOCK, Key, Section, setting
+from labeller.model.upstream import DEVICE_PLUGIN, RUN_AND_LABELS, KeyFlag, go_names
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from labeller.vendor import Vendor
-from labeller.vendor.devices import Devices
-from labeller.vendor.discovery import Discovery, Labelling, Simulator
-from labeller.vendor.dra import ConfigApi, DeviceMaker, Dra
-from labeller.vendor.mps import Mps
-from labeller.vendor.plugin import PluginParts
+from labeller.model.vendor import Vendor
+from labeller.model.vendor.devices import Devices
+from labeller.model.vendor.discovery import Discovery, Labelling, Simulator
+from labeller.model.vendor.dra import ConfigApi, DeviceMaker, Dra
+from labeller.model.vendor.mps import Mps
+from labeller.model.vendor.plugin import PluginParts
 from vendors.nvidia import devices, dra, labels, mps, nvml, settings
 from vendors.nvidia.settings import NvidiaSettings
 from vendors.nvidia.facts import PCI_CLASSES, PCI_VENDOR_ID

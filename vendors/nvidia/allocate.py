@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from labeller.config import Config
-from labeller.offer import PhysicalDevice, Resource
-from labeller.vendor.plugin import Allocate, ContainerEdits, DeviceNode, Mount, name_cdi_devices
+from labeller.model.config import Config
+from labeller.model.offer import PhysicalDevice, Resource
+from labeller.model.vendor.plugin import Allocate, ContainerEdits, DeviceNode, Mount, name_cdi_devices
 from vendors.nvidia import mps
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.settings import NvidiaSettings

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from labeller.config import Config
-from labeller.offer import PhysicalDevice
+from labeller.model.config import Config
+from labeller.model.offer import PhysicalDevice
 from vendors.nvidia.allocate import CDI_KIND, HostNodes
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.settings import NvidiaSettings

@@ -1,6 +1,6 @@
 """NVIDIA's device groups: which resources the node offers under each MIG strategy.
 
-NVIDIA's plugin's rules, written once (the labels read the resulting offer, see labeller.offer):
+NVIDIA's plugin's rules, written once (the labels read the resulting offer, see labeller.model.offer):
 - ``none``: every GPU is ``nvidia.com/gpu``, whole, MIG-enabled or not.
 - ``single``: every MIG device is ``nvidia.com/gpu`` when the node is uniformly MIG-enabled with
   one profile; otherwise ``nvidia.com/gpu`` is withheld (GFD's ``-MIG-INVALID`` labels). A node
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.offer import DeviceGroup, PhysicalDevice
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.offer import DeviceGroup, PhysicalDevice
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 from vendors.nvidia.settings import NvidiaSettings
 

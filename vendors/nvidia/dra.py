@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.offer import Offer
-from labeller.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, Version, pcie_root, semver
-from labeller.vendor.dra import AttributeDoc, DraState
-from labeller.vendor.plugin import Fault
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.offer import Offer
+from labeller.model.resourceslices import (PCI_BUS_ID, PCIE_ROOT, Attribute, Capacity, DraDevice, Version, pcie_root,
+                                           semver)
+from labeller.model.vendor.dra import AttributeDoc, DraState
+from labeller.model.vendor.plugin import Fault
 from vendors.nvidia import dynamicmig
 from vendors.nvidia.devices import partition, whole
 from vendors.nvidia.facts import MIB, profile_label

@@ -51,9 +51,10 @@ from typing import Any
 
 import structlog
 
-from labeller import ownfiles, quantity
-from labeller.resourceslices import DraDevice
-from labeller.vendor.dra import (Applied, ConfigApi, ConfigRefused, ConfigSettings, DeviceConfig, Share, fields,
+from labeller.base import ownfiles
+from labeller.model import quantity
+from labeller.model.resourceslices import DraDevice
+from labeller.model.vendor.dra import (Applied, ConfigApi, ConfigRefused, ConfigSettings, DeviceConfig, Share, fields,
                                  shown, type_meta)
 from vendors.nvidia import mps
 from vendors.nvidia.devices import NvidiaDevice

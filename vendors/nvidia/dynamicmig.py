@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from labeller.resourceslices import Attribute, Capacity, CounterSet, CounterUse, DraDevice
+from labeller.model.resourceslices import Attribute, Capacity, CounterSet, CounterUse, DraDevice
 from vendors.nvidia.devices import VENDOR, NvidiaDevice
 from vendors.nvidia.facts import MIB, profile_label
 from vendors.nvidia.model import MigDevice, MigProfile, NvidiaGpu

@@ -22,8 +22,8 @@ from typing import Any
 
 import structlog
 
-from labeller.offer import PhysicalDevice
-from labeller.vendor.plugin import Fault, HealthReporter
+from labeller.model.offer import PhysicalDevice
+from labeller.model.vendor.plugin import Fault, HealthReporter
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.facts import WHOLE_GPU
 from vendors.nvidia.nvml import load

@@ -4,7 +4,7 @@ Each labeler owns its own keys; they run only with the ``nvidia`` label group on
 timestamp stay silent unless NVML described at least one GPU: a node where only the PCI scan saw
 NVIDIA GPUs gets just ``nvidia.com/gpu.present`` (labeller.rules). The resource labels
 (``gpu.count``, ``gpu.replicas``, ``gpu.sharing-strategy``, ``-SHARED``, ``mig-<profile>.*``) read
-what the node offers (labeller.offer), the same objects the device plugin serves.
+what the node offers (labeller.model.offer), the same objects the device plugin serves.
 
 Where GFD is ambiguous we choose, and say so:
 - Several GPU models on one node: GFD lets whichever name it iterates last win. We describe the
@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from labeller.config import Config
-from labeller.gpushare import RESOURCE_MEM
-from labeller.inventory import Inventory
-from labeller.labels import KeyDoc, Labeler, Labels, derived
-from labeller.offer import Offer, Resource
+from labeller.model.config import Config
+from labeller.model.gpushare import RESOURCE_MEM
+from labeller.model.inventory import Inventory
+from labeller.model.labels import KeyDoc, Labeler, Labels, derived
+from labeller.model.offer import Offer, Resource
 from vendors.nvidia.devices import GPU, VENDOR, NvidiaDevice
 from vendors.nvidia.facts import COMPUTE_CLASS, GRAPHICS_CLASS, MIB, PCI_VENDOR_ID, name_in_labels
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory

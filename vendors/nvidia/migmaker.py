@@ -29,8 +29,8 @@ from typing import Any
 
 import structlog
 
-from labeller.resourceslices import DraDevice
-from labeller.vendor.dra import DeviceMaker, Made, MakeRefused
+from labeller.model.resourceslices import DraDevice
+from labeller.model.vendor.dra import DeviceMaker, Made, MakeRefused
 from vendors.nvidia import nvml as backend
 from vendors.nvidia.devices import VENDOR, NvidiaDevice
 from vendors.nvidia.facts import compute_instance_profiles

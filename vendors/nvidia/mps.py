@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from labeller.config import Config
-from labeller.inventory import Inventory
-from labeller.offer import Resource
+from labeller.model.config import Config
+from labeller.model.inventory import Inventory
+from labeller.model.offer import Resource
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.facts import MIB
 from vendors.nvidia.model import MpsReadiness, MpsServed, NvidiaInventory

@@ -7,7 +7,7 @@ MPS server may then use the GPU), ``DEFAULT`` after a stop; ``nvidia-smi compute
 --set-timeslice <0-3>`` sets a GPU's time slice.
 
 ``Daemon`` is the one supervision of a daemon, shared by ``gpu-labeller mps-control-daemon`` (a
-daemon per MPS resource of the device plugin, ``labeller.mps.supervisor``) and the DRA plugin (a
+daemon per MPS resource of the device plugin, ``labeller.apps.mps.supervisor``) and the DRA plugin (a
 daemon per MPS config of a prepared claim, ``vendors.nvidia.draconfig``): whether it answers as
 configured, starting and configuring it, stopping it.
 """

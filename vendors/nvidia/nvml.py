@@ -18,8 +18,8 @@ from typing import Any
 
 import structlog
 
-from labeller.config import Config
-from labeller.inventory import BackendReport, BackendStatus, PciGpu
+from labeller.model.config import Config
+from labeller.model.inventory import BackendReport, BackendStatus, PciGpu
 from vendors.nvidia.facts import (
     MIB,
     PCI_VENDOR_ID,

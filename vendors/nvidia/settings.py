@@ -1,5 +1,5 @@
 """NVIDIA's keys of the config file: where the driver's files and device nodes are on the host, how
-Allocate names the devices, and GFD's label groups. Declared once here (``labeller.configtable``),
+Allocate names the devices, and GFD's label groups. Declared once here (``labeller.model.configtable``),
 registered through ``Vendor.settings``; the code reads them as ``config.section(NvidiaSettings)``."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from labeller.configtable import UNSET, Key, Section, setting, value_at
-from labeller.upstream import DEVICE_PLUGIN, DRA_PLUGIN, RUN_AND_LABELS, KeyFlag
+from labeller.model.configtable import UNSET, Key, Section, setting, value_at
+from labeller.model.upstream import DEVICE_PLUGIN, DRA_PLUGIN, RUN_AND_LABELS, KeyFlag
 
 _NO_TIMESTAMP = "flags.gfd.noTimestamp"
 _DRIVER_ROOT = "flags.nvidiaDriverRoot"

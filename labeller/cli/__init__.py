@@ -1,0 +1,1 @@
+"""The command line: the root command, its lazy command table and the one-shot commands."""

@@ -1,1 +1,0 @@
-"""Generated from ../api.proto by ``python -m labeller.plugin.generate``; do not edit."""
