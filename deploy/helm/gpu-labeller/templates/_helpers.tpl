@@ -336,7 +336,7 @@ false
 {{- end }}
 
 {{/* The Node label policies' variables (the labeller's, and the prune Job's): the label keys gpu-labeller owns
-     (admissionPolicy.*: keep them equal to labeller/labels.py), the keys a request adds, changes and removes,
+     (admissionPolicy.*: keep them equal to labeller/model/labels.py), the keys a request adds, changes and removes,
      and which removed keys gpu-labeller's field manager did not set. */}}
 {{- define "gpu-labeller.labelOwnershipVariables" -}}
 - name: ownedPrefixes
@@ -364,7 +364,7 @@ false
       !(variables.ownedPrefixes.exists(p, k.startsWith(p)) || k in variables.ownedKeys) ||
       variables.notOwnedPrefixes.exists(p, k.startsWith(p)) || k in variables.notOwnedKeys)
 # The labels listed by the old Node's managedFields entries of field manager gpu-labeller
-# (labeller/labels.py FIELD_MANAGER; apply, or an update by an older version). Entries of a
+# (labeller/model/labels.py FIELD_MANAGER; apply, or an update by an older version). Entries of a
 # subresource do not count.
 - name: labellerLabelFields
   expression: >-
