@@ -40,7 +40,6 @@ CAPTIONS = {
     "host": "the machine", "cluster": "the Kubernetes API", "process": "the one loop",
     "apps": "one package a process", "cli": "the command line",
 }
-APP_CLI = "labeller/apps/*/cli.py"  # each application's click command: a module of the command line's tier
 
 # Geometry, in pixels.
 WIDTH = 960  # at least
@@ -99,10 +98,8 @@ def _docstring_only(tree: ast.Module) -> bool:
     return all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) for s in tree.body)
 
 
-def package_of(module: str, path: Path, tier_name: str) -> str:
-    """The box ``module`` (at ``path``, relative to the checkout) is drawn in."""
-    if tier_name == "cli" and module.startswith("labeller.apps.") and module.endswith(".cli"):
-        return APP_CLI
+def package_of(path: Path) -> str:
+    """The box the module at ``path`` (relative to the checkout) is drawn in: its directory."""
     directory = path.parent.as_posix()
     return "labeller/__init__.py" if directory == "labeller" else f"{directory}/"
 
@@ -121,7 +118,7 @@ def read_layout() -> Layout:
             continue
         module = architecture.module_name(path)
         number = architecture.tier(module)
-        label = package_of(module, path.relative_to(ROOT), tiers[number])
+        label = package_of(path.relative_to(ROOT))
         box[module], paths[module] = label, path
         members[label].append(module)
         tier_of[label] = number
@@ -275,7 +272,7 @@ def _arrow(layout: Layout, arrow: Imports, boxes: dict[str, Box]) -> str:
 
 def _box(box: Box) -> str:
     package = box.package
-    names = ", ".join(m.rsplit(".", 1)[-1] if package.label != APP_CLI else m.split(".")[2] for m in package.modules)
+    names = ", ".join(m.rsplit(".", 1)[-1] for m in package.modules)
     fill = FILLS[package.tier % len(FILLS)]
     return (f"<g><title>{escape(f'{package.label}: {names}')}</title>"
             f'<rect x="{_number(box.x)}" y="{_number(box.y)}" width="{_number(box.width)}" height="{BOX_HEIGHT}" '

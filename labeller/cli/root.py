@@ -23,17 +23,17 @@ from labeller.base.log import LEVELS, configure
 
 # name -> ("module:attribute" of a click command loaded on first use, short help for --help)
 LAZY_COMMANDS = {
-    "run": ("labeller.apps.daemon.cli:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
+    "run": ("labeller.cli.commands.run:run", "Keep this node's labels true on the cluster (the DaemonSet's job)."),
     "cleanup": ("labeller.cli.commands.cleanup:cleanup", "Remove the labels gpu-labeller set (for uninstall)."),
-    "device-plugin": ("labeller.apps.plugin.cli:device_plugin",
+    "device-plugin": ("labeller.cli.commands.device_plugin:device_plugin",
                       "Serve this node's GPUs to the kubelet (device plugin API v1beta1)."),
-    "dra-plugin": ("labeller.apps.draplugin.cli:dra_plugin",
+    "dra-plugin": ("labeller.cli.commands.dra_plugin:dra_plugin",
                    "Publish this node's GPUs as ResourceSlices and prepare their claims (kubelet DRA plugin)."),
-    "mps-control-daemon": ("labeller.apps.mps.cli:mps_control_daemon",
+    "mps-control-daemon": ("labeller.cli.commands.mps:mps_control_daemon",
                            "Run and watch the NVIDIA MPS control daemons sharing.mps needs."),
-    "scheduler-extender": ("labeller.apps.extender.cli:scheduler_extender",
+    "scheduler-extender": ("labeller.cli.commands.extender:scheduler_extender",
                            "Schedule pods by GPU memory (aliyun.com/gpu-mem), gpushare-compatible."),
-    "inspect": ("labeller.apps.extender.cli:inspect",
+    "inspect": ("labeller.cli.commands.extender:inspect",
                 "Per node and GPU: total, used and free GPU memory and its pods."),
     "explain": ("labeller.cli.commands.selectors:explain",
                 "Say where each label comes from, or why a key is not produced."),

@@ -2,7 +2,7 @@
 the bottom: base plumbing, the model, the vendors (``vendors/``), the host (probing it, and the tools
 that read its labels), the cluster layer, the process layer (one loop), the applications
 (``labeller/apps/<process>/``: daemon, device plugin, DRA plugin, extender, MPS supervisor; never one
-another), and the command line on top (``labeller/cli/`` and each application's ``cli.py``). A module
+another), and the command line on top (``labeller/cli/``: every command, each process's too). A module
 imports its own tier and those below, never one above. Also: one adapter talks to the API, only the
 two kubelet plugins speak gRPC, only the command line imports click, and nothing on a real node imports a simulation.
 
@@ -37,7 +37,7 @@ def imported_names(node: ast.AST) -> set[str]:
     return set()
 
 
-# A string that names a module (``labeller.apps.daemon.cli``) or a module's attribute (``...:run``): imported
+# A string that names a module (``labeller.cli.commands.run``) or a module's attribute (``...:run``): imported
 # by name, with importlib.
 MODULE_STRING = re.compile(r"(?:labeller|vendors)(?:\.\w+)+(?::\w+)?")
 
@@ -109,13 +109,13 @@ def in_tier(name: str) -> set[str]:
 
 
 def process_of(module: str) -> str | None:
-    """The application package ``module`` belongs to (``labeller.apps.daemon.cli`` -> ``labeller.apps.daemon``)."""
+    """The application package ``module`` belongs to (``labeller.apps.daemon.run`` -> ``labeller.apps.daemon``)."""
     parts = module.split(".")
     return ".".join(parts[:3]) if parts[:2] == ["labeller", "apps"] and len(parts) >= 3 else None
 
 
 def tier(module: str) -> int:
-    """The tier ``module``'s path names; an application's ``cli`` module is the command line's."""
+    """The tier ``module``'s path names."""
     parts = module.split(".")
     if parts == ["labeller"]:
         return TIER["base"]
@@ -123,8 +123,6 @@ def tier(module: str) -> int:
         return TIER["vendors"]
     if len(parts) < 2 or parts[1] not in TIER or parts[1] == "vendors":
         raise AssertionError(f"{module}: not in a tier's sub-package of labeller/ ({', '.join(TIERS)})")
-    if parts[1] == "apps" and parts[-1] == "cli":
-        return TIER["cli"]
     return TIER[parts[1]]
 
 
@@ -141,7 +139,7 @@ def test_no_module_imports_one_above_its_tier() -> None:
 
 
 def test_the_lazy_command_table_is_seen() -> None:
-    lazy = {"labeller.apps.daemon.cli", "labeller.apps.plugin.cli", "labeller.cli.commands.selectors"}
+    lazy = {"labeller.cli.commands.run", "labeller.cli.commands.device_plugin", "labeller.cli.commands.selectors"}
     assert lazy <= modules()["labeller.cli.root"]
 
 
@@ -247,6 +245,7 @@ def test_nothing_outside_the_daemon_imports_it() -> None:
                  if process_of(module) != "labeller.apps.daemon"
                  and any(process_of(i) == "labeller.apps.daemon" for i in imports)}
     importers.discard("labeller.cli.root")  # the root's lazy command table names ``run``
+    importers.discard("labeller.cli.commands.run")  # the ``run`` command serves the daemon
     importers.discard("labeller.cli.commands.cleanup")  # ``cleanup`` writes the daemon's empty set with its Node sink
     assert importers == set()
 

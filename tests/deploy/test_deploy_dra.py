@@ -192,10 +192,10 @@ def test_it_reads_the_same_configs_and_follows_the_same_label_as_the_others(valu
 
 
 def dra_plugin_command() -> click.Command:
-    """``gpu-labeller dra-plugin`` (labeller.apps.draplugin.cli) where it is built; until then a command made of
+    """``gpu-labeller dra-plugin`` (labeller.cli.commands.dra_plugin) where it is built; until then a command made of
     the same shared option decorators, with the directory options the issue gives it."""
     try:
-        command: click.Command = importlib.import_module("labeller.apps.draplugin.cli").dra_plugin
+        command: click.Command = importlib.import_module("labeller.cli.commands.dra_plugin").dra_plugin
         return command
     except ModuleNotFoundError as missing:
         if not (missing.name or "").startswith("labeller.apps.draplugin"):

@@ -70,7 +70,7 @@ def test_one_hardened_non_root_replica_with_probes_and_measured_resources() -> N
 @pytest.mark.parametrize("values", [{}, {"policy": "spread", "bindWait": "5s", "assumeTimeout": 120, "port": 40000}],
                          ids=["default", "custom"])
 def test_args_parse_with_the_real_cli(values: dict[str, Any]) -> None:
-    from labeller.apps.extender.cli import scheduler_extender
+    from labeller.cli.commands.extender import scheduler_extender
 
     args = deployment(values)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "scheduler-extender"

@@ -363,7 +363,7 @@ def _parse(command: click.Command, args: list[str]) -> dict[str, Any]:
                                     {"labeller": {"output": "features-file"}}, TWO_CONFIGS],
                          ids=["default", "nodefeature", "file", "config-label"])
 def test_labeller_args_parse_with_the_real_cli(values: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from labeller.apps.daemon.cli import run
+    from labeller.cli.commands.run import run
 
     monkeypatch.setenv("NODE_NAME", "node-1")
     args = container(labeller_ds(render(values)))["args"]
@@ -378,7 +378,7 @@ def test_labeller_args_parse_with_the_real_cli(values: dict[str, Any], monkeypat
 
 @pytest.mark.parametrize("values", [{}, TWO_CONFIGS], ids=["default", "config-label"])
 def test_device_plugin_args_parse_with_the_real_cli(values: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from labeller.apps.plugin.cli import device_plugin
+    from labeller.cli.commands.device_plugin import device_plugin
 
     monkeypatch.delenv("CONFIG_FILE", raising=False)
     args = container(plugin_ds(render(values)))["args"]
@@ -392,7 +392,7 @@ def test_device_plugin_args_parse_with_the_real_cli(values: dict[str, Any], monk
 @pytest.mark.parametrize(("interval", "seconds"), [(60, 60.0), (0.5, 0.5), ("2m", 120.0), ("500ms", 0.5)])
 def test_labeller_interval_takes_seconds_or_a_duration(interval: Any, seconds: float,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from labeller.apps.daemon.cli import run
+    from labeller.cli.commands.run import run
 
     monkeypatch.setenv("NODE_NAME", "node-1")
     args = container(labeller_ds(render({"labeller": {"interval": interval}})))["args"]
@@ -441,8 +441,8 @@ def test_cdi_mounts_the_spec_dir_and_the_driver_files_only_when_a_cdi_strategy_i
 
 
 def test_mps_control_daemon_args_parse_with_the_real_cli() -> None:
-    from labeller.apps.mps.cli import mps_control_daemon
-    from labeller.apps.plugin.cli import device_plugin
+    from labeller.cli.commands.mps import mps_control_daemon
+    from labeller.cli.commands.device_plugin import device_plugin
 
     plugin = plugin_ds(render(MPS_CDI))
     args = container(plugin, "mps-control-daemon")["args"]

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from labeller.cli.root import main
-from labeller.apps.plugin.cli import device_plugin
+from labeller.cli.commands.device_plugin import device_plugin
 from tests.builders import PATIENCE_S, wait_for
 from tests.core.cli import in_process
 from tests.fakes.kubelet import FakeKubelet
