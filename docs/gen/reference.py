@@ -254,7 +254,8 @@ def cli_page() -> str:
                 and "--help" not in p.opts]
     parts = [HEADER, "# CLI reference\n\n",
              "Every command of `gpu-labeller`, with its help and options as `gpu-labeller COMMAND --help` prints "
-             "them (the click commands in `labeller/cli/root.py` and `labeller/cli/commands/`). [CLI](../cli.md) explains the commands with examples. Every command takes `-h`/`--help`.\n\n",
+             "them (the click commands in `labeller/cli/root.py` and `labeller/cli/commands/`). "
+             "[CLI](../cli.md) explains the commands with examples. Every command takes `-h`/`--help`.\n\n",
              "## Global options\n\n", "Given before the command: `gpu-labeller --log-level debug labels`.\n\n",
              table(["option", "value", "default", "env", "meaning"],
                    [_global_row(p, root) for p in globals_]), "\n"]
