@@ -2,8 +2,7 @@
 
 Each tier is a band, from the bottom (the tiers and the rule that gives a module its tier are those of
 tests/core/test_core_architecture.py, read from the path: ``labeller/<tier>/...``, ``vendors/``). Each box
-is a package of a tier (a directory; the applications' ``cli.py`` modules, which are the command line's,
-make one box of their own), with its number of modules. Each arrow is the imports from one package into
+is a package of a tier (a directory), with its number of modules. Each arrow is the imports from one package into
 another, read with ``ast`` as the architecture test reads them (lazy, TYPE_CHECKING and importlib imports
 included); its width grows with their number. An arrow may only run down or within a band: one that runs
 up is drawn in red (and the architecture test fails). The SVG is self-contained (no script, no font, no
