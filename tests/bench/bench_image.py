@@ -41,7 +41,8 @@ def timed(command):
 runs = int(sys.argv[2])
 labels = [timed(["gpu-labeller", "labels", "--simulate", sys.argv[1]]) for _ in range(runs)]
 imports = [timed(["python", "-c", "import importlib, pkgutil, labeller\\n"
-                  "for m in pkgutil.walk_packages(labeller.__path__, 'labeller.'): importlib.import_module(m.name)"])
+                  "for m in pkgutil.walk_packages(labeller.__path__, 'labeller.'):\\n"
+                  "    m.name.endswith('.__main__') or importlib.import_module(m.name)"])
            for _ in range(runs)]
 median = lambda values, i: statistics.median(v[i] for v in values)
 print(json.dumps({"labels_wall": median(labels, 0), "labels_cpu": median(labels, 1),

@@ -165,7 +165,8 @@ INSTALLED = """
 import importlib, importlib.metadata as md, json, os, pkgutil, platform, sys
 import labeller
 for module in pkgutil.walk_packages(labeller.__path__, "labeller."):
-    importlib.import_module(module.name)
+    if not module.name.endswith(".__main__"):  # python -m labeller.cli: importing it runs the program
+        importlib.import_module(module.name)
 tops = {name.split(".")[0] for name in sys.modules}
 dists = []
 for dist in md.distributions():
@@ -229,7 +230,8 @@ except SystemExit:
     pass
 dry_run = set(sys.modules)
 for module in pkgutil.walk_packages(labeller.__path__, "labeller."):
-    importlib.import_module(module.name)
+    if not module.name.endswith(".__main__"):  # python -m labeller.cli: importing it runs the program
+        importlib.import_module(module.name)
 missing, unchecked, total = [], [], 0
 for name, module in list(sys.modules.items()):
     source = getattr(module, "__file__", None) or ""
