@@ -96,6 +96,9 @@ class TopologyStamp:
             raise Untrusted(Path(path), f"{file_kind(opened.st_mode)}, not a regular file")
         self._fd, self._held = fd, (path, opened.st_dev, opened.st_ino)
 
+    def __del__(self) -> None:  # dropped from topology_stamp's cache (a process reading many host roots)
+        self._close()
+
     def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
