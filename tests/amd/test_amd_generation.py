@@ -5,9 +5,13 @@ not a sysfs attribute."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
+import pytest
+
 from tests.builders import TOPOLOGY, kfd_node_goes
+from vendors.amd import generation
 from vendors.amd.generation import TopologyStamp
 
 
@@ -83,3 +87,37 @@ def test_a_symlink_to_elsewhere_is_followed_only_to_a_regular_file(tmp_path: Pat
     (topology / "generation_id").symlink_to("/dev/zero")  # a character device: never read
     said = TopologyStamp(tmp_path).read()
     assert isinstance(said, str) and "not a regular file" in said
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_stamp_dropped_closes_its_file(tmp_path: Path) -> None:
+    _topology(tmp_path)
+    before = _open_fds()
+    stamps = [TopologyStamp(tmp_path) for _ in range(20)]
+    for stamp in stamps:
+        assert stamp.read() == b"7\n"
+    assert _open_fds() == before + 20
+    del stamps, stamp
+    assert _open_fds() == before
+
+
+def test_a_stamp_collected_at_interpreter_exit_closes_its_file_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At interpreter exit a module's globals can be set to None before the objects holding stamps
+    # are collected: CI saw "Exception ignored in TopologyStamp.__del__ ... 'NoneType' object has
+    # no attribute 'close'" on every test worker's stderr.
+    _topology(tmp_path)
+    stamp = TopologyStamp(tmp_path)
+    assert stamp.read() == b"7\n"
+    before = _open_fds()
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    monkeypatch.setattr(generation, "os", None)
+    del stamp
+    monkeypatch.undo()
+    assert unraisable == []
+    assert _open_fds() == before - 1

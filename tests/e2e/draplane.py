@@ -140,6 +140,9 @@ class Cluster:
         self.kubeconfig = values.get("KUBECONFIG", str(self.state / "kubeconfig")).strip("'\"")
         self.bin = Path(values.get("DRA_BIN", "/tmp/gpu-labeller-dra-bin").strip("'\""))
         self.api_port = int(values.get("DRA_API_PORT", "7443").strip("'\""))
+        # /readyz (what up.sh waits for) is not yet "kubectl serves resource.k8s.io" on a loaded box
+        if wait(lambda: self.kubectl("get", "deviceclasses", "-o", "name") is not None, 60) is None:
+            self.kubectl("get", "deviceclasses", "-o", "name")  # raises, saying what kubectl said
 
     def down(self) -> None:
         subprocess.run([str(self.k8s_dra / "down.sh"), "--wipe"], env=self.env, check=False,

@@ -16,6 +16,7 @@ import functools
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from labeller.base.ownfiles import file_kind
@@ -96,8 +97,12 @@ class TopologyStamp:
             raise Untrusted(Path(path), f"{file_kind(opened.st_mode)}, not a regular file")
         self._fd, self._held = fd, (path, opened.st_dev, opened.st_ino)
 
-    def __del__(self) -> None:  # dropped from topology_stamp's cache (a process reading many host roots)
-        self._close()
+    def __del__(self, close_fd: Callable[[int], None] = os.close) -> None:
+        # Dropped from topology_stamp's cache (a process reading many host roots), or collected at
+        # interpreter exit, when this module's globals may already be None: os.close is bound here.
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            close_fd(fd)
 
     def _close(self) -> None:
         if self._fd is not None:
