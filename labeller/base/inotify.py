@@ -53,6 +53,7 @@ DIRECTORY_EVENTS = (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_CLO
                     | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then len bytes of name)
 _READ_BYTES = 64 * 1024
+_RESOLVE_TRIES = 8  # directories made and removed faster than this many passes: the next event resolves again
 
 
 class _Libc:
@@ -160,10 +161,19 @@ class DirectoryWatch:
             self._thread.start()
 
     def _resolve(self) -> None:
-        """Watch the nearest existing directory of each wanted one (the lock held)."""
+        """Watch the nearest existing directory of each wanted one (the lock held). A directory made
+        while its parent's watch was being added sends no event to that watch: look again until what
+        is watched is still the nearest (a kubelet restarting makes its registry again at once)."""
+        for _ in range(_RESOLVE_TRIES):
+            wanted = self._resolve_once()
+            if wanted is None or wanted == {_nearest_directory(path) for path in self._wanted}:
+                return
+
+    def _resolve_once(self) -> set[Path] | None:
+        """One pass of ``_resolve``: the directories it watched, None without inotify."""
         inotify = self._inotify
         if inotify is None:
-            return
+            return None
         wanted = {_nearest_directory(path) for path in self._wanted}
         for path in list(self._watched):
             wd, identity = self._watched[path]
@@ -183,6 +193,7 @@ class DirectoryWatch:
                                     directory=str(path), error=exc.strerror)
                     complete = False
         self.complete = complete
+        return wanted
 
     def _run(self) -> None:
         inotify = self._inotify

@@ -77,6 +77,28 @@ def test_a_directory_deleted_and_made_again_is_watched_again(watch: DirectoryWat
     told.after(lambda: (registry / "gpu.nvidia.com-reg.sock").write_text(""))
 
 
+def test_a_directory_made_while_its_parents_watch_is_added_is_watched_itself(watch: DirectoryWatch, told: Told,
+                                                                            tmp_path: Path) -> None:
+    """The registry deleted, and made again by a restarting kubelet just as the watch falls back to
+    its parent: that watch never hears of it (it was there before the watch), so the watch looks
+    again. Before, the socket written in it next went unseen (a CI run failed on this race)."""
+    registry = tmp_path / "plugins_registry"
+    registry.mkdir()
+    watch.watch([registry])
+    inotify = watch._inotify
+    assert inotify is not None
+    add = inotify.add
+
+    def kubelet_is_quicker(path: Path, *args: int) -> int:
+        if path == tmp_path and not registry.exists():
+            registry.mkdir()  # between the look that found it gone and the parent's watch
+        return add(path, *args)
+
+    inotify.add = kubelet_is_quicker  # type: ignore[method-assign]
+    told.after(lambda: shutil.rmtree(registry))
+    told.after(lambda: (registry / "gpu.nvidia.com-reg.sock").write_text(""))
+
+
 def test_a_directory_replaced_by_another_is_followed_to_the_new_one(watch: DirectoryWatch, told: Told,
                                                                     tmp_path: Path) -> None:
     configs = tmp_path / "configs"
