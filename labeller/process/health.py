@@ -187,7 +187,10 @@ class HealthMonitor:
 
     ``stop`` does not wait for an event wait to end: a driver's wait cannot be interrupted (NVML's
     is not), and freeing what it waits on under it is not allowed, so the thread that waits stops
-    its checker itself once its wait returns; a checker without events is stopped at once."""
+    its checker itself once its wait returns; a checker without events is stopped at once. ``start``
+    does not wait either: a checker registers for events (``Checker.watch``) on its event thread,
+    since NVML makes no event set while the monitor being replaced still waits on its own (up to
+    ``event_wait_ms``), and until then it is polled."""
 
     def __init__(self, checkers: Iterable[Checker], poll_seconds: float = POLL_SECONDS,
                  event_wait_ms: int = EVENT_WAIT_MS, stamps: Stamps | None = None,
@@ -202,6 +205,7 @@ class HealthMonitor:
         self._nudged = threading.Event()
         self._poller: threading.Thread | None = None
         self._waiting: list[Checker] = []  # the checkers an event thread stops
+        self._owners = threading.Lock()  # who stops a checker whose registration failed: its thread or stop
 
     def start(self) -> None:
         self._checkers = [c for c in self._checkers if c.start()]
@@ -209,7 +213,7 @@ class HealthMonitor:
             return
         self._poller = self._spawn(self._poll_loop, "health-poll")
         for checker in self._checkers:
-            if checker.watches_events:
+            if checker.wants_events:
                 self._waiting.append(checker)
                 self._spawn(functools.partial(self._event_loop, checker), f"health-events-{type(checker).__name__}")
 
@@ -259,6 +263,21 @@ class HealthMonitor:
 
     def _event_loop(self, checker: Checker) -> None:
         try:
+            watching = checker.watch()  # may wait for the replaced monitor's event wait to end
+        except Exception:
+            log.exception("registering for driver events failed", checker=type(checker).__name__)
+            watching = False
+        if not watching:  # polled from now on: stopped as a checker without events is
+            with self._owners:
+                self._waiting.remove(checker)
+                stopped = self._stop.is_set()
+            if stopped:
+                if self._poller is not None:
+                    self._poller.join()  # it may be polling this checker
+                checker.stop()
+            return
+        self.nudge()  # the poll may stop polling it now
+        try:
             while not self._stop.is_set():
                 try:
                     checker.wait_for_event(self._event_wait_ms)
@@ -271,13 +290,14 @@ class HealthMonitor:
             checker.stop()
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._owners:
+            self._stop.set()
+            unwatched = [checker for checker in self._checkers if checker not in self._waiting]
         self._nudged.set()
         if self._poller is not None:
             self._poller.join(timeout=2)
-        for checker in self._checkers:
-            if checker not in self._waiting:
-                checker.stop()
+        for checker in unwatched:
+            checker.stop()
 
 
 class HealthChecks:

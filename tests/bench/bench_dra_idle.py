@@ -29,6 +29,9 @@ schedule at an hour, and bench_dra_taints.py times them.
 ``--before DIR`` runs the same measurement on another checkout (its own ``.venv``), side by side:
 
     python tests/bench/bench_dra_idle.py [--seconds 60] [--settle 10] [--rounds 5] [--before DIR] [--node NAME]
+
+``--node this-node``: the machine's own GPUs (``--host-root /``, real NVML), on a machine that has one;
+its KFD topology is never touched.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ NODES = {
     "dgx-h100": ("--simulate", "dgx-h100"),
     "mi210-x8": ("--simulate", "mi210-x8"),  # the MI210 capture's KFD topology, with a PCI tree
     "mi300x-x8-cpx": ("--simulate", "mi300x-x8-cpx"),
+    "this-node": ("--host-root", "/"),  # this machine's own GPUs (real NVML): only when named
 }
 
 
@@ -120,10 +124,10 @@ def devices(api: FakeApiServer) -> int:
     return sum(len(s["spec"].get("devices", [])) for s in api.slices(NODE))
 
 
-def host_root(pid: int) -> Path:
-    """The simulated node's root that process ``pid`` built."""
-    (root,) = Path(scratch_dir() or tempfile.gettempdir()).glob(f"{ROOT_PREFIX}{pid}-*")
-    return root
+def host_root(pid: int) -> Path | None:
+    """The simulated node's root that process ``pid`` built; None on this machine (``this-node``)."""
+    roots = list(Path(scratch_dir() or tempfile.gettempdir()).glob(f"{ROOT_PREFIX}{pid}-*"))
+    return roots[0] if len(roots) == 1 else None
 
 
 @dataclass
@@ -162,7 +166,8 @@ def react(api: FakeApiServer, configs: Path, pid: int, log: Path, rounds: int) -
                Change("ConfigMap edit -> DRA", lambda: config_map_volume(configs, CONFIGS),
                       lambda: devices(api) == served)]
     root = host_root(pid)
-    if (root / TOPOLOGY).is_dir():  # an AMD node: its last KFD node is a GPU's (the CPUs' come first)
+    # an AMD node: its last KFD node is a GPU's (the CPUs' come first); never on this machine's own
+    if root is not None and (root / TOPOLOGY).is_dir():
         last = max(int(p.name) for p in (root / TOPOLOGY).iterdir())
         back: list[Callable[[], None]] = []
         changes += [Change("KFD node gone", lambda: back.append(kfd_node_goes(root, last)),
@@ -198,7 +203,8 @@ def measure(tree: Path, python: str, node: str, seconds: float, settle: float, r
              "--config-label", LABEL, "--registry-dir", str(registry), "--plugins-dir", str(plugins),
              "--cdi-spec-dir", str(cdi), "--metrics-port", "0", "--metrics-bind", "127.0.0.1"],
             cwd=tree, stdout=subprocess.DEVNULL, stderr=stderr,
-            env={**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONPATH": str(tree)})
+            env={**os.environ, "GRPC_VERBOSITY": "ERROR",
+                 "PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))})
         try:
             wait(lambda: api.slices(NODE))
             driver = api.slices(NODE)[0]["spec"]["driver"]
@@ -244,7 +250,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="idle seconds measured")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds after registering before measuring")
     parser.add_argument("--before", type=Path, help="another checkout to measure side by side (its .venv)")
-    parser.add_argument("--node", action="append", choices=sorted(NODES), help="default: every one")
+    parser.add_argument("--node", action="append", choices=sorted(NODES), help="default: every one but this-node")
     parser.add_argument("--rounds", type=int, default=5, help="times each change is made, after the idle window")
     args = parser.parse_args()
     trees = [("after", ROOT, sys.executable)]
@@ -255,7 +261,7 @@ def main() -> None:
           "threads' ids; reacts: median/max from a change to the slices on the API server, and to the plugin's "
           f"line saying it saw it (budget: a config switch on the slices {SWITCH_BUDGET_S:g} s, a KFD node seen "
           f"{HEALTH_BUDGET_S:g} s)")
-    for node in args.node or list(NODES):
+    for node in args.node or [name for name in NODES if name != "this-node"]:
         for label, tree, python in trees:
             print(report(label, node, measure(tree, python, node, args.seconds, args.settle, args.rounds)), flush=True)
 

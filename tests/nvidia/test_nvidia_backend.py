@@ -42,8 +42,10 @@ H200_BYTES = 143771 * 1024 * 1024  # nvidia-smi on an H200: 143771MiB
     (40448, A100_40GB_BYTES, 40),  # 7g.40gb: 39.50 GiB
     (9728, A100_80GB_BYTES, 10),  # A100-80GB 1g.10gb: 9.50 GiB
     (16384, H200_BYTES, 18),  # H200 1g.18gb: 16.00 GiB
-    (33024, H200_BYTES, 35),  # H200 1g.35gb: 32.25 GiB
-    (71168, H200_BYTES, 71),  # H200 3g.71gb: 69.50 GiB; 70.5 rounds up as in Go, not to even
+    (33024, H200_BYTES, 35),  # H200 1g.35gb in an older listing: 32.25 GiB
+    (71168, H200_BYTES, 71),  # H200 3g.71gb in an older listing: 69.50 GiB; 70.5 rounds up as in Go, not to even
+    (33280, 150754820096, 35),  # a real H200's NVML, driver 580.159.04: 1g.35gb, 32.50 GiB
+    (71424, 150754820096, 71),  # and 3g.71gb, 69.75 GiB (tests/fixtures/nvidia/h200-passthrough/nvml.json)
 ])
 def test_mig_memory_gb_matches_nvidia_profile_names(memory_mib: int, total_bytes: int, gb: int) -> None:
     assert mig_memory_gb(memory_mib, total_bytes) == gb

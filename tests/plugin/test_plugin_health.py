@@ -79,7 +79,7 @@ def mig_checker() -> Iterator[tuple[NvmlChecker, HealthBoard, Any, list[str]]]:
                     for d in r.devices}
         board = HealthBoard(physical, recovery_seconds=0)
         checker = NvmlChecker(nvml, physical.values(), board, HealthPolicy())
-        assert checker.start()
+        assert checker.start() and checker.wants_events and checker.watch()
         gpus = [g.uuid for g in nvidia_part(inventory).gpus]
         yield checker, board, nvml, gpus
         checker.stop()
@@ -138,7 +138,7 @@ def test_without_xid_events_the_poll_finds_a_lost_gpu() -> None:
         physical = [d.physical for r in offer_of(inventory, config).resources for d in r.devices]
         board = HealthBoard({p.health_key for p in physical}, recovery_seconds=0)
         checker = NvmlChecker(nvml, physical, board, HealthPolicy.from_env({"DP_DISABLE_HEALTHCHECKS": "xids"}))
-        assert checker.start() and not checker.watches_events
+        assert checker.start() and not checker.wants_events and not checker.watches_events
         uuid = nvidia_part(inventory).gpus[3].uuid
         try:
             next(g for g in nvml.state.gpus if g.uuid == uuid).lost = True
@@ -170,6 +170,13 @@ class Checker:
 
     def start(self) -> bool:
         return True
+
+    @property
+    def wants_events(self) -> bool:
+        return self.watches_events
+
+    def watch(self) -> bool:
+        return self.watches_events
 
     def poll(self) -> None:
         self.polls += 1
@@ -239,3 +246,64 @@ def test_while_a_device_is_unhealthy_the_monitor_polls_often() -> None:
         wait_for(lambda: checker.polls >= 3)
     finally:
         monitor.stop()
+
+
+def test_nvml_makes_no_event_set_while_a_thread_waits_on_one() -> None:
+    """What a real H200's NVML does (driver 580.159.04, tests/fixtures/nvidia/h200-passthrough/
+    lock.txt), and so the simulated one: nvmlEventSetCreate returns only once another thread's
+    nvmlEventSetWait has."""
+    with simulated("dgx-h100") as (inventory, _, _, handles):
+        nvml = handles["nvidia"]
+        nvml.nvmlInit()
+        gpu = nvidia_part(inventory).gpus[0].uuid
+        waiting = nvml.nvmlEventSetCreate()
+        nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByUUID(gpu), nvml.nvmlEventTypeXidCriticalError,
+                                      waiting)
+        events: list[Any] = []
+        waiter = threading.Thread(target=lambda: events.append(nvml.nvmlEventSetWait(waiting, 60_000)))
+        waiter.start()
+        wait_for(lambda: nvml.state.event_waits == 1)
+        made: list[Any] = []
+        creator = threading.Thread(target=lambda: made.append(nvml.nvmlEventSetCreate()))
+        creator.start()
+        stays_true(lambda: not made)
+        nvml.inject_xid(gpu, 48)
+        waiter.join(10)
+        creator.join(10)
+        assert [int(e.eventData) for e in events] == [48] and len(made) == 1
+        for event_set in (waiting, *made):
+            nvml.nvmlEventSetFree(event_set)
+        nvml.nvmlShutdown()
+
+
+def test_a_new_monitor_starts_while_the_one_it_replaces_still_waits_for_events() -> None:
+    """A config switch replaces the health monitor while the old one's thread sits in NVML's event
+    wait (5 s at a time). Starting the new one does not wait for it (on a real H200 a switch to DRA
+    took 3.4-4.4 s to reach the slices, 32 ms without this); until the new checker has registered,
+    it polls, and an XID in between is the old set's to report; then the new set sees the next."""
+    with simulated("dgx-h100") as (inventory, config, _, handles):
+        nvml = handles["nvidia"]
+        physical = [d.physical for r in offer_of(inventory, config).resources for d in r.devices]
+        board = HealthBoard({p.health_key for p in physical}, recovery_seconds=0)
+        gpus = [g.uuid for g in nvidia_part(inventory).gpus]
+        old = HealthMonitor([NvmlChecker(nvml, physical, board, HealthPolicy())], poll_seconds=0.05,
+                            event_wait_ms=60_000)
+        old.start()
+        wait_for(lambda: nvml.state.event_waits == 1)
+        old.stop()
+        checker = NvmlChecker(nvml, physical, board, HealthPolicy())
+        new = HealthMonitor([checker], poll_seconds=0.05, event_wait_ms=60_000)
+        started = threading.Thread(target=new.start)
+        started.start()
+        started.join(10)
+        try:
+            assert not started.is_alive() and not checker.watches_events and checker.polling
+            next(g for g in nvml.state.gpus if g.uuid == gpus[2]).lost = True  # no event: the poll sees it
+            wait_for(lambda: not board.healthy(gpus[2]))
+            nvml.inject_xid(gpus[0], 48)  # ends the old wait: the old set reports it, the new one registers
+            wait_for(lambda: not board.healthy(gpus[0]) and checker.watches_events)
+            nvml.inject_xid(gpus[1], 48)
+            wait_for(lambda: not board.healthy(gpus[1]))
+        finally:
+            new.stop()
+            nvml.inject_xid(gpus[3], 48)  # ends the new monitor's wait, so that it frees its set

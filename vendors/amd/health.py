@@ -44,6 +44,13 @@ class KfdChecker:
         return True
 
     @property
+    def wants_events(self) -> bool:
+        return False  # sysfs tells no one
+
+    def watch(self) -> bool:
+        return False
+
+    @property
     def watches_events(self) -> bool:
         return False
 

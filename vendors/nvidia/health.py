@@ -121,7 +121,7 @@ class NvmlChecker:
         self._initialised = False
 
     def start(self) -> bool:
-        """Initialise NVML and register for XID events; False when NVML cannot be used at all."""
+        """Initialise NVML; False when NVML cannot be used at all."""
         nvml = self._nvml
         try:
             nvml.nvmlInit()
@@ -129,29 +129,40 @@ class NvmlChecker:
             log.error("NVML unavailable; continuing with health checks disabled", error=str(exc))
             return False
         self._initialised = True
-        if not self._policy.watch_xids:
-            return True
+        return True
+
+    @property
+    def wants_events(self) -> bool:
+        return self._initialised and self._policy.watch_xids
+
+    def watch(self) -> bool:
+        """Register for XID, GPU-unavailable and MIG-change events. NVML creates no event set while
+        another thread waits on one (a monitor being replaced): this waits for that wait to end, on
+        the event thread, while the poll looks after the devices."""
+        nvml = self._nvml
         try:
-            self._event_set = nvml.nvmlEventSetCreate()
+            event_set = nvml.nvmlEventSetCreate()
         except nvml.NVMLError as exc:
             log.error("cannot create an NVML event set; XID health checks disabled", error=str(exc))
-            return True
+            return False
         wanted = nvml.nvmlEventTypeXidCriticalError | _mig_change(nvml) | _unavailable(nvml)
+        handles: dict[str, Any] = {}
         for uuid, keys in self._keys_of_gpu.items():
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
                 mask = wanted & nvml.nvmlDeviceGetSupportedEventTypes(handle)
                 if mask:
-                    nvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+                    nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
                 if not mask & nvml.nvmlEventTypeXidCriticalError:
                     log.warning("GPU does not report XID events", device=uuid)
-                self._handles[uuid] = handle
+                handles[uuid] = handle
             except nvml.NVMLError as exc:
                 if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
                     log.warning("GPU does not support NVML events", device=uuid)
                 else:
                     self._board.mark_unhealthy(keys, Fault(f"cannot register for NVML events: {exc}",
                                                            Fault.UNMONITORED))
+        self._handles, self._event_set = handles, event_set
         return True
 
     def stop(self) -> None:

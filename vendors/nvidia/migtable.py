@@ -192,9 +192,10 @@ MIG_MODELS: tuple[MigModel, ...] = (
            "its 78 SMs (78 x compute slices / 7)"),
     _model("H200", ["NVIDIA H200", "NVIDIA H200 NVL"], [0x2335, 0x233B], 143771, _EIGHT_SLICES,
            _hopper(("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
-                   (16384, 16384, 33024, 33280, 71168, 71168, 143360), _GH100_SMS),
-           "nvidia-smi mig -lgip on an H200 (16.00, 32.25, 32.50, 69.50 and 140.00 GiB); SMs as the "
-           "H100 SXM5's, which an H200's 1g.18gb (16) and 3g.71gb (60) confirm"),
+                   (16384, 16384, 33280, 33280, 71424, 71424, 143360), _GH100_SMS),
+           "NVML on a real H200, driver 580.159.04 (tests/fixtures/nvidia/h200-passthrough/nvml.json): "
+           "every profile's id, memory, SMs, engines, instances and placements (an nvidia-smi mig -lgip "
+           "listing found before said 32.25 GiB for 1g.35gb and 69.50 for 3g.71gb and 4g.71gb)"),
     _model("B200", ["NVIDIA B200"], [0x2901, 0x2909], 183359, _EIGHT_SLICES,
            _blackwell(("1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"),
                       (22656, 22656, 45312, 45312, 90624, 90624, 181248)),

@@ -704,6 +704,10 @@ class FakeNvml:
         self.init_count = 0
         self.event_sets: list[FakeEventSet] = []
         self.lock = threading.Lock()
+        # NVML creates no event set while a thread of the process waits on one (a real H200, driver
+        # 580.159.04: tests/fixtures/nvidia/h200-passthrough/lock.txt): the waits in flight
+        self._waits = threading.Condition()
+        self._waiting = 0
 
     # helpers
     def _initialised(self) -> None:
@@ -1071,6 +1075,8 @@ class FakeNvml:
     # events
     def nvmlEventSetCreate(self) -> FakeEventSet:
         self._initialised()
+        with self._waits:
+            self._waits.wait_for(lambda: not self._waiting)
         event_set = FakeEventSet()
         with self.lock:
             self.event_sets.append(event_set)
@@ -1094,13 +1100,20 @@ class FakeNvml:
         """The next queued event; NVMLError_Timeout when none arrives within ``timeout_ms``."""
         self._initialised()
         deadline = time.monotonic() + timeout_ms / 1000
-        with event_set.ready:
-            while not event_set.queue:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise real.NVMLError(real.NVML_ERROR_TIMEOUT)
-                event_set.ready.wait(remaining)
-            return event_set.queue.popleft()
+        with self._waits:
+            self._waiting += 1
+        try:
+            with event_set.ready:
+                while not event_set.queue:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise real.NVMLError(real.NVML_ERROR_TIMEOUT)
+                    event_set.ready.wait(remaining)
+                return event_set.queue.popleft()
+        finally:
+            with self._waits:
+                self._waiting -= 1
+                self._waits.notify_all()
 
 
     def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
@@ -1110,6 +1123,12 @@ class FakeNvml:
                 self.event_sets.remove(event_set)
 
     # test hooks
+    @property
+    def event_waits(self) -> int:
+        """The nvmlEventSetWait calls in flight."""
+        with self._waits:
+            return self._waiting
+
     def inject_xid(self, uuid: str, xid: int) -> None:
         """Queue an XID critical-error event for the GPU or MIG device ``uuid``."""
         try:

@@ -108,11 +108,19 @@ class HealthReporter(Protocol):
 class Checker(Protocol):
     """A vendor's health check of the devices it was given. ``poll`` runs every second while
     ``polling`` and must be cheap: a checker whose driver events tell it what went wrong only needs
-    to ask the devices while one is unhealthy (to see it recover). ``wait_for_event`` (when ``watches_events``)
-    blocks for the next driver event, for a few seconds at most; the thread that waits is the one
-    that calls ``stop`` once it is done waiting."""
+    to ask the devices while one is unhealthy (to see it recover). A checker that ``wants_events``
+    is given a thread of its own: there ``watch`` registers for the driver's events (it may block:
+    NVML creates no event set while another thread of the process waits on one, a real H200 showed),
+    then ``wait_for_event`` (when ``watches_events``) blocks for the next one, for a few seconds at
+    most; that thread is the one that calls ``stop`` once it is done waiting."""
 
     def start(self) -> bool: ...  # False: the driver cannot be asked at all; checks stay off
+
+    @property
+    def wants_events(self) -> bool:
+        """Started, it would watch driver events (``watch`` runs on a thread of its own)."""
+
+    def watch(self) -> bool: ...  # register for driver events; False: none (it is polled instead)
 
     def poll(self) -> None: ...
 
