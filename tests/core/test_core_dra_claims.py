@@ -32,15 +32,15 @@ DEVICE_CLASSES = {
 }
 EXPECTED = {  # example -> the built-in profiles where it can be allocated
     "h100-40gi": {"dgx-h100", "dgx-h100-4of8-shared"},
-    "any-40gi": {"dgx-h100", "dgx-h100-4of8-shared", "h100-pcie-driver-2part", "hgx-h20", "l40s-x4-mps",
-                 "mixed-l40s-mi210", "p6-b200-mig-mixed"},
+    "any-40gi": {"dgx-h100", "dgx-h100-4of8-shared", "h100-pcie-driver-2part", "h200-passthrough", "hgx-h20",
+                 "l40s-x4-mps", "mixed-l40s-mi210", "p6-b200-mig-mixed"},
     "mig-1g-5gb": {"a100-mig-single", "dgx-a100-mig-dynamic", "dgx-a100-mig-mixed"},
     "gpu-test4": {"dgx-a100-mig-dynamic", "dgx-a100-mig-mixed"},
     "two-partitions-one-gpu": {"mi300x-x8-cpx", "mi300x-x8-cpx-mixed"},
     "four-gpus-one-numa-node": {"mi300x-x8-spx"},
     "datacenter-gpu": {"dgx-a100-mig-dynamic", "dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared",
-                       "h100-pcie-driver-2part", "hgx-h20", "l40s-x4-mps", "mixed-l40s-mi210", "p6-b200-mig-mixed",
-                       "t4-time-slicing", "t4-x4-gpushare"},
+                       "h100-pcie-driver-2part", "h200-passthrough", "hgx-h20", "l40s-x4-mps", "mixed-l40s-mi210",
+                       "p6-b200-mig-mixed", "t4-time-slicing", "t4-x4-gpushare"},
     "two-gpus-one-pcie-root": {"dgx-a100-mig-dynamic", "dgx-a100-mig-mixed", "dgx-h100", "dgx-h100-4of8-shared",
                                "hgx-h20", "p6-b200-mig-mixed", "t4-x4-gpushare"},
 }
