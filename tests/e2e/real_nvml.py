@@ -33,18 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-results: list[tuple[bool, str]] = []
-
-
-def check(ok: bool, what: str) -> bool:
-    results.append((ok, what))
-    print(f"  {'PASS' if ok else 'FAIL'}  {what}", flush=True)
-    return ok
-
-
-def figure(text: str) -> None:
-    print(f"  figure: {text}", flush=True)
-
+from tests.e2e.draplane import check, figure, results  # noqa: E402
 
 def step(name: str, body: Callable[[], None]) -> None:
     print(name, flush=True)
@@ -62,14 +51,7 @@ def save(out: Path, name: str, value: Any) -> None:
 # --- 1. every NVML query the backend makes, as NVML answers it ---------------------------------------
 
 def nvml_capture(n: Any) -> dict[str, Any]:
-    def ask(name: str, *args: Any) -> Any:
-        call = getattr(n, name, None)
-        if call is None:
-            return {"missing": name}
-        try:
-            return plain(call(*args))
-        except Exception as exc:  # noqa: BLE001  NVMLError_NotSupported and the like: the answer to keep
-            return {"nvml_error": type(exc).__name__, "text": str(exc)}
+    from vendors.nvidia import nvml as backend  # the calls as the backend makes them
 
     def plain(value: Any) -> Any:
         if isinstance(value, bytes):
@@ -82,13 +64,15 @@ def nvml_capture(n: Any) -> dict[str, Any]:
             return [plain(v) for v in value]
         return value
 
-    from vendors.nvidia import nvml as backend  # the calls as the backend makes them
-
     def answer(call: Callable[..., Any], *args: Any) -> Any:
         try:
             return plain(call(*args))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001  NVMLError_NotSupported and the like: the answer to keep
             return {"nvml_error": type(exc).__name__, "text": str(exc)}
+
+    def ask(name: str, *args: Any) -> Any:
+        call = getattr(n, name, None)
+        return {"missing": name} if call is None else answer(call, *args)
 
     def events(handle: Any) -> dict[str, Any]:
         """The health check's event set on this GPU: registered for what it watches, one wait."""
