@@ -7,7 +7,11 @@ It behaves as ``shared/reference/real-kubernetes-behaviour.md`` records for the 
 - ``Register``: rejects an unsupported version and a resource name without a domain prefix
   (``the ResourceName "gpu" is invalid``), takes the options from the request (never calls
   ``GetDevicePluginOptions``), then dials ``<dir>/<endpoint>`` and keeps ``ListAndWatch`` open;
-  a second registration of a resource replaces the first endpoint;
+  a second registration of a resource replaces the first endpoint. Each registration dials afresh
+  and waits for the endpoint to answer, as the kubelet's blocking dial does (grpc-python would
+  otherwise share one connection, and its failure backoff, between channels to the same socket);
+- a restart ends the old kubelet's part: a ``Register`` the stopped server was still handling is
+  refused (UNAVAILABLE) and changes nothing in the new one, as a kubelet process that exited does;
 - capacity = all devices, allocatable = healthy devices; when the stream of the registered
   endpoint ends every device turns Unhealthy (allocatable 0) and capacity stays (the 5-minute
   grace period); a re-registration keeps the devices until the new stream's first list, and the
@@ -41,6 +45,9 @@ from labeller.apps.plugin.api import api_pb2_grpc as pb_grpc
 from tests.builders import PATIENCE_S
 
 KUBELET_SOCKET = "kubelet.sock"
+STOPPED = "kubelet stopped"
+# A channel of its own for each registration: no connection (nor its reconnect backoff) shared.
+_OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 SUPPORTED_VERSIONS = ("v1beta1",)
 # A qualified name with a domain prefix, as IsQualifiedName + the extended-resource rule.
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -95,6 +102,7 @@ class FakeKubelet:
         self._devices: dict[str, dict[str, str]] = {}  # resource -> ID -> health, as the Node reports it
         self._lock = threading.Condition()
         self._server: Any = None
+        self._epoch = 0  # one per start: a stopped server's late Register belongs to no kubelet
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -107,8 +115,11 @@ class FakeKubelet:
         for path in self.dir.iterdir():
             if not path.is_dir():
                 path.unlink(missing_ok=True)
+        with self._lock:
+            self._epoch += 1
+            epoch = self._epoch
         server = grpc.server(ThreadPoolExecutor(max_workers=4))
-        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)  # type: ignore[no-untyped-call]
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self, epoch), server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         self._server = server
@@ -118,6 +129,7 @@ class FakeKubelet:
             self._server.stop(grace=None).wait(2)
             self._server = None
         with self._lock:
+            self._epoch += 1  # what the stopped server is still handling is refused from now on
             endpoints = list(self.endpoints.values())
             self.endpoints.clear()
             for devices in self._devices.values():  # a restarted kubelet knows no healthy device yet
@@ -141,18 +153,24 @@ class FakeKubelet:
 
     # --- registration -------------------------------------------------------------------------
 
-    def register(self, request: pb.RegisterRequest) -> str | None:
-        """Handle a RegisterRequest; an error message when rejected."""
+    def register(self, request: pb.RegisterRequest, epoch: int | None = None) -> str | None:
+        """Handle a RegisterRequest; an error message when rejected (``STOPPED`` when the kubelet
+        that received it, started as ``epoch``, has stopped since)."""
+        if epoch is not None and epoch != self._epoch:
+            return STOPPED
         if request.version not in SUPPORTED_VERSIONS:
             return f"requested device plugin version {request.version!r} is not supported"
         if not _RESOURCE_RE.match(request.resource_name):
             return f'the ResourceName "{request.resource_name}" is invalid'
         if "/" in request.endpoint or not (self.dir / request.endpoint).exists():
             return f"endpoint {request.endpoint!r} is not a socket in {self.dir}"
-        channel = grpc.insecure_channel(f"unix://{self.dir / request.endpoint}")
+        channel = grpc.insecure_channel(f"unix://{self.dir / request.endpoint}", options=_OWN_CONNECTION)
         endpoint = Endpoint(request.resource_name, request.endpoint, request.options, channel,
                             pb_grpc.DevicePluginStub(channel))  # type: ignore[no-untyped-call]
         with self._lock:
+            if epoch is not None and epoch != self._epoch:
+                channel.close()
+                return STOPPED
             old = self.endpoints.get(request.resource_name)
             self.endpoints[request.resource_name] = endpoint
             self.registrations.append(Registration(request.resource_name, request.endpoint, request.version,
@@ -165,7 +183,7 @@ class FakeKubelet:
 
     def _watch(self, endpoint: Endpoint) -> None:
         try:
-            endpoint.call = endpoint.stub.ListAndWatch(pb.Empty())
+            endpoint.call = endpoint.stub.ListAndWatch(pb.Empty(), wait_for_ready=True)
             with self._lock:
                 endpoint.streaming = True
             for response in endpoint.call:
@@ -308,11 +326,13 @@ class FakeKubelet:
 
 
 class _Registration(pb_grpc.RegistrationServicer):
-    def __init__(self, kubelet: FakeKubelet):
-        self._kubelet = kubelet
+    def __init__(self, kubelet: FakeKubelet, epoch: int):
+        self._kubelet, self._epoch = kubelet, epoch
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
-        problem = self._kubelet.register(request)
+        problem = self._kubelet.register(request, self._epoch)
+        if problem == STOPPED:
+            context.abort(grpc.StatusCode.UNAVAILABLE, problem)
         if problem is not None:
             self._kubelet.rejected.append(problem)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
