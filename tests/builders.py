@@ -93,6 +93,12 @@ machine, but a loaded CI box may add seconds of scheduling delay. A test asserti
 time itself and sets the timer that the reaction must not wait for (the probe interval, a backoff) to
 30 s or more, so that this bound still tells the two apart."""
 
+RECOVERY_OUTLASTS_S = AT_ONCE_S + 1.0
+"""A health recovery window (``recovery_seconds``) for a test that must see a device unhealthy before
+it recovers: longer than any reaction the test allows (AT_ONCE_S), so that a loaded machine, slower
+to publish than a short window lasts, cannot decide the test (one CI run saw a 0.5 s window end
+before the plugin had written the device's slice)."""
+
 
 def wait_for(predicate: Callable[[], Any], timeout: float = PATIENCE_S, step: float = 0.01) -> Any:
     """``predicate()``'s first true value, polled every ``step``; fails the test after ``timeout`` seconds.

@@ -14,7 +14,8 @@ from labeller.apps.plugin.api import api_pb2 as pb
 from labeller.apps.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.apps.plugin.manager import PluginManager
 from labeller.apps.plugin.metrics import PluginMetrics
-from tests.builders import AT_ONCE_S, PATIENCE_S, amd_part, kfd_node_goes, nvidia_part, stays_true, wait_for
+from tests.builders import (AT_ONCE_S, PATIENCE_S, RECOVERY_OUTLASTS_S, amd_part, kfd_node_goes, nvidia_part,
+                            stays_true, wait_for)
 from tests.fakes.kubelet import AdmissionError, FakeKubelet
 from tests.plugin.conftest import running_plugin
 
@@ -131,7 +132,7 @@ def _wait_health(kubelet: FakeKubelet, resource: str, healthy: int) -> float:
 
 
 def test_xid_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
-    with running_plugin(sock_dir, "dgx-h100", recovery_seconds=0.5) as running:
+    with running_plugin(sock_dir, "dgx-h100", recovery_seconds=RECOVERY_OUTLASTS_S) as running:
         assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8)
         nvml, uuid = running.nvml, nvidia_part(running.inventory).gpus[3].uuid
         since = time.monotonic()
@@ -139,13 +140,13 @@ def test_xid_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
         nvml.inject_xid(uuid, 79)
         assert _wait_health(kubelet, GPU, 7) < AT_ONCE_S  # the XID is read on the 50 ms health poll
         assert kubelet.devices(GPU)[uuid] == "Unhealthy" and kubelet.capacity(GPU) == 8
-        assert _wait_health(kubelet, GPU, 8) < AT_ONCE_S
-        # Back after the 0.5 s recovery window, timed between the two updates as the kubelet received
-        # them (the test's own wake-ups may lag on a loaded machine); 0.3 s allows for their delivery.
+        assert _wait_health(kubelet, GPU, 8) < RECOVERY_OUTLASTS_S + AT_ONCE_S
+        # Back after the recovery window, timed between the two updates as the kubelet received them
+        # (the test's own wake-ups may lag on a loaded machine); 0.2 s allows for their delivery.
         updates = [(o.at, o.allocatable) for o in kubelet.seen(GPU, since) if o.event == "devices"]
         down = next(at for at, healthy in updates if healthy == 7)
         up = next(at for at, healthy in updates if healthy == 8 and at > down)
-        assert up - down > 0.3
+        assert up - down > RECOVERY_OUTLASTS_S - 0.2
 
 
 def test_lost_gpu_down_and_back_up(sock_dir: Path, kubelet: FakeKubelet) -> None:
