@@ -102,7 +102,7 @@ class FakeKubelet:
         self._devices: dict[str, dict[str, str]] = {}  # resource -> ID -> health, as the Node reports it
         self._lock = threading.Condition()
         self._server: Any = None
-        self._epoch = 0  # one per start: a stopped server's late Register belongs to no kubelet
+        self._epoch = 0  # bumped by stop: a stopped server's late Register belongs to no kubelet
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -115,11 +115,8 @@ class FakeKubelet:
         for path in self.dir.iterdir():
             if not path.is_dir():
                 path.unlink(missing_ok=True)
-        with self._lock:
-            self._epoch += 1
-            epoch = self._epoch
         server = grpc.server(ThreadPoolExecutor(max_workers=4))
-        pb_grpc.add_RegistrationServicer_to_server(_Registration(self, epoch), server)  # type: ignore[no-untyped-call]
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self, self._epoch), server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         self._server = server
@@ -156,8 +153,6 @@ class FakeKubelet:
     def register(self, request: pb.RegisterRequest, epoch: int | None = None) -> str | None:
         """Handle a RegisterRequest; an error message when rejected (``STOPPED`` when the kubelet
         that received it, started as ``epoch``, has stopped since)."""
-        if epoch is not None and epoch != self._epoch:
-            return STOPPED
         if request.version not in SUPPORTED_VERSIONS:
             return f"requested device plugin version {request.version!r} is not supported"
         if not _RESOURCE_RE.match(request.resource_name):
