@@ -29,9 +29,9 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import structlog
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004

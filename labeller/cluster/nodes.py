@@ -13,15 +13,14 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import structlog
-
 from labeller.cluster.permissions import PermissionLog
 from labeller.cluster.reflector import Obj, Reflector
+from labeller.base.log import get_logger
 
 if TYPE_CHECKING:
     from labeller.cluster.kube import Kube
 
-log = structlog.get_logger("gpu_labeller.cluster")
+log = get_logger("gpu_labeller.cluster")
 
 Labels = Mapping[str, str]
 LabelsObserver = Callable[[Labels | None], None]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
-import structlog
+from labeller.base.log import get_logger
 
-log = structlog.get_logger("gpu_labeller.cluster")
+log = get_logger("gpu_labeller.cluster")
 
 
 class Refusal(Protocol):

@@ -26,12 +26,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import structlog
-
 from labeller.cluster.permissions import PermissionLog
 from labeller.base.backoff import Backoff
+from labeller.base.log import get_logger
 
-log = structlog.get_logger("gpu_labeller.cluster")
+log = get_logger("gpu_labeller.cluster")
 
 Obj = dict[str, Any]
 Lister = Callable[[], tuple[list[Obj], str]]  # () -> (every item, the list's resourceVersion)

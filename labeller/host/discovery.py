@@ -6,15 +6,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.model.config import Config
 from labeller.model.inventory import BackendReport, Inventory, VendorPart
 from labeller.model.vendor import Vendor
 from vendors import dmi, pci
 from vendors.sysfs import Untrusted
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def discover(host_root: Path, config: Config, vendors: Sequence[Vendor],

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from labeller.model import sharing
 from labeller.model.config import Config, ConfigError, load_config, parse_config, parse_document
 from labeller.host.discovery import discover
@@ -27,11 +25,12 @@ from labeller.model.upstream import Overrides, overlay
 from labeller.model.vendor import Vendor
 from labeller.model.vendor.dra import DraState
 from vendors import RESOURCE_NAMES, VENDORS
+from labeller.base.log import get_logger
 
 if TYPE_CHECKING:
     from vendors.simulate import SimulatedNode, SimulatedProfile
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

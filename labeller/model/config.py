@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import structlog
-
 from labeller.model.configtable import ANY, BLOCK, NOTHING, Key, Section, Table, build, key_of, setting, value_at
 from labeller.model.configtable import ConfigError as ConfigError  # what parsing raises, for every reader of a config
 from labeller.model.documents import DocumentError, read_document
 from labeller.model.upstream import (DEVICE_PLUGIN, NO_CONTAINER_ROOT, NOT_DISCOVERY, RUN_AND_LABELS, UNKEYED_FLAGS,
                                      KeyFlag, Overrides, UpstreamFlag, go_duration, overlay)
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 T = TypeVar("T")
 
 MigStrategy = Literal["none", "single", "mixed"]

@@ -7,15 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import structlog
-
 from labeller.model.config import ConfigError
+from labeller.base.log import get_logger
 
 if TYPE_CHECKING:
     from labeller.process.follow import ConfigFollower
     from labeller.host.machine import Host
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class ConfigSource:

@@ -30,12 +30,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-import structlog
-
 from labeller.process.idleconnections import Connection, IdleConnections
 from labeller.process.workers import Workers
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 

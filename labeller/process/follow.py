@@ -34,11 +34,12 @@ from labeller.base.inotify import DirectoryWatch
 from labeller.model.labels import key_problem, owns
 from labeller.model.namedconfigs import APPLIED_LABEL, Chooser, NoConfig, Selection
 from labeller.base.backoff import Backoff
+from labeller.base.log import get_logger
 
 if TYPE_CHECKING:
     from labeller.cluster.kube import Kube
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 POLL_SECONDS = 1.0
 WATCHED_CHECK_SECONDS = 60.0  # a watched directory is looked at anyway this often

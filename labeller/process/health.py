@@ -25,13 +25,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.model.offer import PhysicalDevice
 from labeller.model.vendor import Vendor
 from labeller.model.vendor.plugin import Checker, Fault
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

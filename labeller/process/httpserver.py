@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from labeller.base.errors import InputError
 from labeller.process.connections import ConnectionServer
 from labeller.process.idleconnections import Connection
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 class PortUnavailable(InputError, OSError):
     """The health/metrics port cannot be bound (in use, no permission); the message is one line."""

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import structlog
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 

@@ -32,13 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import structlog
-
 from labeller.process.configsource import ConfigSource
 from labeller.process.memory import release_free_memory
 from labeller.base.backoff import Backoff
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 INPUTS_POLL_S = 1.0
 

@@ -32,8 +32,9 @@ from labeller.process.follow import ConfigFollower, ConfigMetrics, follow_own_no
 from labeller.process.httpserver import start_http_server
 from labeller.process.loop import LoopOptions, ProcessLoop, Service
 from labeller.process.signals import restore_signals, run_until_signalled, signals_deferred
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

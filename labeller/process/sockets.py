@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FIRST_RETRY_S = 0.1
 MAX_RETRY_S = 5.0

@@ -12,7 +12,12 @@ the kube-scheduler's do. Latencies are measured at the client, so they include H
 Also measured: the allocation lock's cost, i.e. back-to-back binds to one node, each waiting for a
 device-plugin stand-in (a pod watch in this process) to mark the previous pod allocated.
 
-    python tests/bench/bench_extender.py [--nodes 1000] [--pods 10000] [--calls 500]
+With ``--before DIR`` a second extender, run from another checkout (``PYTHONPATH=DIR``, same
+interpreter), serves the same cluster; filter and prioritize calls alternate between the two (the
+order swapped at each call), so both see the same machine and client, and each line is printed for
+both with their ratio.
+
+    python tests/bench/bench_extender.py [--nodes 1000] [--pods 10000] [--calls 500] [--before DIR]
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=10000)
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--before", type=Path, help="another checkout whose extender serves beside this one")
     args = parser.parse_args()
     with FakeApiServer() as api, tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
@@ -113,26 +119,44 @@ def main() -> None:
         print(f"cache build from a list of {args.pods} pods over HTTP (paginated, JSON decode included): "
               f"{(time.perf_counter() - started) * 1000:.0f} ms  (budget 2 s)")
         kube.close()
-        port = free_port()
         started = time.perf_counter()
-        process = subprocess.Popen([sys.executable, "-m", "labeller.cli", "--log-level", "warning",
-                                    "scheduler-extender", "--port", str(port), "--bind", "127.0.0.1",
-                                    "--kubeconfig", str(kubeconfig)],
-                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process, port = start_extender(ROOT, kubeconfig)
+        processes = [process]
         try:
             client = wait_ready(port)
             ready_s = time.perf_counter() - started
             print(f"extender start to ready (process start, imports, list of {args.nodes} nodes and {args.pods} pods "
                   f"over HTTP, cache build): {ready_s:.2f} s")
-            bench_filter(client, args.nodes, args.calls)
+            clients = {"": client}
+            if args.before:
+                before, before_port = start_extender(args.before.resolve(), kubeconfig)
+                processes.append(before)
+                clients = {" (this)": client, " (before)": wait_ready(before_port)}
+                print(f"before: {args.before.resolve()}")
+            bench_filter(clients, args.nodes, args.calls)
             bench_bind(api, client, args.calls)
             bench_lock(api, client, kubeconfig)
             time.sleep(1.0)
             print(f"extender RSS with {args.nodes} nodes and {args.pods + args.calls + 50} pods cached: "
                   f"{rss_mib(process.pid):.1f} MiB  (budget 150 MiB)")
+            if args.before:
+                print("extender RSS of the other checkout (its cache without the binds above): "
+                      f"{rss_mib(processes[1].pid):.1f} MiB")
         finally:
-            process.terminate()
-            process.wait(timeout=10)
+            for each in processes:
+                each.terminate()
+                each.wait(timeout=10)
+
+
+def start_extender(checkout: Path, kubeconfig: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The extender of ``checkout`` (its own code first on sys.path), on a free port."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "labeller.cli", "--log-level", "warning",
+                                "scheduler-extender", "--port", str(port), "--bind", "127.0.0.1",
+                                "--kubeconfig", str(kubeconfig)],
+                               cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return process, port
 
 
 def wait_ready(port: int) -> Client:
@@ -150,27 +174,36 @@ def wait_ready(port: int) -> Client:
     raise SystemExit("the extender did not become ready in 60 s")
 
 
-def bench_filter(client: Client, nodes: int, calls: int) -> None:
+def bench_filter(clients: dict[str, Client], nodes: int, calls: int) -> None:
+    """Filter (three kinds of pod) and prioritize, each call made to every client in turn."""
     names = [f"node-{n:04}" for n in range(nodes)]
     pod = {"metadata": {"name": "probe", "namespace": "default", "uid": "u"},
            "spec": {"containers": [{"name": "main", "resources": {"limits": {gpushare.RESOURCE_MEM: "8"}}}]}}
     plain = {"metadata": {"name": "web", "namespace": "default"}, "spec": {"containers": [{"name": "main"}]}}
     nowhere = {**pod,
                "spec": {"containers": [{"name": "main", "resources": {"limits": {gpushare.RESOURCE_MEM: "16"}}}]}}
-    for label, body in (("gpu-mem pod", pod), ("gpu-mem pod that fits nowhere (a reason per node)", nowhere),
-                        ("pod without gpu-mem (passthrough)", plain)):
-        latencies = []
-        for _ in range(calls):
-            ms, answer = client.post("/gpushare-scheduler/filter", {"Pod": body, "NodeNames": names})
-            latencies.append(ms)
-        kept = len(answer["NodeNames"])  # type: ignore[index]
-        print(f"filter, {label}, {nodes} nodes ({kept} kept): p50 {pct(latencies, 0.5):.2f} ms, "
-              f"p99 {pct(latencies, 0.99):.2f} ms  (budget p99 10 ms)")
-    latencies = []
-    for _ in range(calls):
-        ms, _ = client.post("/gpushare-scheduler/prioritize", {"Pod": pod, "NodeNames": names})
-        latencies.append(ms)
-    print(f"prioritize, {nodes} nodes: p50 {pct(latencies, 0.5):.2f} ms, p99 {pct(latencies, 0.99):.2f} ms")
+    for verb, label, body in (("filter", "gpu-mem pod", pod),
+                              ("filter", "gpu-mem pod that fits nowhere (a reason per node)", nowhere),
+                              ("filter", "pod without gpu-mem (passthrough)", plain),
+                              ("prioritize", "", pod)):
+        latencies: dict[str, list[float]] = {side: [] for side in clients}
+        answers: dict[str, object] = {}
+        order = list(clients)
+        for number in range(calls):
+            for side in order if number % 2 == 0 else order[::-1]:
+                ms, answers[side] = clients[side].post(f"/gpushare-scheduler/{verb}", {"Pod": body, "NodeNames": names})
+                latencies[side].append(ms)
+        for side, answer in answers.items():
+            figures = f"p50 {pct(latencies[side], 0.5):.2f} ms, p99 {pct(latencies[side], 0.99):.2f} ms"
+            if verb == "prioritize":
+                print(f"prioritize, {nodes} nodes{side}: {figures}")
+            else:
+                kept = len(answer["NodeNames"])  # type: ignore[index]
+                print(f"filter, {label}, {nodes} nodes ({kept} kept){side}: {figures}  (budget p99 10 ms)")
+        if len(clients) == 2:
+            this, before = (latencies[side] for side in clients)
+            print(f"  this/before: p50 {pct(this, 0.5) / pct(before, 0.5):.3f}, "
+                  f"p99 {pct(this, 0.99) / pct(before, 0.99):.3f}")
 
 
 def bench_bind(api: FakeApiServer, client: Client, calls: int) -> None:

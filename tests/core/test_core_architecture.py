@@ -306,14 +306,14 @@ def test_named_configs_read_files_with_the_model_only() -> None:
 
 def test_the_gpushare_contract_and_placement_rules_are_pure() -> None:
     """The annotations' meaning and where memory fits are shared by the extender and the plugin:
-    plain data, no client, no I/O; the cache adds only a lock."""
+    plain data, no client, no I/O; the cache adds only a lock (and its log)."""
     # ``from labeller.model import gpushare`` names the package too
-    packages = {"labeller", "labeller.model", "labeller.apps", "labeller.apps.extender"}
+    packages = {"labeller", "labeller.base", "labeller.model", "labeller.apps", "labeller.apps.extender"}
     assert ours(modules()["labeller.model.quantity"]) == set()
     assert ours(modules()["labeller.model.gpushare"]) - packages <= {"labeller.model.quantity"}
     assert ours(modules()["labeller.apps.extender.placement"]) - packages <= {"labeller.model.gpushare"}
     assert ours(modules()["labeller.apps.extender.cache"]) - packages <= {
-        "labeller.model.gpushare", "labeller.model.quantity", "labeller.apps.extender.placement"}
+        "labeller.model.gpushare", "labeller.model.quantity", "labeller.apps.extender.placement", "labeller.base.log"}
     for module in ("labeller.model.quantity", "labeller.model.gpushare", "labeller.apps.extender.placement",
                    "labeller.apps.extender.cache"):
         assert not {i for i in modules()[module]

@@ -17,20 +17,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import structlog
-
 from labeller.model.config import Config
 from labeller.model.inventory import Inventory
 from labeller.model.offer import DeviceGroup, PhysicalDevice
 from vendors.amd.facts import LINK_XGMI, pci_address
 from vendors.amd.model import AmdComputeNode, AmdGpu, AmdInventory
 from vendors.amd.settings import AmdSettings
+from labeller.base.log import get_logger
 
 GPU = "amd.com/gpu"
 VENDOR = "amd"
 XCP = "xcp"  # a compute partition whose mode the partition files do not say (a raw KFD capture)
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,14 +29,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 
-import structlog
-
 from labeller.model.resourceslices import Attribute, Capacity, CounterSet, CounterUse, DraDevice
 from vendors.amd.devices import AmdDevice
 from vendors.amd.facts import PARTITIONS_BY_MODE
 from vendors.amd.model import AmdGpu
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _said: set[tuple[str, str]] = set()  # (GPU, reason) already logged: a probe repeats every interval
 

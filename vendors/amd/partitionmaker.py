@@ -25,8 +25,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.model.resourceslices import DraDevice
 from labeller.model.vendor.dra import DeviceMaker, Made, MakeRefused
 from vendors import pci
@@ -35,8 +33,9 @@ from vendors.amd import probe as backend
 from vendors.amd.facts import PCI_AMDGPU_DRIVER, PCI_CLASSES, PCI_VENDOR_ID
 from vendors.amd.model import AmdGpu, AmdInventory
 from vendors.sysfs import Untrusted, read_text
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SWITCH_TIMEOUT_S = 10.0  # a real switch re-initialises the GPU's partitions: a second or two
 _locks: dict[str, threading.Lock] = {}

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import structlog
-
 from labeller.model.config import Config
 from labeller.model.inventory import Inventory
 from labeller.model.offer import DeviceGroup, PhysicalDevice
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 from vendors.nvidia.settings import NvidiaSettings
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 GPU = "nvidia.com/gpu"
 VENDOR = "nvidia"

@@ -49,8 +49,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.base import ownfiles
 from labeller.model import quantity
 from labeller.model.resourceslices import DraDevice
@@ -60,8 +58,9 @@ from vendors.nvidia import mps
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.facts import MIB
 from vendors.nvidia.mpscontrol import CommandFailed, Daemon, Plan, Tools, set_timeslice
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG, MIG_CONFIG = "GpuConfig", "MigDeviceConfig"

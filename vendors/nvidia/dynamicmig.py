@@ -31,14 +31,13 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import structlog
-
 from labeller.model.resourceslices import Attribute, Capacity, CounterSet, CounterUse, DraDevice
 from vendors.nvidia.devices import VENDOR, NvidiaDevice
 from vendors.nvidia.facts import MIB, profile_label
 from vendors.nvidia.model import MigDevice, MigProfile, NvidiaGpu
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Counter (as NVIDIA's driver names it from its capacity), capacity, MigProfile field.
 _COUNTED = (("multiprocessors", "multiprocessors", "multiprocessors"),

@@ -20,15 +20,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import structlog
-
 from labeller.model.offer import PhysicalDevice
 from labeller.model.vendor.plugin import Fault, HealthReporter
 from vendors.nvidia.devices import NvidiaDevice
 from vendors.nvidia.facts import WHOLE_GPU
 from vendors.nvidia.nvml import load
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 # NVML errors that mean the GPU is gone or broken (not: no permission, not supported, ...)

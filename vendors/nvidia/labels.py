@@ -28,8 +28,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-import structlog
-
 from labeller.model.config import Config
 from labeller.model.gpushare import RESOURCE_MEM
 from labeller.model.inventory import Inventory
@@ -39,8 +37,9 @@ from vendors.nvidia.devices import GPU, VENDOR, NvidiaDevice
 from vendors.nvidia.facts import COMPUTE_CLASS, GRAPHICS_CLASS, MIB, PCI_VENDOR_ID, name_in_labels
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
 from vendors.nvidia.settings import NvidiaSettings
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 TIMESTAMP = "nvidia.com/gfd.timestamp"
 GPUSHARE_LABEL = "gpushare"  # gpushare's install docs: the node selector of its DaemonSets

@@ -27,16 +27,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import structlog
-
 from labeller.model.resourceslices import DraDevice
 from labeller.model.vendor.dra import DeviceMaker, Made, MakeRefused
 from vendors.nvidia import nvml as backend
 from vendors.nvidia.devices import VENDOR, NvidiaDevice
 from vendors.nvidia.facts import compute_instance_profiles
 from vendors.nvidia.model import MigDevice, NvidiaGpu
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_GPU_INSTANCES = 32  # more GPU instance ids than any GPU has, looked through for one left half made
 MAX_COMPUTE_INSTANCES = 8

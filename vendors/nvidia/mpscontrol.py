@@ -20,11 +20,10 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import structlog
-
 from vendors.nvidia import mps
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PID_FILE = "nvidia-cuda-mps-control.pid"  # what the control daemon writes into its pipe directory
 DEFAULT_PERCENTAGE = 100  # what a daemon reports before it is told a percentage

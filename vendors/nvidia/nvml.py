@@ -16,8 +16,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import structlog
-
 from labeller.model.config import Config
 from labeller.model.inventory import BackendReport, BackendStatus, PciGpu
 from vendors.nvidia.facts import (
@@ -33,8 +31,9 @@ from vendors.nvidia.mps import probe_readiness
 from vendors.pci import devices_dir, normalise_bdf
 from vendors.plausible import MAX_COMPUTE_MAJOR, MAX_COMPUTE_MINOR, MAX_MEMORY_BYTES, first_problem, outside
 from vendors.sysfs import CONFIG_SPACE_LIMIT, Untrusted, read_bytes
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # PCI config space, for the vGPU check (GFD internal/vgpu).
 _PCI_CONFIG_SIZE = 256  # Linux shows only the first 64 bytes to readers without CAP_SYS_ADMIN

@@ -30,7 +30,6 @@ from types import ModuleType
 from typing import Any
 
 import pynvml as real
-import structlog
 
 from vendors.nvidia.facts import (
     COMPUTE_CLASS,
@@ -42,12 +41,12 @@ from vendors.nvidia.facts import (
     mig_memory_gb,
     mig_profile_name,
 )
-from vendors.nvidia import simulate_mig
 from vendors.nvidia.migtable import Engines, GpuInstanceProfile, MigModel, mig_model
 from vendors.pci import normalise_bdf
 from vendors.sim_pci import write_device, write_host_bridge
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_MIG_DEVICES = 7  # NVML's most MIG devices on a GPU, for a model the MIG table does not know
 # GPU-instance profile ids are the real ones (vendors/nvidia/migtable.py), and on a model the table
@@ -619,6 +618,8 @@ def _made_mig(gpu: FakeGpu, gpu_instance: FakeGpuInstance, ci_index: int, ci_id:
 
 def _restore(gpus: list[FakeGpu], state_file: Path) -> None:
     """The MIG layout the state file keeps, in place of the profile's, for each GPU it names."""
+    from vendors.nvidia import simulate_mig  # only profiles that keep a MIG state file need it
+
     by_uuid = {gpu.uuid: gpu for gpu in gpus}
     for uuid, layout in simulate_mig.load(state_file).items():
         gpu = by_uuid.get(uuid)
@@ -1038,6 +1039,8 @@ class FakeNvml:
         """Keep the GPUs' MIG layout in the profile's ``state_file`` (when it names one), as a real
         driver keeps it across the processes that use NVML. Called holding ``lock``."""
         if self.state_file is not None:
+            from vendors.nvidia import simulate_mig
+
             simulate_mig.save(self.state_file, [(gpu.uuid, gpu.gis.values(), gpu.migs) for gpu in self.gpus
                                                 if gpu.mig_mode == "enabled"])
 

@@ -30,8 +30,9 @@ from labeller.host.machine import Host, NodeOptions
 from labeller.model.namedconfigs import Selection
 from labeller.process.follow import ConfigFollower, ConfigMetrics, EventRecorder, follow_configs, followed_label
 from labeller.process.serve import Endpoint, Process, Served
+from labeller.base.log import get_logger
 
-log = structlog.get_logger("gpu_labeller.daemon")
+log = get_logger("gpu_labeller.daemon")
 
 DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/gpu-labeller")
 EVENT_NAMESPACE = "default"  # where the kubelet records Node events too

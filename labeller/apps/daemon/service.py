@@ -24,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import structlog
-
 from labeller.cluster.permissions import PermissionLog
 from labeller.apps.daemon.applier import Applier
 from labeller.apps.daemon.desired import Desired
@@ -34,11 +32,12 @@ from labeller.apps.daemon.reports import Reports
 from labeller.apps.daemon.sinks import NodeMissing, NotOurs, PermissionDenied, Sink, SinkError
 from labeller.base.backoff import Backoff
 from labeller.process.loop import LoopOptions
+from labeller.base.log import get_logger
 
 if TYPE_CHECKING:
     from labeller.apps.daemon.metrics import Metrics
 
-log = structlog.get_logger("gpu_labeller.daemon")
+log = get_logger("gpu_labeller.daemon")
 
 SUCCESS = ("unchanged", "applied", "dry-run")
 

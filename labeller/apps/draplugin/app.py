@@ -44,8 +44,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-import structlog
-
 from labeller.model.config import ConfigError
 from labeller.apps.draplugin.derive import Derivation, Found
 from labeller.apps.draplugin.drivers import Driver, DriverSet, dra_vendor, held
@@ -60,8 +58,9 @@ from labeller.base.inotify import DirectoryWatch
 from labeller.model.inventory import Inventory, ProbeError
 from labeller.process.health import HealthBoard, HealthChecks
 from labeller.model.resourceslices import DraDevice
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Obj = dict[str, Any]
 

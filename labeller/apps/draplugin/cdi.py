@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.base import ownfiles
 from labeller.model.config import Config
 from labeller.model.vendor import Vendor
 from labeller.model.resourceslices import DraDevice
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 KIND = "k8s.gpu-labeller.io/gpu"
 FILE_PREFIX = "gpu-labeller-dra_"

@@ -53,15 +53,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.base import ownfiles
 from labeller.model import quantity
 from labeller.apps.draplugin.cdi import cdi_id
 from labeller.model.labels import is_dns_label, is_dns_subdomain
 from labeller.model.vendor.dra import Applied
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DIRECTORY = "claims"
 VERSION = 4

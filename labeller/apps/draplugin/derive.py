@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import structlog
-
 from labeller.apps.draplugin.gates import PARTITIONABLE_DEVICES, GateFallbacks
 from labeller.apps.draplugin.ledger import Ledger
 from labeller.host.machine import Host
@@ -26,8 +24,9 @@ from labeller.model.offer import Offer
 from labeller.model.resourceslices import DraDevice
 from labeller.model.vendor import Vendor
 from labeller.model.vendor.dra import DraState
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Found = dict[str, list[DraDevice]]  # each driver's devices
 

@@ -16,8 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from labeller.apps.draplugin.cdi import ClaimSpecs
 from labeller.apps.draplugin.checkpoint import Checkpoint
 from labeller.apps.draplugin.configs import DriverConfigs
@@ -30,8 +28,9 @@ from labeller.host.machine import Host
 from labeller.base.inotify import DirectoryWatch
 from labeller.model.resourceslices import DraDevice
 from labeller.model.vendor import Vendor
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ClaimReader = Callable[[str, str], dict[str, Any]]  # (namespace, name) -> the ResourceClaim
 AsPublished = Callable[[str, Devices], Devices]  # what a prepare sees of a driver's devices

@@ -37,12 +37,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import structlog
-
 from labeller.apps.draplugin import taints
 from labeller.model.resourceslices import DraDevice, unpartitioned, unshared, untainted
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

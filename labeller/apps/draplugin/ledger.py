@@ -39,13 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.base import ownfiles
 from labeller.apps.draplugin.checkpoint import UID
 from labeller.model.labels import is_dns_label
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DIRECTORY = "made"
 VERSION = 1

@@ -30,13 +30,12 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-import structlog
-
 from labeller.apps.draplugin.metrics import DraMetrics
 from labeller.apps.draplugin.slicecontent import Obj, TaintKey, generation, name, named_fields, stamps
 from labeller.apps.draplugin.sliceview import LiveSlices, SliceApi
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # (driver, the fields of its slices' specs the server did not keep, as ``dropped`` names them, and "";
 # or those of a slice it refused naming them, and its message) -> whether they are a gate's that is off

@@ -44,8 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.base import ownfiles
 from labeller.model.config import Config
 from labeller.apps.draplugin import shares
@@ -59,8 +57,9 @@ from labeller.model.resourceslices import DraDevice
 from labeller.model.vendor import Vendor
 from labeller.model.sharing import MEMORY
 from labeller.model.vendor.dra import ConfigRefused, DeviceMaker, MakeRefused, Share
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Obj = dict[str, Any]
 ClaimReader = Callable[[str, str], Obj]  # (namespace, name) -> the ResourceClaim; raises on failure

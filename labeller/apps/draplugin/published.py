@@ -21,8 +21,6 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-import structlog
-
 from labeller.apps.draplugin.gates import GateFallbacks
 from labeller.apps.draplugin.metrics import DraMetrics
 from labeller.apps.draplugin.prepare import Devices
@@ -30,8 +28,9 @@ from labeller.apps.draplugin.publisher import SliceApi, SlicePublisher
 from labeller.apps.draplugin.taints import GATE, Gone, published
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard
 from labeller.model.resourceslices import DraDevice
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Held = Callable[[str, str], bool]  # (driver, device name): a claim prepared on this node holds it
 

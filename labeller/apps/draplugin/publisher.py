@@ -26,8 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-import structlog
-
 from labeller.base.backoff import Backoff
 from labeller.cluster.permissions import PermissionLog
 from labeller.cluster.reflector import Reflector
@@ -36,10 +34,11 @@ from labeller.apps.draplugin.poolwriter import FieldsDropped, PoolWriter
 from labeller.apps.draplugin.slicecontent import Obj, driver, name
 from labeller.apps.draplugin.sliceview import LiveSlices, SliceApi
 from labeller.model.resourceslices import DraDevice, resource_slices
+from labeller.base.log import get_logger
 
 __all__ = ["SliceApi", "SlicePublisher", "WantedSlices"]  # SliceApi: what the publisher is given
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SliceLayout = Callable[[str, Mapping[str, Sequence[DraDevice]], int], list[Obj]]
 

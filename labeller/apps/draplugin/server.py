@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import structlog
 
 from labeller.apps.draplugin.api import dra_pb2 as dra
 from labeller.apps.draplugin.api import dra_pb2_grpc as dra_grpc
@@ -26,8 +25,9 @@ from labeller.apps.draplugin.api import registration_pb2_grpc as reg_grpc
 from labeller.apps.draplugin.metrics import DraMetrics
 from labeller.apps.draplugin.prepare import ClaimError, ClaimRef, Preparer
 from labeller.process.sockets import SocketRetry, SocketServer, SocketUnavailable
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 SERVICES = ("v1.DRAPlugin",)  # what supported_versions lists: the kubelet picks the DRA API by these names

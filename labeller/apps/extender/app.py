@@ -9,8 +9,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import structlog
-
 from labeller.cluster.kube import Kube
 from labeller.apps.extender.binder import Binder, BindOptions
 from labeller.apps.extender.cache import ShareCache
@@ -19,8 +17,9 @@ from labeller.apps.extender.metrics import Metrics
 from labeller.apps.extender.server import Extender
 from labeller.process.httpserver import HealthServer, HttpLimits, start_http_server
 from labeller.process.signals import run_until_signalled, signals_deferred
+from labeller.base.log import get_logger
 
-log = structlog.get_logger("gpu_labeller.extender")
+log = get_logger("gpu_labeller.extender")
 
 
 @dataclass(frozen=True)

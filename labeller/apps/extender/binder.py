@@ -23,13 +23,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import structlog
-
 from labeller.model import gpushare
 from labeller.apps.extender.cache import ShareCache
 from labeller.cluster.kube import Conflict, Kube, KubeError
+from labeller.base.log import get_logger
 
-log = structlog.get_logger("gpu_labeller.extender")
+log = get_logger("gpu_labeller.extender")
 
 Obj = gpushare.Obj
 

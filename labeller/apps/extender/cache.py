@@ -15,11 +15,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from labeller.model import gpushare, quantity
 from labeller.apps.extender import placement
 from labeller.apps.extender.placement import Gpus
+from labeller.base.log import get_logger
 
 Obj = dict[str, Any]
 UNHEALTHY_PREFIX = "unhealthy-gpu-"  # gpushare's ConfigMap kube-system/unhealthy-gpu-<node>, key "gpus"
@@ -27,7 +26,7 @@ UNHEALTHY_KEY = "gpus"
 # An assume time further ahead than this is not believed: the pod counts as assumed when first seen.
 CLOCK_SKEW_NS = 60 * 10**9
 
-log = structlog.get_logger("gpu_labeller.extender")
+log = get_logger("gpu_labeller.extender")
 
 
 @dataclass(frozen=True)

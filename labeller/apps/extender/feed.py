@@ -7,14 +7,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
-
 from labeller.cluster.kube import Kube
 from labeller.cluster.permissions import PermissionLog
 from labeller.cluster.reflector import Lister, Obj, Reflector, Watcher
 from labeller.apps.extender.cache import ShareCache
+from labeller.base.log import get_logger
 
-log = structlog.get_logger("gpu_labeller.extender")
+log = get_logger("gpu_labeller.extender")
 
 UNHEALTHY_NAMESPACE = "kube-system"
 # Finished pods hold no GPU memory: leave them out of the list, and a pod that finishes leaves the

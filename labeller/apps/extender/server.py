@@ -14,15 +14,14 @@ import json
 import time
 from typing import Any
 
-import structlog
-
 from labeller.model import gpushare
 from labeller.apps.extender.binder import Binder, BindError
 from labeller.apps.extender.cache import ShareCache
 from labeller.apps.extender.metrics import Metrics
 from labeller.process.httpserver import Answer
+from labeller.base.log import get_logger
 
-log = structlog.get_logger("gpu_labeller.extender")
+log = get_logger("gpu_labeller.extender")
 
 Obj = dict[str, Any]
 PREFIX = "/gpushare-scheduler"

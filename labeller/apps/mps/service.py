@@ -7,7 +7,6 @@ import math
 import threading
 from collections.abc import Callable
 
-import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from labeller.model.config import ConfigError
@@ -15,8 +14,9 @@ from labeller.model.inventory import ProbeError
 from labeller.apps.mps.supervisor import Supervisor, Wanted, plans
 from labeller.host.machine import Host
 from vendors.nvidia.mpscontrol import Tools
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Metrics:

@@ -16,15 +16,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from labeller.model.offer import Offer, Resource
 from labeller.base.outputs import write_atomic
 from vendors.nvidia import mps
 from vendors.nvidia.model import MpsServed
 from vendors.nvidia.mpscontrol import Daemon, Plan, Tools
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 STALE_ROUNDS = 6  # a heartbeat older than this many rounds means the supervisor stopped
 

@@ -11,19 +11,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import structlog
-
 from labeller.model.config import Config
 from labeller.model.gpushare import RESOURCE_COUNT
 from labeller.model.offer import Resource
 from labeller.apps.plugin.allocate import Allocator, ResourceAllocator
 from labeller.model.vendor import Vendor
 from labeller.model.vendor.plugin import Allocate
+from labeller.base.log import get_logger
 
 if TYPE_CHECKING:
     from labeller.apps.plugin.gpushare_allocate import PodApi, PodMatcher
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Allocators:

@@ -19,15 +19,14 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-import structlog
-
 from labeller.base import ownfiles
 from labeller.model.config import Config
 from labeller.model.offer import PhysicalDevice, Resource
 from labeller.model.vendor import Vendor
 from labeller.model.vendor.plugin import CDI_STRATEGIES
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_SPEC_DIR = Path("/var/run/cdi")
 FILE_PREFIX = "gpu-labeller-"

@@ -13,14 +13,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.model.offer import Resource
 from labeller.apps.plugin.metrics import PluginMetrics
 from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard, HealthChecks
 from labeller.model.vendor import Vendor
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class HealthGauges:

@@ -32,16 +32,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import structlog
-
 from labeller.model import gpushare
 from labeller.model.offer import PhysicalDevice, Resource
 from labeller.apps.plugin.allocate import RequestError, Unmatched, response
 from labeller.apps.plugin.api import api_pb2 as pb
 from labeller.apps.plugin.preferred import preferred
 from labeller.model.vendor.plugin import Allocate
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Pod = dict[str, Any]
 PATCH_ATTEMPTS = 5

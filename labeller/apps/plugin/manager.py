@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import structlog
 
 from labeller.apps.plugin.api import api_pb2 as pb
 from labeller.apps.plugin.api import api_pb2_grpc as pb_grpc
 from labeller.apps.plugin.metrics import PluginMetrics
 from labeller.apps.plugin.server import OPTIONS, ResourceSocket
 from labeller.process.sockets import SocketRetry, SocketUnavailable, socket_identity
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 VERSION = "v1beta1"
 FIRST_BACKOFF = 0.1

@@ -22,8 +22,6 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 
-import structlog
-
 from labeller.model.config import ConfigError
 from labeller.model.inventory import Inventory, ProbeError
 from labeller.host.machine import Host
@@ -32,8 +30,9 @@ from labeller.apps.plugin.app import DevicePlugin
 from labeller.process.loop import Exit
 from labeller.model.vendor import Vendor
 from vendors import VENDORS
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def failed_vendors(inventory: Inventory, vendors: Sequence[Vendor] = VENDORS) -> set[str]:

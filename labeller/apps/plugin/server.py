@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
-import structlog
 
 from labeller.apps.plugin.allocate import RequestError, ResourceAllocator, Unmatched
 from labeller.apps.plugin.api import api_pb2 as pb
@@ -18,8 +17,9 @@ from labeller.process.health import HEALTHY, UNHEALTHY, HealthBoard
 from labeller.process.sockets import SocketServer
 from labeller.apps.plugin.metrics import PluginMetrics
 from labeller.model.offer import Resource
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 WORKERS = 8  # threads are started on demand; each open ListAndWatch stream holds one

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from labeller.model.config import Config
 from labeller.model.offer import Resource
 from labeller.apps.plugin.allocators import Allocators
@@ -27,8 +25,9 @@ from labeller.apps.plugin.manager import PluginManager
 from labeller.apps.plugin.metrics import PluginMetrics
 from labeller.apps.plugin.server import DevicePluginService, ResourceSocket
 from labeller.model.vendor import Vendor
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import threading
 import time
 from collections.abc import Callable
 
-import structlog
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Supervisor:

@@ -13,7 +13,6 @@ import sys
 from typing import Any
 
 import click
-import structlog
 
 from labeller.cluster.connect import connect
 from labeller.cluster.kube import Kube, KubeError
@@ -23,8 +22,9 @@ from labeller.cli.commands.options import BadInput, format_option, kubeconfig_op
 from labeller.apps.daemon.reconcile import Change, Live, Owned, managers_text, plan
 from labeller.apps.daemon.sinks import NodeMissing, NodeSink, PermissionDenied, SinkError, Stale
 from labeller.model.labels import FIELD_MANAGER
+from labeller.base.log import get_logger
 
-log = structlog.get_logger("gpu_labeller.daemon")
+log = get_logger("gpu_labeller.daemon")
 
 
 NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # a DNS subdomain

@@ -6,19 +6,18 @@ fails (no profiles directory, no cluster, no credentials) completes nothing, nev
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
-import structlog
 from click.shell_completion import CompletionItem
+
+from labeller.base.log import silence
 
 
 def _quiet() -> None:
     """No log line while completing: the shell reads stdout, and the user's terminal shows stderr.
     (Completion runs in a process of its own, so this changes nothing else.)"""
-    structlog.configure(logger_factory=structlog.ReturnLoggerFactory(),
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    silence()
 
 
 def _items(values: list[str], incomplete: str, help_of: dict[str, str] | None = None) -> list[CompletionItem]:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import structlog
 import yaml
 
 from labeller.model.config import ConfigError
@@ -27,8 +26,9 @@ from labeller.cli.commands.upstream import EPILOG, upstream_options
 from labeller.base.outputs import FORMATS, render, write_atomic
 from labeller.model.resourceslices import resource_slices
 from labeller.host.snippets import SNIPPET_FORMATS, SnippetError, snippet
+from labeller.base.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 # libyaml when PyYAML has it: the same text, 4x faster
 _YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 

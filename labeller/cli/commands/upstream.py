@@ -12,16 +12,16 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-import structlog
 
 from labeller.cli.commands.params import format_duration
 from labeller.model.config import MIN_SLEEP_INTERVAL_S, upstream_flags
 from labeller.host.machine import NodeOptions
 from labeller.model.upstream import UpstreamFlag, flags_for, go_duration, overrides_and_warnings
 from vendors import RESOURCE_NAMES
+from labeller.base.log import get_logger
 
 F = TypeVar("F", bound=Callable[..., Any])
-log = structlog.get_logger("gpu_labeller.upstream")
+log = get_logger("gpu_labeller.upstream")
 
 EPILOG = ("Also takes the flags and env vars of the tools it replaces (NVIDIA's GPU Feature Discovery and device "
           "plugin, AMD's k8s-node-labeller and device plugin, gpushare, NVIDIA's and AMD's DRA drivers): see "
