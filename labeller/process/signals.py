@@ -1,6 +1,8 @@
 """Signals of a long-running process: SIGTERM and SIGINT stop it, SIGHUP reloads it, taken on the
 main thread while the work runs on another; a signal that comes while the process starts is kept
-until it serves."""
+until it serves. What needs a file descriptor later is taken when a server starts, before it opens a
+port: the pipe that carries signals to the main thread, and structlog (imported with the first line
+logged otherwise): connections that flood a server as it comes up can leave it none."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TypeVar
 
-from labeller.base.log import get_logger
+from labeller.base.log import get_logger, loaded
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -24,6 +26,14 @@ DEFERRED = (signal.SIGTERM, *RELOAD_SIGNALS)  # SIGINT is not: Ctrl-C during sta
 
 _deferred: list[int] = []  # SIGTERM and SIGHUP that came while a server was starting
 _before_deferring: dict[int, Any] = {}  # their handlers before ``defer_signals``: put back when serving ends
+_reserved: list[tuple[int, int]] = []  # the wakeup pipe made by ``defer_signals`` for ``run_until_signalled``
+
+
+def _wakeup_pipe() -> tuple[int, int]:
+    read_fd, write_fd = os.pipe()
+    for fd in (read_fd, write_fd):
+        os.set_blocking(fd, False)
+    return read_fd, write_fd
 
 
 def _defer(signum: int, frame: FrameType | None) -> None:
@@ -33,7 +43,11 @@ def _defer(signum: int, frame: FrameType | None) -> None:
 def defer_signals() -> None:
     """For a server, from its command's start until ``run_until_signalled`` takes over: SIGTERM and
     SIGHUP are kept, not fatal, and acted on as soon as it serves (a stop during start-up is a clean
-    stop, exit 0, not death by the signal)."""
+    stop, exit 0, not death by the signal). It also makes the pipe ``run_until_signalled`` will wait on,
+    and loads structlog (see the module's docstring)."""
+    if not _reserved:
+        _reserved.append(_wakeup_pipe())
+    loaded()
     for signum in DEFERRED:
         _before_deferring.setdefault(signum, signal.signal(signum, _defer))
 
@@ -46,6 +60,9 @@ def restore_signals(deliver_kept: bool = False) -> None:
     for signum, handler in list(_before_deferring.items()):
         signal.signal(signum, handler)
         del _before_deferring[signum]
+    for fd in (fd for pipe in _reserved for fd in pipe):
+        os.close(fd)
+    _reserved.clear()
     kept, _deferred[:] = list(_deferred), []
     for signum in kept if deliver_kept else ():
         signal.raise_signal(signum)
@@ -75,9 +92,7 @@ def run_until_signalled(body: Callable[[], T], stop: Callable[[], None], reload:
     ``Event`` has one) can wait forever for its own thread. So the handlers here do nothing; each
     signal's number reaches a pipe (``signal.set_wakeup_fd``) that the main thread waits on, and the
     main thread calls ``stop`` and ``reload`` as ordinary code, one signal after the other."""
-    wakeup_r, wakeup_w = os.pipe()
-    for fd in (wakeup_r, wakeup_w):
-        os.set_blocking(fd, False)
+    wakeup_r, wakeup_w = _reserved.pop() if _reserved else _wakeup_pipe()
     results: list[T] = []
     raised: list[BaseException] = []
     done = threading.Event()  # only read here, with is_set, which takes no lock

@@ -180,3 +180,24 @@ def test_run_until_signalled_takes_a_sighup_kept_while_starting(handler: list[in
         os.kill(os.getpid(), signal.SIGHUP)
         assert run_until_signalled(work, stopped.set, reload) == 0
     assert reloaded.is_set() and handler == []
+
+
+def test_a_server_out_of_descriptors_once_started_still_takes_its_signals(handler: list[int],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections that flood a server as it comes up can take every descriptor before it serves: the
+    pipe signals reach the main thread through was made when it started (a CI run saw the extender
+    die of EMFILE making it)."""
+    stopped = threading.Event()
+
+    def work() -> int:
+        stopped.wait()
+        return 0
+
+    def out_of_descriptors() -> tuple[int, int]:
+        raise OSError(24, "Too many open files")
+
+    with signals_deferred():
+        monkeypatch.setattr(os, "pipe", out_of_descriptors)  # what a flood leaves after start-up
+        os.kill(os.getpid(), signal.SIGTERM)  # kept while starting, delivered once it serves
+        assert run_until_signalled(work, stopped.set, lambda: None) == 0
+    assert stopped.is_set() and handler == []

@@ -24,6 +24,7 @@ from labeller.model.resourceslices import PCI_BUS_ID, PCIE_ROOT, Attribute, Capa
 from labeller.model.vendor.dra import AttributeDoc, DraState
 from labeller.model.vendor.plugin import Fault
 from vendors.amd import devices as kfd
+from vendors.amd import dynamicpartitions
 from vendors.amd.devices import AmdDevice
 from vendors.amd.model import AmdGpu, AmdInventory
 
@@ -116,8 +117,6 @@ def devices(inventory: Inventory, offer: Offer, config: Config, state: DraState 
         current = [d for d in found if d.amd_gpu is gpu]
         made = None
         if dynamic and current:
-            from vendors.amd import dynamicpartitions  # only with labeller.dra.dynamicMig: off the dry-run path
-
             shared = {key: value for key, value in _attributes(inventory, part, current[0]).items()
                       if key not in ("type", "partitionProfile")}
             made = dynamicpartitions.partitioned(gpu, current, shared)

@@ -33,6 +33,7 @@ from labeller.model.resourceslices import (PCI_BUS_ID, PCIE_ROOT, Attribute, Cap
                                            semver)
 from labeller.model.vendor.dra import AttributeDoc, DraState
 from labeller.model.vendor.plugin import Fault
+from vendors.nvidia import dynamicmig
 from vendors.nvidia.devices import partition, whole
 from vendors.nvidia.facts import MIB, profile_label
 from vendors.nvidia.model import MigDevice, NvidiaGpu, NvidiaInventory
@@ -196,8 +197,6 @@ def devices(inventory: Inventory, offer: Offer, config: Config, state: DraState 
             continue
         split = None
         if dynamic:
-            from vendors.nvidia import dynamicmig  # only with labeller.dra.dynamicMig: off the dry-run path
-
             split = dynamicmig.partitioned(gpu, state.made, _name(gpu),
                                            {mig.uuid: _mig_name(gpu, mig) for mig in gpu.mig_devices},
                                            gpu_attributes(inventory, part, gpu))
