@@ -91,17 +91,17 @@ class _Logger:
 
     __slots__ = ("_name", "_logger")
 
-    def __init__(self, name: str | None) -> None:
+    def __init__(self, name: str) -> None:
         self._name, self._logger = name, None
 
     def __getattr__(self, attr: str) -> Any:
         if self._logger is None:
             structlog = loaded()
-            self._logger = structlog.get_logger(self._name) if self._name else structlog.get_logger()
+            self._logger = structlog.get_logger(self._name)
         return getattr(self._logger, attr)
 
 
-def get_logger(name: str | None = None) -> Any:
+def get_logger(name: str) -> Any:
     """``structlog.get_logger(name)``, without importing structlog until a line is logged."""
     return _Logger(name)
 
