@@ -9,7 +9,8 @@ One node, ``dra-mig-dyn``: a drakubelet and ``gpu-labeller dra-plugin`` on the `
 profile (A100 40GB: GPUs 0-1 whole, 2-3 split 3g+2g+1g+1g by an admin, 4-7 MIG enabled and empty),
 its simulated NVML keeping its MIG devices in a state file, which this script reads to see what the
 plugin made. The DeviceClasses are the chart's. NVIDIA's gpu-test4 (demo/specs/quickstart/v1): four
-pods, each asking 1g.5gb twice, 2g.10gb and 3g.20gb of one GPU (``matchAttribute: parentUUID``).
+pods, each asking 1g.5gb twice, 2g.10gb and 3g.20gb of one GPU (``matchAttribute: parentUUID``), created
+one after the other (see ``gpu_test4``).
 
 1. With DRAPartitionableDevices on the API server, scheduler and controller manager:
    a. the plugin without dynamicMig: 2 of the 4 pods fit (on GPUs 2-3, whose MIG devices exist), the
@@ -64,8 +65,45 @@ ADMIN_LAYOUT = [("1g.5gb", 2), ("1g.5gb", 3), ("2g.10gb", 0), ("3g.20gb", 4)]  #
 Obj = dict[str, Any]
 
 
-def gpu_test4(cluster: Cluster) -> None:
-    cluster.apply(gpu_test4_objects())
+def gpu_test4(cluster: Any, container: Obj | None = None) -> None:
+    """gpu-test4 applied: its template, then its pods one after the other, each once the scheduler has placed
+    or refused the one before. Created at once on a loaded machine, kube-scheduler 1.34.2 once allocated the
+    admin's MIG devices to two claims each (kubernetes#133602, fixed after 1.34.2 by kubernetes#136269); the
+    plugin refused the second claims' prepare (each device prepared for one claim), and their pods never
+    started. ``cluster``: this plane's or k8s-node's (``apply`` and ``json``)."""
+    template, *pods = gpu_test4_objects(container)
+    cluster.apply([template])
+    for one in pods:
+        cluster.apply([one])
+        name = one["metadata"]["name"]
+        wait(lambda: settled(cluster, name), 60)  # noqa: B023 (called within this iteration)
+
+
+def settled(cluster: Any, name: str) -> bool:
+    """The scheduler placed pod ``name`` (default namespace) or said why not (PodScheduled false)."""
+    pod = cluster.json("get", "pod", name, "-n", "default")
+    conditions = pod.get("status", {}).get("conditions", [])
+    return bool(pod["spec"].get("nodeName")) or any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions)
+
+
+def allocated_twice(cluster: Any) -> list[str]:
+    """Devices the scheduler allocated to more than one claim of the default namespace, not as shares (no
+    ``shareID``, no admin access): what the plugin refuses to prepare for the second claim."""
+    holders: dict[str, list[str]] = {}
+    for claim in cluster.json("get", "resourceclaims", "-n", "default")["items"]:
+        for result in claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", []):
+            if not result.get("shareID") and not result.get("adminAccess"):
+                holders.setdefault(f"{result['pool']}/{result['device']}", []).append(claim["metadata"]["name"])
+    return [f"{device} to {claims}" for device, claims in holders.items() if len(claims) > 1]
+
+
+def why_not(cluster: Cluster, events: list[Any]) -> str:
+    """For a failed check: the prepare errors seen, and any device the scheduler allocated twice."""
+    errors = [e["error"][:200] for e in events if e is not None and e["error"]]
+    twice = allocated_twice(cluster)
+    return (f"; {events.count(None)} never prepared, errors {errors}" if None in events or errors else "") + (
+        f"; the scheduler allocated devices twice (kubernetes#133602): {twice}" if twice else "")
 
 
 def gpu_test4_objects(container: Obj | None = None) -> list[Obj]:
@@ -201,9 +239,11 @@ def phase_gate_on(cluster: Cluster, node: MigNode) -> None:
     bound = scheduled(cluster)
     reasons = [pending_reason(cluster, f"test4-{n}") for n in range(4) if f"test4-{n}" not in bound]
     check(two is not None and waiting is not None and len(bound) == 2 and len(reasons) == 2 and all(reasons),
-          f"2 of 4 fit; the others wait: {[r[:100] for r in reasons]}")
+          f"2 of 4 fit; the others wait: {[r[:100] for r in reasons]}" + ("" if len(bound) == 2 else
+                                                                          f"; bound: {bound}"))
     events = [prepared(node, name, mark) for name in bound]
-    check(all(e is not None and e["error"] == "" for e in events), "the two are prepared")
+    ok = all(e is not None and e["error"] == "" for e in events)
+    check(ok, "the two are prepared" + ("" if ok else why_not(cluster, events)))
 
     print("1b. the plugin restarted with dynamicMig", flush=True)
     restarted = time.monotonic()
@@ -220,7 +260,8 @@ def phase_gate_on(cluster: Cluster, node: MigNode) -> None:
     four = wait(lambda: len(scheduled(cluster)) == 4, 120)
     check(four is not None, "4 of 4 gpu-test4 pods scheduled")
     events = [prepared(node, f"test4-{n}", mark) for n in range(4)]
-    check(all(e is not None and e["error"] == "" for e in events), "4 of 4 prepared")
+    ok = all(e is not None and e["error"] == "" for e in events)
+    check(ok, "4 of 4 prepared" + ("" if ok else why_not(cluster, events)))
     if all(events):
         figure(f"plugin restarted with dynamicMig -> the 2 waiting pods' MIG devices made and prepared in "
                f"{max(e['at'] for e in events if e) - restarted:.2f} s")

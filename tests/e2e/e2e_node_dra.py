@@ -83,7 +83,7 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e import e2e_node  # noqa: E402
 from tests.e2e.e2e_dra import claim_object, claim_pod  # noqa: E402
 from tests.e2e.e2e_dra_memory import CAPACITY, GIB, cdi_env, prepared_usage, usage  # noqa: E402
-from tests.e2e.e2e_dra_mig import ADMIN_LAYOUT, claim_gpus, dynamic_profile, gpu_test4_objects, layout  # noqa: E402
+from tests.e2e.e2e_dra_mig import ADMIN_LAYOUT, claim_gpus, dynamic_profile, gpu_test4, layout  # noqa: E402
 from tests.e2e.e2e_dra_mig import PROFILE as MIG_PROFILE  # noqa: E402
 from tests.e2e.e2e_node import NAMESPACE, RELEASE, Cluster, Start, check, figure, took, wait  # noqa: E402
 from tests.plugin.profile_files import write_yaml  # noqa: E402
@@ -507,8 +507,8 @@ def scenario_dynamic_mig(cluster: Cluster, state: Path) -> None:
         check(counted is not None, f"a counter set for each of the 4 empty MIG GPUs stored by the API server "
               f"({took(counted)})")
         began = time.monotonic()
-        cluster.apply(gpu_test4_objects({"image": cluster.image, "imagePullPolicy": "Never",
-                                         "command": ["python", "-c", "import time; time.sleep(3600)"]}))
+        gpu_test4(cluster, {"image": cluster.image, "imagePullPolicy": "Never",
+                            "command": ["python", "-c", "import time; time.sleep(3600)"]})
         pods = [f"test4-{n}" for n in range(4)]
         running = wait(lambda: all(phase(cluster, p) == "Running" for p in pods), 240)
         check(running is not None, f"4 of 4 gpu-test4 pods (1g.5gb twice, 2g.10gb, 3g.20gb of one GPU each) Running "
