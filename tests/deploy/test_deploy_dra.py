@@ -137,12 +137,29 @@ def test_dra_plugin_mounts_only_what_it_needs() -> None:
     assert config == {"name": "config", "mountPath": "/etc/gpu-labeller", "readOnly": True}
 
 
-def test_a_containerized_driver_root_is_mounted_read_only() -> None:
+def test_a_containerized_driver_root_is_mounted_whole_read_only_and_seen_when_mounted_later() -> None:
     values = {**ON, "config": {"version": "v1", "flags": {"nvidiaDriverRoot": "/run/nvidia/driver/"}}}
-    mount = host_mounts(dra_ds(render(values)))["/run/nvidia/driver/usr"]
-    assert (mount["mountPath"], mount["readOnly"], mount["recursiveReadOnly"]) == ("/host/run/nvidia/driver/usr", True,
-                                                                                  "IfPossible")
-    assert mount["type"] == ""  # it may install its files after the plugin starts
+    mounts = host_mounts(dra_ds(render(values)))
+    mount = mounts["/run/nvidia/driver"]  # whole: GKE's driver keeps its libraries in <root>/lib64, not usr/
+    assert (mount["mountPath"], mount["readOnly"]) == ("/host/run/nvidia/driver", True)
+    # the driver's container mounts its root there after the plugin starts: only propagation shows it
+    assert mount["mountPropagation"] == "HostToContainer" and "recursiveReadOnly" not in mount
+    assert mount["type"] == "DirectoryOrCreate"
+    assert "/run/nvidia/driver/usr" not in mounts and "/etc/ld.so.cache" not in mounts
+
+
+@pytest.mark.parametrize("component", ["dra", "device-plugin"])
+def test_the_hosts_linker_cache_is_mounted_only_when_asked(component: str) -> None:
+    cdi = {"version": "v1", "flags": {"plugin": {"deviceListStrategy": ["cdi-cri"]}}}
+    base: dict[str, Any] = {**ON, "config": cdi} if component == "dra" else {"config": cdi}
+    pick = dra_ds if component == "dra" else plugin_ds
+    assert "/etc/ld.so.cache" not in host_mounts(pick(render(base)))
+    mount = host_mounts(pick(render({**base, "hostLinkerCache": True})))["/etc/ld.so.cache"]
+    # a file, never made: a node without one keeps the pod waiting rather than getting a directory there
+    assert (mount["mountPath"], mount["readOnly"], mount["type"]) == ("/host/etc/ld.so.cache", True, "File")
+    rooted = {**base, "hostLinkerCache": True,
+              "config": {**cdi, "flags": {**cdi["flags"], "nvidiaDriverRoot": "/run/nvidia/driver"}}}
+    assert "/etc/ld.so.cache" not in host_mounts(pick(render(rooted)))  # the driver root brings its own
 
 
 def test_directories_follow_the_values() -> None:

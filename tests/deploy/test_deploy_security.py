@@ -158,11 +158,16 @@ def test_host_paths_are_read_only_except_the_plugin_socket_dir(name: str, values
 def test_read_only_host_trees_are_read_only_all_the_way_down(name: str, values: dict[str, Any]) -> None:
     # readOnly alone leaves the mounts under a tree writable (/dev/shm, /dev/pts, /sys/fs/cgroup under
     # /dev and /sys). recursiveReadOnly (Kubernetes 1.30+; IfPossible: a runtime without it mounts
-    # plain read-only) needs no mount propagation.
+    # plain read-only) needs no mount propagation. The one exception is a containerized driver's root:
+    # its container mounts it after ours start, which only HostToContainer propagation lets us see.
+    driver_root = values.get("config", {}).get("flags", {}).get("nvidiaDriverRoot", "/").rstrip("/")
     for ds in daemonsets(render(values)):
         for box in containers(ds):
             for host_path, (_, mount) in host_mounts(ds, box["name"]).items():
-                if mount.get("readOnly"):
+                if driver_root and host_path == driver_root:
+                    assert mount.get("readOnly") is True and "recursiveReadOnly" not in mount
+                    assert mount["mountPropagation"] == "HostToContainer", (box["name"], host_path)
+                elif mount.get("readOnly"):
                     assert mount.get("recursiveReadOnly") == "IfPossible", \
                         (ds["metadata"]["name"], box["name"], host_path)
                     assert mount.get("mountPropagation", "None") == "None", (box["name"], host_path)

@@ -6,9 +6,12 @@ Each device (named by its ID: UUID, or index "0" / "1:0") gets its ``/dev/nvidia
 MIG device its ``nvidia-caps`` nodes); every container of the kind gets the control nodes, the
 driver's libraries and binaries found under ``flags.nvidiaDriverRoot`` on the host root, mounted
 read-only where they are, and ``NVIDIA_VISIBLE_DEVICES=void`` (so that a legacy runtime hook does
-not inject devices a second time). A library's soname links (``libcuda.so.1``) are mounted from
-their target, since a bind mount cannot carry a link; when the host has ``nvidia-ctk``
-(``flags.plugin.nvidiaCTKPath``) its ``update-ldcache`` hook runs for the library directories.
+not inject devices a second time). Libraries are looked for where nvidia-ctk looks: its library
+directories (Debian's ``nvidia/current`` among them), then those the driver root's linker cache
+lists the driver's libraries in (GKE's ``/usr/local/nvidia/lib64``). A library's soname links
+(``libcuda.so.1``) are mounted from their target, since a bind mount cannot carry a link; when the
+host has ``nvidia-ctk`` (``flags.plugin.nvidiaCTKPath``) its ``update-ldcache`` hook runs for the
+library directories.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from labeller.model.config import Config
 from labeller.model.offer import PhysicalDevice
 from vendors.nvidia.allocate import CDI_KIND, HostNodes
 from vendors.nvidia.devices import NvidiaDevice
+from vendors.nvidia.ldcache import driver_library_dirs
 from vendors.nvidia.settings import NvidiaSettings
 
 CDI_VERSION = "0.5.0"  # device nodes with hostPath, names starting with a digit: read by containerd 1.7 and CRI-O 1.28
-LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib")
+# nvidia-ctk's search list (and /usr/lib); Debian's driver packages install under nvidia/current
+LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib/x86_64-linux-gnu/nvidia/current",
+                "usr/lib/aarch64-linux-gnu/nvidia/current", "usr/lib64", "lib64", "usr/lib")
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server")
 BIN_DIRS = ("usr/bin", "usr/local/bin")
@@ -44,7 +50,8 @@ def driver_files(host_root: Path, driver_root: str) -> tuple[list[tuple[str, str
     base = host_root / driver_root.lstrip("/")
     mounts: list[tuple[str, str]] = []
     directories: list[str] = []
-    for relative in LIBRARY_DIRS:
+    cached = [d for d in driver_library_dirs(base) if d not in LIBRARY_DIRS]  # /usr/local/nvidia/lib64 (GKE)
+    for relative in (*LIBRARY_DIRS, *cached):
         directory = base / relative
         try:
             names = sorted(os.listdir(directory))
