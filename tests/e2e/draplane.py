@@ -133,7 +133,16 @@ class Cluster:
         self._context: ssl.SSLContext | None = None  # the admin user's, made on first use (up.sh writes the pki)
 
     def up(self) -> None:
-        subprocess.run([str(self.k8s_dra / "up.sh")], env=self.env, check=True, stdout=subprocess.DEVNULL)
+        """The plane started; a start that fails is said on stderr, and the plane is stopped, wiped and started
+        once more (on a loaded machine ``up.sh`` once said the API server it had just started had exited,
+        with that server's log still empty)."""
+        first = subprocess.run([str(self.k8s_dra / "up.sh")], env=self.env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        if first.returncode:
+            print(f"the DRA plane's up.sh failed (exit {first.returncode}): {first.stderr.strip()[-600:]!r}; "
+                  "stopped, wiped and started once more", file=sys.stderr, flush=True)
+            self.down()
+            subprocess.run([str(self.k8s_dra / "up.sh")], env=self.env, check=True, stdout=subprocess.DEVNULL)
         values = dict(line.removeprefix("export ").split("=", 1)
                       for line in (self.state / "env").read_text().splitlines()
                       if "=" in line and not line.startswith("#"))
