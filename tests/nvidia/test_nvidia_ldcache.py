@@ -11,6 +11,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from labeller.model.config import parse_config
 from tests.builders import nvidia, nvidia_gpu, offer_of
 from vendors import RESOURCE_NAMES
 from vendors.nvidia import cdi as nvidia_cdi
+from vendors.nvidia import ldcache
 from vendors.nvidia.ldcache import driver_library_dirs, libraries
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia" / "ldcache" / "gke-layout.ld.so.cache"
@@ -78,18 +80,45 @@ def test_a_fifo_or_a_huge_file_as_the_cache_is_not_read(tmp_path: Path) -> None:
     assert driver_library_dirs(tmp_path) == []  # and it did not wait for a writer
 
 
+def _cdi_spec(host: Path) -> dict[str, Any]:
+    """The NVIDIA CDI spec of one GPU on ``host`` (a CDI strategy)."""
+    config = parse_config({"flags": {"plugin": {"deviceListStrategy": "cdi-cri"}}}, RESOURCE_NAMES)
+    (resource,) = offer_of(nvidia(nvidia_gpu(0)), config).resources
+    spec = nvidia_cdi.spec(resource.physical_devices, config, host)
+    assert spec is not None
+    return spec
+
+
+def _mounts(spec: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(m["hostPath"], m["containerPath"]) for m in spec["containerEdits"]["mounts"]}
+
+
+def test_a_cache_is_parsed_once_until_ldconfig_replaces_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim's spec is built at every prepare: the cache is not parsed again while it is the same file."""
+    _gke_host(tmp_path)
+    parsed: list[int] = []
+    real = ldcache.libraries
+    monkeypatch.setattr(ldcache, "libraries", lambda data: parsed.append(len(data)) or real(data))
+    for _ in range(3):
+        assert driver_library_dirs(tmp_path) == ["usr/local/nvidia/lib64"]
+    assert len(parsed) == 1
+    (tmp_path / "etc/ld.so.cache.new").write_bytes(b"not a cache, written as ldconfig writes: then renamed")
+    os.replace(tmp_path / "etc/ld.so.cache.new", tmp_path / "etc/ld.so.cache")
+    assert driver_library_dirs(tmp_path) == []
+    assert len(parsed) == 2
+    (tmp_path / "etc/ld.so.cache").unlink()
+    assert driver_library_dirs(tmp_path) == []
+
+
 def test_a_gke_layout_driver_is_mounted_into_cdi_containers(tmp_path: Path) -> None:
     """The CDI spec of a host whose driver is in /usr/local/nvidia/lib64 (found on a real H200's
     machine: the spec had its binaries and none of its libraries) mounts its libraries."""
     _gke_host(tmp_path)
     (tmp_path / "usr/bin").mkdir(parents=True)
     (tmp_path / "usr/bin/nvidia-ctk").write_text("ELF")
-    config = parse_config({"flags": {"plugin": {"deviceListStrategy": "cdi-cri"}}}, RESOURCE_NAMES)
-    (resource,) = offer_of(nvidia(nvidia_gpu(0)), config).resources
-    spec = nvidia_cdi.spec(resource.physical_devices, config, tmp_path)
-    assert spec is not None
+    spec = _cdi_spec(tmp_path)
     lib = "/usr/local/nvidia/lib64"
-    assert {(m["hostPath"], m["containerPath"]) for m in spec["containerEdits"]["mounts"]} == {
+    assert _mounts(spec) == {
         (f"{lib}/libcuda.so.580.159.04", f"{lib}/libcuda.so.580.159.04"),
         (f"{lib}/libnvidia-ml.so.580.159.04", f"{lib}/libnvidia-ml.so.580.159.04"),
         (f"{lib}/libcuda.so.580.159.04", f"{lib}/libcuda.so.1"),
@@ -105,12 +134,8 @@ def test_a_debian_packaged_driver_in_nvidia_current_is_mounted_without_a_cache(t
     lib.mkdir(parents=True)
     (lib / "libcuda.so.535.216.01").write_text("ELF")
     (lib / "libcuda.so.1").symlink_to("libcuda.so.535.216.01")
-    config = parse_config({"flags": {"plugin": {"deviceListStrategy": "cdi-cri"}}}, RESOURCE_NAMES)
-    (resource,) = offer_of(nvidia(nvidia_gpu(0)), config).resources
-    spec = nvidia_cdi.spec(resource.physical_devices, config, tmp_path)
-    assert spec is not None
     current = "/usr/lib/x86_64-linux-gnu/nvidia/current"
-    assert {(m["hostPath"], m["containerPath"]) for m in spec["containerEdits"]["mounts"]} == {
+    assert _mounts(_cdi_spec(tmp_path)) == {
         (f"{current}/libcuda.so.535.216.01", f"{current}/libcuda.so.535.216.01"),
         (f"{current}/libcuda.so.535.216.01", f"{current}/libcuda.so.1"),
     }

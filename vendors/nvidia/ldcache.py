@@ -7,11 +7,14 @@ The format is glibc's (``ldconfig`` 2.x writes "glibc-ld.so.cache1.1"; before gl
 follow an old "ld.so-1.7.0" table): a header, fixed-size entries, then a string table; each entry's
 key (the soname) and value (its path) are offsets from the start of the new header. Only 64-bit
 libc6 entries (x86-64, aarch64) count, as nvidia-ctk's. A cache that is not that format, or whose
-offsets point outside it, gives nothing: the standard directories are still searched.
+offsets point outside it, gives nothing: the standard directories are still searched. The DRA plugin
+builds a claim's spec at every prepare, so a cache is parsed once per version of the file (ldconfig
+replaces it whole), not per call.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -70,17 +73,33 @@ def libraries(data: bytes) -> list[tuple[str, str]]:
     return found
 
 
+_parsed: dict[Path, tuple[tuple[int, int, int, int], tuple[str, ...]]] = {}  # cache path -> (its stat, dirs)
+
+
 def driver_library_dirs(driver_base: Path) -> list[str]:
     """The directories (relative to the driver root) the cache under ``driver_base`` lists the
     driver's libraries in, in its order; [] without a cache or with one that cannot be trusted."""
+    path = driver_base / CACHE
     try:
-        data = read_bytes(driver_base / CACHE, CACHE_LIMIT)
-    except Untrusted:
+        found = os.stat(path)
+    except OSError:
         return []
+    version = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+    known = _parsed.get(path)
+    if known is None or known[0] != version:
+        known = _parsed[path] = (version, _driver_dirs(path))
+    return list(known[1])
+
+
+def _driver_dirs(path: Path) -> tuple[str, ...]:
+    try:
+        data = read_bytes(path, CACHE_LIMIT)
+    except Untrusted:
+        return ()
     dirs: list[str] = []
-    for name, path in libraries(data or b""):
-        directory = str(Path(path).parent).lstrip("/")
-        if name.startswith(DRIVER_LIBRARIES) and path.startswith("/") and ".." not in Path(path).parts \
+    for name, library in libraries(data or b""):
+        directory = str(Path(library).parent).lstrip("/")
+        if name.startswith(DRIVER_LIBRARIES) and library.startswith("/") and ".." not in Path(library).parts \
                 and directory not in dirs:
             dirs.append(directory)
-    return dirs
+    return tuple(dirs)
